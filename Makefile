@@ -1,0 +1,37 @@
+# The two commands: `make run` (the platform on embedded defaults) and `make test`.
+# Both create the virtual environment and install everything on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export DJANGO_SETTINGS_MODULE ?= webapp.settings
+
+.PHONY: install run demo test bench services clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+## The platform, embedded: SQLite, no servers; starts web + worker and a demo run.
+run: install
+	$(PY) manage.py platform
+
+## The library alone: train the multi-turn example in the terminal until reward passes 0.9.
+demo: install
+	$(PY) -m training demo
+
+## The tests, against this machine's PostgreSQL and Redis (started if they are down).
+test: install
+	bash scripts/services.sh
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
+	$(PY) -m pytest
+
+bench: install
+	$(PY) bench/train_overhead.py
+
+clean:
+	rm -rf $(VENV) runs var

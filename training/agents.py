@@ -1,0 +1,225 @@
+"""What a user writes to train an agent: an agent plus an environment, a workflow, or a plain function.
+
+The method names follow rLLM so that rLLM agents and environments carry over unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from training.types import Action, Episode, Step, Trajectory
+from training.utils import import_object
+
+if TYPE_CHECKING:
+    from training.generation import ModelClient
+
+
+class BaseAgent(ABC):
+    """An agent turns environment observations into chat messages and model responses into actions."""
+
+    @property
+    @abstractmethod
+    def chat_completions(self) -> list[dict[str, str]]:
+        """The conversation so far, as chat messages; the model answers the last one."""
+
+    @property
+    @abstractmethod
+    def trajectory(self) -> Trajectory:
+        """The steps taken so far in this episode."""
+
+    @abstractmethod
+    def update_from_env(self, observation: Any, reward: float, done: bool, info: dict, **kwargs: Any) -> None:
+        """Take in what the environment returned (after ``reset`` or ``step``)."""
+
+    @abstractmethod
+    def update_from_model(self, response: str, **kwargs: Any) -> Action:
+        """Take in the model's response and return the action to send to the environment."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget the previous episode."""
+
+    def get_current_state(self) -> Step | None:
+        """The latest step, or None before the first one."""
+        steps = self.trajectory.steps
+        return steps[-1] if steps else None
+
+
+class BaseEnv(ABC):
+    """An environment: ``reset`` gives the first observation, ``step`` answers an action."""
+
+    @abstractmethod
+    def reset(self) -> tuple[Any, dict]:
+        """Start an episode; return ``(observation, info)``."""
+
+    @abstractmethod
+    def step(self, action: Any) -> tuple[Any, float, bool, dict]:
+        """Apply an action; return ``(observation, reward, done, info)``."""
+
+    def close(self) -> None:
+        """Release whatever the environment holds (processes, sandboxes)."""
+
+    @staticmethod
+    @abstractmethod
+    def from_dict(info: dict) -> "BaseEnv":
+        """Build an environment for one task: a dataset row merged with ``env_args``."""
+
+    @staticmethod
+    def is_multithread_safe() -> bool:
+        """Whether ``step`` may run in a worker thread while other episodes run."""
+        return True
+
+
+class Workflow(ABC):
+    """A whole episode written as code: call the model as often as needed, return an ``Episode``.
+
+    ``self.model`` generates text and records the tokens of each call, so the trainer can learn
+    from exactly what the model produced.
+    """
+
+    def __init__(self, model: "ModelClient", **kwargs: Any) -> None:
+        self.model = model
+        self.kwargs = kwargs
+
+    @abstractmethod
+    async def run(self, task: dict, uid: str, **kwargs: Any) -> Episode | None:
+        """Run one episode of ``task``; ``uid`` names it uniquely."""
+
+
+AgentRunFunc = Callable[..., Any]
+
+
+@dataclass
+class AgentSpec:
+    """Which code plays the agent, in one of three forms (exactly one must be given):
+
+    - ``workflow_class`` (+ ``workflow_args``),
+    - ``agent_class`` and ``env_class`` (+ ``agent_args``, ``env_args``),
+    - ``agent_run_func``: a black-box ``fn(task, model)`` returning a reward or None.
+    - or none of them: a plain single-turn task where the dataset's prompt goes to the model
+      and the reward function scores the answer.
+
+    Classes and functions may be given as objects or as import paths (``package.module.Name``
+    or ``path/to/file.py:Name``).
+    """
+
+    workflow_class: type | str | None = None
+    workflow_args: dict[str, Any] = field(default_factory=dict)
+    agent_class: type | str | None = None
+    env_class: type | str | None = None
+    agent_args: dict[str, Any] = field(default_factory=dict)
+    env_args: dict[str, Any] = field(default_factory=dict)
+    agent_run_func: AgentRunFunc | str | None = None
+
+    @property
+    def kind(self) -> str:
+        """One of ``workflow``, ``agent_env``, ``run_func`` or ``single_turn``."""
+        if self.workflow_class is not None:
+            return "workflow"
+        if self.agent_class is not None or self.env_class is not None:
+            return "agent_env"
+        if self.agent_run_func is not None:
+            return "run_func"
+        return "single_turn"
+
+    @property
+    def is_multi_turn(self) -> bool:
+        return self.kind != "single_turn"
+
+    def validate(self) -> "AgentSpec":
+        """Import every named class, check it has the right base, and return a resolved copy.
+
+        Raises ValueError with what to fix.
+        """
+        given = [
+            name
+            for name, on in (
+                ("workflow_class", self.workflow_class is not None),
+                ("agent_class/env_class", self.agent_class is not None or self.env_class is not None),
+                ("agent_run_func", self.agent_run_func is not None),
+            )
+            if on
+        ]
+        if len(given) > 1:
+            raise ValueError(f"Give only one way to run the agent, not {' and '.join(given)}.")
+        resolved = AgentSpec(**{f.name: getattr(self, f.name) for f in fields(self)})
+        if self.kind == "agent_env":
+            if self.agent_class is None or self.env_class is None:
+                missing = "env_class" if self.env_class is None else "agent_class"
+                raise ValueError(f"agent_class and env_class go together: {missing} is missing.")
+            resolved.agent_class = _resolve_class(self.agent_class, BaseAgent, "agent_class")
+            resolved.env_class = _resolve_class(self.env_class, BaseEnv, "env_class")
+        elif self.kind == "workflow":
+            resolved.workflow_class = _resolve_class(self.workflow_class, Workflow, "workflow_class")
+        elif self.kind == "run_func":
+            func = self.agent_run_func
+            if isinstance(func, str):
+                func = import_object(func, what="agent_run_func")
+            if not callable(func):
+                raise ValueError(f"agent_run_func must be callable, got {type(func).__name__}.")
+            resolved.agent_run_func = func
+        for name in ("workflow_args", "agent_args", "env_args"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"{name} must be a dict of keyword arguments, got {type(getattr(self, name)).__name__}.")
+        return resolved
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-friendly description (classes as import paths), for config.yaml and the database."""
+        out: dict[str, Any] = {"kind": self.kind}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or value == {}:
+                continue
+            out[f.name] = value if isinstance(value, (str, dict)) else f"{value.__module__}.{value.__qualname__}"
+        return out
+
+    @classmethod
+    def coerce(cls, agent: Any) -> "AgentSpec":
+        """Accept an AgentSpec, a dict of its fields, a YAML/JSON file path, or an import path to a
+        Workflow or BaseAgent class; return an AgentSpec."""
+        if agent is None:
+            return cls()
+        if isinstance(agent, cls):
+            return agent
+        if isinstance(agent, dict):
+            unknown = set(agent) - {f.name for f in fields(cls)}
+            if unknown:
+                raise ValueError(
+                    f"Unknown agent field(s) {sorted(unknown)}; expected some of {[f.name for f in fields(cls)]}."
+                )
+            return cls(**agent)
+        if isinstance(agent, type):
+            if issubclass(agent, Workflow):
+                return cls(workflow_class=agent)
+            raise ValueError(
+                f"{agent.__name__} is not a Workflow; pass agent_class= and env_class= for a BaseAgent."
+            )
+        if isinstance(agent, (str, Path)):
+            text = str(agent)
+            if text.endswith((".yaml", ".yml", ".json")):
+                path = Path(text)
+                if not path.is_file():
+                    raise ValueError(f"Agent config file {text} does not exist.")
+                import yaml
+
+                data = json.loads(path.read_text()) if text.endswith(".json") else yaml.safe_load(path.read_text())
+                if not isinstance(data, dict):
+                    raise ValueError(f"Agent config file {text} must hold a mapping of AgentSpec fields.")
+                return cls.coerce(data)
+            return cls.coerce(import_object(text, what="agent"))
+        raise ValueError(f"Cannot use {type(agent).__name__} as an agent; give an AgentSpec, a dict or a path.")
+
+
+# AWorld calls the agent description `Agent`; the same thing under that name.
+Agent = AgentSpec
+
+
+def _resolve_class(value: type | str, base: type, name: str) -> type:
+    cls = import_object(value, what=name) if isinstance(value, str) else value
+    if not isinstance(cls, type) or not issubclass(cls, base):
+        raise ValueError(f"{name} must be a subclass of {base.__name__}, got {cls!r}.")
+    return cls

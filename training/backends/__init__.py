@@ -1,0 +1,1 @@
+"""Built-in training backends. Each is imported only when first asked for by name."""

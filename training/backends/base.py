@@ -1,0 +1,128 @@
+"""What the built-in backends share: turning user input into validated, loaded objects.
+
+A backend subclasses ``BuiltinProcessor`` and implements ``train``; it may add checks of its
+own in ``check_backend`` (called at the end of ``check_config``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from training.agents import AgentSpec
+from training.config import Config
+from training.data import dataset_to_tasks, load_dataset, require_columns
+from training.processor import TrainerProcessor
+from training.rewards import RewardFunction, load_reward
+
+logger = logging.getLogger("training")
+
+
+@dataclass
+class TrainResult:
+    """What ``AgentTrainer.train()`` returns for the built-in backends."""
+
+    run_path: str
+    steps: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint: str | None = None
+    stopped: bool = False
+
+
+class BuiltinProcessor(TrainerProcessor):
+    """Validation shared by the built-in backends; see ``TrainerProcessor`` for the call order."""
+
+    name = "builtin"
+
+    def __init__(self, run_path: str) -> None:
+        super().__init__(run_path)
+        self.agent_spec: AgentSpec | None = None
+        self.train_dataset = None
+        self.test_dataset = None
+        self.reward_spec: Any = None
+        self.reward_fn: RewardFunction | None = None
+        self.config: Config | None = None
+
+    # -- the four checks -------------------------------------------------------------------
+    def check_agent(self, agent: Any) -> None:
+        self.agent_spec = AgentSpec.coerce(agent).validate()
+
+    def check_dataset(self, dataset: Any = None, test_dataset: Any = None) -> None:
+        self.train_dataset = load_dataset(dataset, split="train", what="train_dataset")
+        if self.train_dataset is None:
+            raise ValueError("train_dataset: a training dataset is needed (a Dataset, a list of dicts, a file path or a registered name).")
+        self.test_dataset = load_dataset(test_dataset, split="test", what="test_dataset")
+        if self.agent_spec is not None and self.agent_spec.kind == "agent_env":
+            self._probe_env(dataset_to_tasks(self.train_dataset.select(range(1)))[0])
+
+    def check_reward(self, reward_func: Any = None) -> None:
+        self.reward_spec = reward_func
+        self.reward_fn = load_reward(reward_func)
+        if self.reward_fn is None and self.agent_spec is not None and self.agent_spec.kind == "single_turn":
+            raise ValueError(
+                "reward_func: a single-turn task needs a reward function (a callable, an import path, "
+                "or a built-in name such as 'exact_match')."
+            )
+
+    def check_config(self, config: Any = None) -> Config:
+        self.config = Config.build(config, base=self.default_overrides())
+        data = self.config.data
+        if data.answer_key != "ground_truth" and self.reward_spec is not None:
+            self.reward_fn = load_reward(self.reward_spec, answer_key=data.answer_key)
+        first_task = dataset_to_tasks(self.train_dataset.select(range(1)))[0]
+        if self.agent_spec.kind == "single_turn":
+            require_columns(
+                self.train_dataset, [data.prompt_key], "train_dataset",
+                hint=f"Rename the column or set data.prompt_key=<column>.",
+            )
+        if self.reward_fn is not None and self.agent_spec.kind in ("single_turn",):
+            try:
+                self.reward_fn.probe(first_task)
+            except ValueError:
+                require_columns(
+                    self.train_dataset, [data.answer_key], "train_dataset",
+                    hint="Rename the column or set data.answer_key=<column>.",
+                )
+                raise
+        self.check_backend(self.config)
+        self.write_config()
+        return self.config
+
+    # -- hooks for backends ----------------------------------------------------------------
+    def default_overrides(self) -> dict[str, Any]:
+        """Backend defaults layered under the user's overrides."""
+        return {}
+
+    def check_backend(self, config: Config) -> None:
+        """Backend-specific checks of the final config (e.g. hardware)."""
+
+    # -- helpers ---------------------------------------------------------------------------
+    def write_config(self) -> Path:
+        """The final config, with the agent, reward and backend, as ``config.yaml`` in the run directory."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        document = {
+            "backend": self.name,
+            "agent": self.agent_spec.describe(),
+            "reward": getattr(self.reward_fn, "name", None),
+            **self.config.to_dict(),
+        }
+        target = self.path / "config.yaml"
+        target.write_text(yaml.safe_dump(document, sort_keys=False))
+        return target
+
+    def _probe_env(self, task: dict) -> None:
+        """Build and reset one environment from the first row, so a broken env fails before training."""
+        env_class = self.agent_spec.env_class
+        try:
+            env = env_class.from_dict({**task, **self.agent_spec.env_args})
+            env.reset()
+            env.close()
+        except Exception as exc:
+            raise ValueError(
+                f"env_class {env_class.__name__} could not be built and reset from the first row of "
+                f"train_dataset ({sorted(task)}) with env_args {self.agent_spec.env_args}: {exc!r}"
+            ) from exc

@@ -1,0 +1,145 @@
+"""Command line: ``python -m training train <run.yaml> [--set key=value ...]`` and ``python -m training demo``.
+
+A run file names the agent, datasets, reward, backend, run path and config overrides; see
+``examples/configs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from training.sinks import ConsoleSink
+
+RUN_FILE_KEYS = {"agent", "train_dataset", "val_dataset", "reward_func", "backend", "run_path", "config"}
+DEMO_RUN_FILE = Path(__file__).resolve().parent.parent / "examples" / "configs" / "frozenlake.yaml"
+
+
+class ProgressSink:
+    """A progress bar over training steps, with the console's one-line summary written above it."""
+
+    def __init__(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="step", dynamic_ncols=True)
+        self.line = ConsoleSink(total)
+        self.last_step = 0
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.bar.update(step - self.last_step)
+        self.last_step = step
+        if "reward" in metrics:
+            self.bar.set_postfix(reward=f"{metrics['reward']:.3f}")
+        shown = " ".join(f"{k}={metrics[k]:.4g}" for k in ConsoleSink.HEADLINE if k in metrics)
+        self.bar.write(f"step {step}/{self.line.total_steps} {shown}")
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class RewardTarget:
+    """Stops training once the mean reward of the last ``window`` logged steps reaches ``target``."""
+
+    def __init__(self, target: float, window: int = 5) -> None:
+        self.target, self.window = target, window
+        self.rewards: list[float] = []
+        self.reached_at: float | None = None
+        self.started = time.perf_counter()
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        if "reward" in metrics:
+            self.rewards.append(metrics["reward"])
+            recent = self.rewards[-self.window:]
+            if self.reached_at is None and len(recent) == self.window and sum(recent) / self.window >= self.target:
+                self.reached_at = time.perf_counter() - self.started
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def reached(self) -> bool:
+        return self.reached_at is not None
+
+
+def load_run_file(path: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """Read a run file; ``overrides`` (``key=value``) are added to its ``config`` section."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    unknown = set(data) - RUN_FILE_KEYS
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {sorted(unknown)}; a run file may hold {sorted(RUN_FILE_KEYS)}.")
+    config = data.get("config") or {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected key=value.")
+        config[key.strip()] = yaml.safe_load(value)
+    data["config"] = config
+    return data
+
+
+def build_trainer(run: dict[str, Any], sinks: list, should_stop=None):
+    import examples  # noqa: F401  (registers the example datasets, so run files can name them)
+    from training import AgentTrainer
+
+    return AgentTrainer(
+        agent=run.get("agent"),
+        train_dataset=run.get("train_dataset"),
+        test_dataset=run.get("val_dataset"),
+        reward_func=run.get("reward_func"),
+        config=run.get("config"),
+        backend=run.get("backend"),
+        run_path=run.get("run_path", "runs"),
+        sinks=sinks,
+        should_stop=should_stop,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training", description="Train an LLM agent with RL.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train from a run file")
+    train.add_argument("run_file")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    demo = sub.add_parser("demo", help="train the multi-turn grid world until its reward passes 0.9")
+    demo.add_argument("--target", type=float, default=0.9)
+    demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("training").setLevel(logging.INFO)
+    run_file = DEMO_RUN_FILE if args.command == "demo" else args.run_file
+    try:
+        run = load_run_file(run_file, args.overrides + ["trainer.logger=[jsonl]"])
+        if args.command == "demo":
+            run["config"].setdefault("trainer.resume_mode", "disable")
+            run["run_path"] = f"{run.get('run_path', 'runs/demo')}-{time.strftime('%Y%m%d-%H%M%S')}"
+        total = int(run["config"].get("trainer.total_training_steps", 100))
+        target = RewardTarget(args.target) if args.command == "demo" else None
+        sinks = [ProgressSink(total)] + ([target] if target else [])
+        trainer = build_trainer(run, sinks, should_stop=target.reached if target else None)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    result = trainer.train()
+    elapsed = time.perf_counter() - started
+    reward = result.metrics.get("reward", float("nan"))
+    print(f"done: {result.steps} steps in {elapsed:.1f}s, last reward {reward:.3f}, run directory {result.run_path}")
+    if target is not None:
+        if target.reached():
+            print(f"reward passed {args.target} after {target.reached_at:.1f}s of training")
+        else:
+            print(f"reward did not pass {args.target} within {result.steps} steps")
+            return 1
+    return 0

@@ -1,0 +1,126 @@
+"""Datasets: load whatever a user hands over (rows, files, registered names, hub ids) as a ``datasets.Dataset``.
+
+Every error starts with ``what`` (``"train_dataset"``, ``"val_dataset"``, ...) so the user knows
+which argument is at fault.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import datasets
+
+DatasetBuilder = Callable[[], dict[str, list[dict] | datasets.Dataset]]
+
+_FILE_BUILDERS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_BUILDERS: dict[str, DatasetBuilder] = {}
+_BUILT: dict[str, dict[str, datasets.Dataset]] = {}
+
+
+def register_dataset(name: str, builder: DatasetBuilder) -> None:
+    """Make ``name`` (and ``name:split``) loadable. ``builder`` returns the splits; it runs on first use."""
+    if name in _BUILDERS:
+        raise ValueError(f"a dataset named {name!r} is already registered; choose another name.")
+    if ":" in name:
+        raise ValueError(f"dataset name {name!r} must not contain ':', which separates the split.")
+    _BUILDERS[name] = builder
+
+
+def available_datasets() -> list[str]:
+    """Names that ``load_dataset`` accepts without a path or hub id."""
+    return sorted(_BUILDERS)
+
+
+def load_dataset(source: Any, split: str = "train", what: str = "train_dataset") -> datasets.Dataset | None:
+    """Load ``source`` as a non-empty ``datasets.Dataset`` (None stays None).
+
+    ``source`` may be a Dataset, a DatasetDict (its ``split`` is taken), a list of dicts, a path to a
+    .csv/.jsonl/.json/.parquet file, a registered name (``name`` or ``name:split``) or a Hugging Face
+    hub id.
+    """
+    if source is None:
+        return None
+    if isinstance(source, datasets.DatasetDict):
+        dataset = _pick_split(dict(source), split, what, repr_of="the DatasetDict")
+    elif isinstance(source, datasets.Dataset):
+        dataset = source
+    elif isinstance(source, list):
+        dataset = _from_rows(source, what)
+    elif isinstance(source, (str, os.PathLike)):
+        dataset = _from_string(str(source), split, what)
+    else:
+        raise ValueError(
+            f"{what}: expected a datasets.Dataset, a list of dicts, a file path, a registered name or a hub id, "
+            f"not {type(source).__name__}."
+        )
+    if len(dataset) == 0:
+        raise ValueError(f"{what}: the dataset is empty ({_describe(source)}); give it at least one row.")
+    return dataset
+
+
+def _from_rows(rows: list, what: str) -> datasets.Dataset:
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{what}: row {i} is a {type(row).__name__}, not a dict; give one dict per task.")
+    return datasets.Dataset.from_list(rows)
+
+
+def _from_string(source: str, split: str, what: str) -> datasets.Dataset:
+    suffix = Path(source).suffix.lower()
+    if suffix in _FILE_BUILDERS:
+        if not Path(source).is_file():
+            raise ValueError(f"{what}: file {source} does not exist; check the path (relative to {Path.cwd()}).")
+        try:
+            return datasets.load_dataset(_FILE_BUILDERS[suffix], data_files=source, split="train")
+        except Exception as exc:  # a malformed file can fail in many ways inside the builder
+            raise ValueError(f"{what}: could not read {source}: {exc}") from exc
+    name, _, named_split = source.partition(":")
+    if name in _BUILDERS:
+        return _pick_split(_build(name), named_split or split, what, repr_of=f"dataset {name!r}")
+    try:
+        return datasets.load_dataset(source, split=split)
+    except Exception as exc:  # network, auth and missing-repo errors all land here
+        registered = ", ".join(available_datasets()) or "none"
+        raise ValueError(
+            f"{what}: could not load {source!r} (split {split!r}) from the Hugging Face hub: {exc}. "
+            f"Offline machines need a local path (.csv, .jsonl, .json or .parquet); "
+            f"registered datasets: {registered}."
+        ) from exc
+
+
+def _build(name: str) -> dict[str, datasets.Dataset]:
+    if name not in _BUILT:
+        splits = _BUILDERS[name]()
+        _BUILT[name] = {
+            key: rows if isinstance(rows, datasets.Dataset) else datasets.Dataset.from_list(rows)
+            for key, rows in splits.items()
+        }
+    return _BUILT[name]
+
+
+def _pick_split(splits: dict[str, datasets.Dataset], split: str, what: str, repr_of: str) -> datasets.Dataset:
+    if split not in splits:
+        raise ValueError(f"{what}: {repr_of} has no split {split!r}; available splits: {', '.join(splits)}.")
+    return splits[split]
+
+
+def _describe(source: Any) -> str:
+    return repr(source) if isinstance(source, (str, os.PathLike)) else type(source).__name__
+
+
+def require_columns(dataset: datasets.Dataset, columns: list[str], what: str, hint: str = "") -> None:
+    """Raise ValueError naming the columns of ``columns`` that ``dataset`` lacks, and those it has."""
+    missing = [column for column in columns if column not in dataset.column_names]
+    if missing:
+        message = (
+            f"{what} is missing column(s) {', '.join(map(repr, missing))}; "
+            f"it has: {', '.join(dataset.column_names)}."
+        )
+        raise ValueError(f"{message} {hint}" if hint else message)
+
+
+def dataset_to_tasks(dataset: datasets.Dataset) -> list[dict]:
+    """The rows as plain dicts: the tasks that agents and reward functions receive."""
+    return dataset.to_list()

@@ -1,0 +1,5 @@
+"""The library's logger. Workers and the CLI attach handlers to it; the library never configures logging."""
+
+import logging
+
+logger = logging.getLogger("training")

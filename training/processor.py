@@ -1,0 +1,129 @@
+"""The contract every training backend implements, and the registry of backends by name."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable
+
+from training.sinks import MetricSink, MultiSink
+from training.utils import import_object
+
+
+class TrainerProcessor(ABC):
+    """A training backend. ``AgentTrainer`` calls, in this order: ``check_agent``,
+    ``check_dataset``, ``check_reward``, ``check_config``, then ``mark_initialized`` and ``train``.
+
+    Each ``check_*`` validates one input, converts it to what the backend needs and keeps it;
+    it raises ``ValueError`` (or a subclass) that says what is wrong and how to fix it.
+    """
+
+    def __init__(self, run_path: str) -> None:
+        self.run_path = str(run_path)
+        self.sinks = MultiSink()
+        self._initialized = False
+        self._stop = threading.Event()
+        self._stop_checks: list[Callable[[], bool]] = []
+
+    @abstractmethod
+    def train(self) -> Any:
+        """Load data and model, run the training loop, save checkpoints."""
+
+    @abstractmethod
+    def check_agent(self, agent: Any) -> None:
+        """Validate the agent (or its config path) and convert it for this backend."""
+
+    @abstractmethod
+    def check_dataset(self, dataset: Any = None, test_dataset: Any = None) -> None:
+        """Validate and load the training and test datasets."""
+
+    @abstractmethod
+    def check_reward(self, reward_func: Any = None) -> None:
+        """Validate and load the reward function (callable, import path or file path)."""
+
+    @abstractmethod
+    def check_config(self, config: Any = None) -> Any:
+        """Validate the config, fill in defaults, and return the final config."""
+
+    def mark_initialized(self) -> None:
+        self._initialized = True
+
+    @property
+    def initialized(self) -> bool:
+        return self._initialized
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_path)
+
+    def add_sink(self, sink: MetricSink) -> None:
+        self.sinks.add(sink)
+
+    def request_stop(self) -> None:
+        """Ask training to stop after the current step (cooperative; safe from any thread)."""
+        self._stop.set()
+
+    def add_stop_check(self, check: Callable[[], bool]) -> None:
+        """A callable polled once per step; training stops when it returns True."""
+        self._stop_checks.append(check)
+
+    def should_stop(self) -> bool:
+        if not self._stop.is_set() and any(check() for check in self._stop_checks):
+            self._stop.set()
+        return self._stop.is_set()
+
+
+# Built-in backends are named by import path so that importing this module never imports
+# torch, TRL or verl: the web app starts without them.
+_BUILTIN_PROCESSORS: dict[str, str] = {
+    "trl": "training.backends.trl_backend.TRLProcessor",
+    "verl": "training.backends.verl_backend.VerlProcessor",
+}
+_PROCESSORS: dict[str, type[TrainerProcessor] | str] = dict(_BUILTIN_PROCESSORS)
+
+
+def register_processor(name: str, processor_cls: type[TrainerProcessor]) -> None:
+    """Make ``processor_cls`` available as ``train_engine_name=name``. A taken name raises ValueError."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("A processor name must be a non-empty string.")
+    if not (isinstance(processor_cls, type) and issubclass(processor_cls, TrainerProcessor)):
+        raise ValueError(f"{processor_cls!r} is not a subclass of TrainerProcessor.")
+    if name in _PROCESSORS or name == "auto":
+        raise ValueError(
+            f"A training processor named {name!r} is already registered; "
+            f"unregister_processor({name!r}) first or choose another name."
+        )
+    _PROCESSORS[name] = processor_cls
+
+
+def unregister_processor(name: str) -> None:
+    """Remove a processor. Unknown names raise ValueError listing the known ones."""
+    if name not in _PROCESSORS:
+        raise ValueError(f"No training processor named {name!r}; known: {', '.join(available_processors())}.")
+    del _PROCESSORS[name]
+
+
+def processor(name: str) -> Callable[[type[TrainerProcessor]], type[TrainerProcessor]]:
+    """Class decorator form of ``register_processor``."""
+
+    def decorate(cls: type[TrainerProcessor]) -> type[TrainerProcessor]:
+        register_processor(name, cls)
+        return cls
+
+    return decorate
+
+
+def available_processors() -> list[str]:
+    return sorted(_PROCESSORS)
+
+
+def get_processor_class(name: str) -> type[TrainerProcessor]:
+    """Look a processor up by name, importing a built-in one on first use."""
+    if name not in _PROCESSORS:
+        raise ValueError(f"Unknown training backend {name!r}; known backends: {', '.join(available_processors())}.")
+    entry = _PROCESSORS[name]
+    if isinstance(entry, str):
+        entry = import_object(entry, what=f"the {name!r} backend")
+        _PROCESSORS[name] = entry
+    return entry

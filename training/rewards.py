@@ -1,0 +1,297 @@
+"""Reward functions: one normalized callable over the signatures rLLM and verl users already write.
+
+A user function is wrapped in :class:`RewardFunction`, which always answers ``(task, response) ->
+RewardOutput``. Two signatures are accepted, told apart by ``inspect.signature``:
+
+* rLLM's ``fn(task_info: dict, action: str)``;
+* verl's ``fn(data_source, solution_str, ground_truth, extra_info)``, where ``data_source`` is
+  ``task["data_source"]`` (default ``"default"``), ``ground_truth`` is ``task[answer_key]`` and
+  ``extra_info`` is the whole task.
+
+A function may return a :class:`RewardOutput`, a number (``bool`` included), or a dict with a
+``"reward"`` or ``"score"`` key (verl's ``compute_score`` returns ``"score"``), an optional
+``"is_correct"``, and anything else, which is kept as metadata.
+
+Built-ins (``exact_match``, ``math``, ``countdown``, ``char_accuracy``) are registered by name with
+:func:`register_reward` and loaded with :func:`load_reward`.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math as _math
+import numbers
+import operator
+import re
+from fractions import Fraction
+from typing import Any, Callable
+
+from training.types import RewardOutput
+from training.utils import import_object
+
+_REWARDS: dict[str, Callable[..., Any]] = {}
+
+_RETURN_HELP = "return a float, a dict with a 'reward' or 'score' key, or a RewardOutput"
+
+
+class RewardFunction:
+    """A user reward function behind one calling convention: ``reward_fn(task, response)``.
+
+    ``name`` labels the reward in metrics. ``answer_key`` is the task column passed as verl's
+    ``ground_truth``; it is unused by rLLM-style functions, which read the task themselves.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None, answer_key: str = "ground_truth") -> None:
+        if not callable(fn):
+            raise ValueError(f"reward function must be callable, got {type(fn).__name__} {fn!r}.")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.answer_key = answer_key
+        self.style = _signature_style(fn, self.name)
+
+    def __call__(self, task: dict, response: str) -> RewardOutput:
+        """Score ``response`` to ``task``. Exceptions of the user function propagate unchanged."""
+        return self._to_output(self._call_user(task, response))
+
+    def probe(self, task: dict) -> None:
+        """Call the function once on ``task`` with an empty response, to fail before training starts.
+
+        An empty response is what an untrained model often writes, so the function must cope with it.
+        """
+        try:
+            self(task, "")
+        except Exception as exc:  # user code can raise anything; report it with the row that caused it
+            raise ValueError(
+                f"reward function {self.name} raised {exc!r} on the first row of the dataset: "
+                f"{_short(task)} (response ''). Fix the function so that it handles every row, an empty "
+                f"response included, and {_RETURN_HELP}."
+            ) from exc
+
+    def _call_user(self, task: dict, response: str) -> Any:
+        if self.style == "rllm":
+            return self.fn(task, response)
+        if self.answer_key not in task:
+            raise ValueError(
+                f"reward function {self.name} takes verl's ground_truth from the task's {self.answer_key!r} "
+                f"column, which this task lacks; it has: {', '.join(map(str, task))}. "
+                f"Rename the column or set data.answer_key=<name>."
+            )
+        return self.fn(task.get("data_source", "default"), response, task[self.answer_key], task)
+
+    def _to_output(self, value: Any) -> RewardOutput:
+        if isinstance(value, RewardOutput):
+            output = value
+        elif isinstance(value, bool):
+            output = RewardOutput(reward=float(value), is_correct=value)
+        elif isinstance(value, numbers.Real):  # numbers.Real also admits numpy scalars
+            # A bare number carries no verdict; full marks (1.0 or more) is the common convention.
+            output = RewardOutput(reward=float(value), is_correct=bool(value >= 1.0))
+        elif isinstance(value, dict) and ("reward" in value or "score" in value):
+            key = "reward" if "reward" in value else "score"
+            reward = value[key]
+            if not isinstance(reward, numbers.Real):
+                raise ValueError(
+                    f"reward function {self.name} returned a dict whose {key!r} is {reward!r}; it must be a number."
+                )
+            metadata = {k: v for k, v in value.items() if k not in (key, "is_correct")}
+            output = RewardOutput(float(reward), bool(value.get("is_correct", reward >= 1.0)), metadata)
+        else:
+            raise ValueError(f"reward function {self.name} returned {value!r} ({type(value).__name__}); {_RETURN_HELP}.")
+        if not _math.isfinite(output.reward):
+            raise ValueError(f"reward function {self.name} returned reward {output.reward}; it must be a finite number.")
+        return output
+
+    def __repr__(self) -> str:
+        return f"RewardFunction({self.name!r}, style={self.style!r})"
+
+
+def _signature_style(fn: Callable[..., Any], name: str) -> str:
+    """'verl' for the 4-argument ``compute_score`` signature, 'rllm' for ``(task_info, action)``."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"reward function {name}: cannot read its signature ({exc}); wrap it in a def.") from exc
+    # verl's names settle it even when ground_truth/extra_info have defaults.
+    if "solution_str" in signature.parameters or "data_source" in signature.parameters:
+        return "verl"
+    for style, arity in (("rllm", 2), ("verl", 4)):
+        try:
+            signature.bind(*([None] * arity))
+            return style
+        except TypeError:
+            pass
+    raise ValueError(
+        f"reward function {name} has signature {signature}; it must take (task_info, action) as in rLLM "
+        f"or (data_source, solution_str, ground_truth, extra_info) as in verl."
+    )
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def register_reward(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a reward function under ``name`` so that ``load_reward(name)`` finds it."""
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if name in _REWARDS:
+            raise ValueError(f"a reward named {name!r} is already registered ({_REWARDS[name]!r}); choose another name.")
+        _REWARDS[name] = fn
+        return fn
+
+    return decorator
+
+
+def builtin_rewards() -> list[str]:
+    """Names that ``load_reward`` accepts without an import path."""
+    return sorted(_REWARDS)
+
+
+def load_reward(spec: Any, answer_key: str = "ground_truth") -> RewardFunction | None:
+    """Turn a reward specification into a :class:`RewardFunction` (None stays None).
+
+    ``spec`` may be a RewardFunction (returned as is), a callable, a registered name such as
+    ``"math"``, a dotted import path ``"pkg.mod.fn"`` or a file path ``"path/to/file.py:fn"``.
+    """
+    if spec is None or isinstance(spec, RewardFunction):
+        return spec
+    if callable(spec):
+        return RewardFunction(spec, answer_key=answer_key)
+    if not isinstance(spec, str):
+        raise ValueError(f"reward_func must be a callable, a built-in name or an import path, not {type(spec).__name__}.")
+    if spec in _REWARDS:
+        return RewardFunction(_REWARDS[spec], name=spec, answer_key=answer_key)
+    builtins = ", ".join(builtin_rewards())
+    if "." not in spec:
+        raise ValueError(
+            f"unknown reward {spec!r}: built-in rewards are {builtins}; otherwise give an import path "
+            f"such as 'pkg.module.fn' or 'path/to/file.py:fn'."
+        )
+    try:
+        fn = import_object(spec, what="reward function")
+    except ValueError as exc:
+        raise ValueError(f"{exc} Built-in rewards are {builtins}.") from exc
+    if not callable(fn):
+        raise ValueError(f"reward function {spec!r} is a {type(fn).__name__}, not a callable.")
+    return RewardFunction(fn, answer_key=answer_key)
+
+
+# --- built-ins -------------------------------------------------------------------------------
+
+
+@register_reward("exact_match")
+def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict) -> RewardOutput:
+    """1.0 when the response, stripped, equals the ground truth, else 0.0."""
+    correct = solution_str.strip() == str(ground_truth).strip()
+    return RewardOutput(float(correct), correct)
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+_FRAC = re.compile(r"\\d?frac\{([^{}]+)\}\{([^{}]+)\}")
+
+
+def _boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}``, braces inside it balanced."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            if depth == 0:
+                return text[begin:i]
+            depth -= 1
+    return None
+
+
+def _to_number(text: str) -> float | None:
+    text = _FRAC.sub(r"(\1)/(\2)", text)
+    text = text.replace(",", "").replace("$", "").replace("(", "").replace(")", "").strip()
+    try:
+        return float(Fraction(text))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def extract_math_answer(response: str) -> str | None:
+    """The answer of a math response: the last ``\\boxed{...}``, else the last number."""
+    boxed = _boxed(response)
+    if boxed is not None:
+        return boxed.strip()
+    numbers = _NUMBER.findall(response)
+    return numbers[-1] if numbers else None
+
+
+@register_reward("math")
+def math_reward(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict) -> RewardOutput:
+    """1.0 when the extracted answer equals the ground truth numerically (or as text, if not a number)."""
+    answer = extract_math_answer(solution_str)
+    truth = str(ground_truth).strip()
+    if answer is None:
+        return RewardOutput(0.0, False, {"extracted": None})
+    expected = _to_number(truth)
+    if expected is None:  # a worked solution such as GSM8K's "... #### 72": its last number is the answer
+        last = extract_math_answer(truth)
+        expected = _to_number(last) if last is not None else None
+    got = _to_number(answer)
+    if expected is not None and got is not None:
+        correct = _math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-6)
+    else:
+        correct = answer.replace(" ", "") == truth.replace(" ", "")
+    return RewardOutput(float(correct), correct, {"extracted": answer})
+
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _evaluate(node: ast.AST, used: list[int]) -> Fraction:
+    """Evaluate + - * / over integer literals, recording each literal; anything else raises ValueError.
+
+    Walking the tree ourselves (never eval) means a response such as ``__import__('os')`` is rejected
+    as an unknown node instead of being run.
+    """
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body, used)
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _evaluate(node.left, used), _evaluate(node.right, used)
+        return _OPERATORS[type(node.op)](left, right)  # Fraction / 0 raises ZeroDivisionError
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        used.append(node.value)
+        return Fraction(node.value)
+    raise ValueError(f"not allowed in a countdown expression: {ast.dump(node)[:80]}")
+
+
+@register_reward("countdown")
+def countdown(task_info: dict, action: str) -> RewardOutput:
+    """Countdown: reach ``task["target"]`` with + - * / over ``task["nums"]``, each used at most as often as given.
+
+    1.0 on target; 0.1 for a valid expression (allowed operators, given numbers) that misses; 0.0 otherwise.
+    The expression may sit inside ``<answer>...</answer>``; the last such block counts.
+    """
+    blocks = _ANSWER_TAG.findall(action)
+    expression = (blocks[-1] if blocks else action).strip()
+    used: list[int] = []
+    try:
+        value = _evaluate(ast.parse(expression, mode="eval"), used)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return RewardOutput(0.0, False, {"expression": expression, "valid": False})
+    available = list(task_info["nums"])
+    for number in used:
+        if number not in available:
+            return RewardOutput(0.0, False, {"expression": expression, "valid": False})
+        available.remove(number)
+    correct = value == task_info["target"]
+    return RewardOutput(1.0 if correct else 0.1, correct, {"expression": expression, "valid": True})
+
+
+@register_reward("char_accuracy")
+def char_accuracy(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict) -> RewardOutput:
+    """Share of the ground truth's positions the response matches: partial credit for copy tasks."""
+    truth = str(ground_truth)
+    matches = sum(1 for got, want in zip(solution_str, truth) if got == want)
+    return RewardOutput(matches / max(len(truth), 1), solution_str.strip() == truth)

@@ -1,0 +1,107 @@
+"""Metric sinks: where a backend's numbers and sample episodes go.
+
+Every backend reports through a ``MetricSink``; the web platform adds its own sink (database
+plus live push) without touching any backend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+logger = logging.getLogger("training")
+
+
+@runtime_checkable
+class MetricSink(Protocol):
+    """Receives what a training run reports. Methods are called from the training thread."""
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """One logged step: metric name to value (floats only)."""
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        """Sample episodes of that step, each an ``Episode.to_dict()``."""
+
+    def close(self) -> None:
+        """The run is over; flush what is buffered."""
+
+
+class ConsoleSink:
+    """One line per logged step with the headline numbers."""
+
+    HEADLINE = ("reward", "reward_std", "loss", "kl", "entropy", "response_length", "turns", "solve_rate", "step_time")
+
+    def __init__(self, total_steps: int | None = None) -> None:
+        self.total_steps = total_steps
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        shown = [f"{k}={metrics[k]:.4g}" for k in self.HEADLINE if k in metrics]
+        of = f"/{self.total_steps}" if self.total_steps else ""
+        logger.info("step %d%s %s", step, of, " ".join(shown))
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlSink:
+    """``metrics.jsonl`` (one JSON object per logged step) and ``episodes.jsonl`` in the run directory."""
+
+    def __init__(self, run_path: str | Path) -> None:
+        self.run_path = Path(run_path)
+        self.run_path.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(self.run_path / "metrics.jsonl", "a", buffering=1)
+        self._episodes = open(self.run_path / "episodes.jsonl", "a", buffering=1)
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, "time": time.time(), **{k: _json_float(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(record) + "\n")
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        for episode in episodes:
+            self._episodes.write(json.dumps({"step": step, **episode}, default=str) + "\n")
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._episodes.close()
+
+
+class MultiSink:
+    """Fans out to several sinks. A sink that raises is logged and dropped, never stopping training."""
+
+    def __init__(self, sinks: list[MetricSink] | None = None) -> None:
+        self.sinks: list[MetricSink] = list(sinks or [])
+
+    def add(self, sink: MetricSink) -> None:
+        if not isinstance(sink, MetricSink):
+            raise TypeError(f"{type(sink).__name__} is not a MetricSink (needs log_metrics, log_episodes, close).")
+        self.sinks.append(sink)
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._each("log_metrics", step, clean)
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        if episodes:
+            self._each("log_episodes", step, episodes)
+
+    def close(self) -> None:
+        self._each("close")
+
+    def _each(self, method: str, *args: Any) -> None:
+        for sink in list(self.sinks):
+            try:
+                getattr(sink, method)(*args)
+            except Exception:
+                logger.exception("metric sink %s failed in %s; it is removed", type(sink).__name__, method)
+                self.sinks.remove(sink)
+
+
+def _json_float(value: float) -> float | None:
+    return None if isinstance(value, float) and (math.isnan(value) or math.isinf(value)) else value

@@ -1,0 +1,134 @@
+"""``AgentTrainer``: one entry point that accepts both rLLM's and AWorld's ways of describing a run."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from training.agents import AgentSpec, Workflow
+from training.log import logger
+from training.processor import (
+    TrainerProcessor,
+    available_processors,
+    get_processor_class,
+    register_processor,
+    unregister_processor,
+)
+from training.sinks import MetricSink
+from training.utils import cuda_device_count, is_verl_available
+
+
+def choose_backend(name: str | None) -> str:
+    """Resolve ``auto``: verl where CUDA GPUs and verl are present, TRL otherwise."""
+    if name not in (None, "auto"):
+        return name
+    gpus = cuda_device_count()
+    if gpus and is_verl_available():
+        logger.info("backend=auto chose verl (%d CUDA GPU(s), verl installed)", gpus)
+        return "verl"
+    reason = "no CUDA GPU" if not gpus else "verl is not installed"
+    logger.info("backend=auto chose trl (%s)", reason)
+    return "trl"
+
+
+class AgentTrainer:
+    """Train an agent with RL on any registered backend.
+
+    rLLM style::
+
+        AgentTrainer(agent_class=MyAgent, env_class=MyEnv, config={"data.train_batch_size": 8},
+                     train_dataset=ds, backend="trl").train()
+
+    AWorld style::
+
+        AgentTrainer(agent=spec_or_path, train_dataset="train.csv", reward_func="pkg.mod.reward",
+                     config=cfg, run_path="./outputs", train_engine_name="trl").train()
+
+    Construction validates everything (``check_agent``, ``check_dataset``, ``check_reward``,
+    ``check_config``, in that order) so that bad input fails before any training starts.
+    """
+
+    def __init__(
+        self,
+        workflow_class: type[Workflow] | str | None = None,
+        workflow_args: dict[str, Any] | None = None,
+        agent_class: type | str | None = None,
+        env_class: type | str | None = None,
+        agent_args: dict[str, Any] | None = None,
+        env_args: dict[str, Any] | None = None,
+        config: Any = None,
+        train_dataset: Any = None,
+        val_dataset: Any = None,
+        backend: str | None = None,
+        agent_run_func: Callable | str | None = None,
+        *,
+        agent: Any = None,
+        reward_func: Any = None,
+        test_dataset: Any = None,
+        run_path: str = "runs",
+        train_engine_name: str | None = None,
+        sinks: list[MetricSink] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
+        rllm_agent = any(
+            v is not None for v in (workflow_class, agent_class, env_class, agent_run_func)
+        )
+        if agent is not None and rllm_agent:
+            raise ValueError("Give the agent either as agent= or as workflow_class/agent_class/env_class/agent_run_func, not both.")
+        if backend not in (None, "auto") and train_engine_name not in (None, "auto") and backend != train_engine_name:
+            raise ValueError(f"backend={backend!r} and train_engine_name={train_engine_name!r} disagree; give one.")
+        if val_dataset is not None and test_dataset is not None:
+            raise ValueError("val_dataset and test_dataset are the same thing; give one.")
+
+        if agent is None:
+            agent = AgentSpec(
+                workflow_class=workflow_class,
+                workflow_args=workflow_args or {},
+                agent_class=agent_class,
+                env_class=env_class,
+                agent_args=agent_args or {},
+                env_args=env_args or {},
+                agent_run_func=agent_run_func,
+            )
+
+        self.agent = agent
+        self.train_dataset = train_dataset
+        self.test_dataset = test_dataset if test_dataset is not None else val_dataset
+        self.reward_func = reward_func
+        self.config = config
+        self.run_path = run_path
+        self.train_engine_name = choose_backend(train_engine_name or backend)
+
+        processor_cls = get_processor_class(self.train_engine_name)
+        self.train_processor: TrainerProcessor = processor_cls(run_path)
+        for sink in sinks or []:
+            self.train_processor.add_sink(sink)
+        if should_stop is not None:
+            self.train_processor.add_stop_check(should_stop)
+
+        self.train_processor.check_agent(self.agent)
+        self.train_processor.check_dataset(self.train_dataset, self.test_dataset)
+        self.train_processor.check_reward(self.reward_func)
+        self.final_config = self.train_processor.check_config(self.config)
+        self.train_processor.mark_initialized()
+
+    def train(self) -> Any:
+        """Run training; returns what the backend's ``train`` returns (a ``TrainResult`` for built-ins)."""
+        if not self.train_processor.initialized:
+            raise ValueError("The training processor is not initialized; construction must finish before train().")
+        return self.train_processor.train()
+
+    def request_stop(self) -> None:
+        """Stop after the current step (from another thread, e.g. a cancel request)."""
+        self.train_processor.request_stop()
+
+    @staticmethod
+    def register_processor(train_engine_name: str, train_type: type[TrainerProcessor]) -> None:
+        register_processor(train_engine_name, train_type)
+
+    @staticmethod
+    def unregister_processor(train_engine_name: str) -> None:
+        unregister_processor(train_engine_name)
+
+    @staticmethod
+    def available_processors() -> list[str]:
+        return available_processors()

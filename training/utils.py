@@ -1,0 +1,65 @@
+"""Small helpers: importing user code by path, and checking optional dependencies."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+def import_object(path: str, what: str = "object") -> Any:
+    """Import ``package.module.Name`` or ``path/to/file.py:Name``.
+
+    Raises ValueError that names the path, what was being loaded, and the underlying error.
+    """
+    if ":" in path and path.split(":", 1)[0].endswith(".py"):
+        file_part, attr = path.split(":", 1)
+        file_path = Path(file_part)
+        if not file_path.is_file():
+            raise ValueError(f"Cannot load {what} {path!r}: file {file_part} does not exist.")
+        module_name = f"_user_{file_path.stem}_{abs(hash(str(file_path.resolve())))}"
+        spec = importlib.util.spec_from_file_location(module_name, file_path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:  # user code can raise anything while importing
+            raise ValueError(f"Cannot load {what} {path!r}: importing {file_part} raised {exc!r}.") from exc
+    else:
+        module_path, _, attr = path.replace(":", ".").rpartition(".")
+        if not module_path:
+            raise ValueError(f"Cannot load {what} {path!r}: give a dotted path such as 'package.module.Name'.")
+        try:
+            module = importlib.import_module(module_path)
+        except Exception as exc:
+            raise ValueError(f"Cannot load {what} {path!r}: importing module {module_path!r} failed: {exc!r}.") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"Cannot load {what} {path!r}: module has no attribute {attr!r}.") from None
+
+
+@lru_cache(maxsize=None)
+def is_package_available(name: str) -> bool:
+    """Whether a package can be imported, without importing it."""
+    return importlib.util.find_spec(name) is not None
+
+
+def is_trl_available() -> bool:
+    return is_package_available("trl")
+
+
+def is_verl_available() -> bool:
+    return is_package_available("verl")
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices torch sees (0 without torch or CUDA)."""
+    if not is_package_available("torch"):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
