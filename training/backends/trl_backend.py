@@ -356,14 +356,18 @@ def _make_sink_callback(run: _TRLRun):
     class SinkCallback(TrainerCallback):
         """Routes TRL's logs to our sinks and polls the cooperative stop flag once per step."""
 
+        def on_step_end(self, args, state, control, **kwargs):
+            self._poll(control)
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 run.report(state.global_step, logs)
+                self._poll(control)  # a stop check may depend on what was just reported
 
-        def on_step_end(self, args, state, control, **kwargs):
+        @staticmethod
+        def _poll(control):
             if run.processor.should_stop():
                 control.should_training_stop = True
-                control.should_save = True
 
     return SinkCallback()
 

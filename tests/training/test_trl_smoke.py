@@ -1,0 +1,99 @@
+"""The trl backend trains for real on the tiny model: weights change and reward moves."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from training import AgentTrainer
+
+pytestmark = pytest.mark.slow
+
+
+class RecordingSink:
+    def __init__(self):
+        self.metrics: list[dict] = []
+        self.episodes: list[dict] = []
+        self.closed = False
+
+    def log_metrics(self, step, metrics):
+        self.metrics.append({"step": step, **metrics})
+
+    def log_episodes(self, step, episodes):
+        self.episodes.extend(episodes)
+
+    def close(self):
+        self.closed = True
+
+
+def starts_with_a(task, response):
+    return 1.0 if response.startswith("a") else 0.0
+
+
+def tiny_config(steps: int, **extra) -> dict:
+    return {
+        "actor_rollout_ref.model.path": "tiny-char",
+        "actor_rollout_ref.actor.optim.lr": 1e-2,
+        "actor_rollout_ref.rollout.n": 8,
+        "data.train_batch_size": 4,
+        "data.max_response_length": 2,
+        "trainer.total_training_steps": steps,
+        "trainer.logger": ["jsonl"],
+        **extra,
+    }
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
+
+
+def test_single_turn_weights_change_and_reward_rises(tmp_path):
+    sink = RecordingSink()
+    trainer = AgentTrainer(
+        train_dataset=[{"prompt": p} for p in ("x=", "y=", "z=", "w=")],
+        reward_func=starts_with_a, backend="trl", run_path=str(tmp_path), config=tiny_config(20), sinks=[sink],
+    )
+    result = trainer.train()
+
+    assert result.steps == 20 and not result.stopped
+    before, after = weights(tmp_path / "base_model"), weights(Path(result.checkpoint))
+    changed = [name for name in before if not torch.equal(before[name], after[name])]
+    assert len(changed) > len(before) // 2, f"only {changed} changed"
+    rewards = [m["reward"] for m in sink.metrics]
+    assert len(rewards) == 20
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
+    for name in ("reward", "reward_std", "loss", "entropy", "response_length", "step_time", "solve_rate"):
+        assert name in sink.metrics[-1], name
+    assert sink.episodes and sink.episodes[0]["trajectories"][0]["steps"][0]["model_response"] is not None
+    assert sink.closed
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 20
+    assert "total_training_steps: 20" in (tmp_path / "config.yaml").read_text()
+
+
+def test_cooperative_stop_ends_training_after_the_current_step(tmp_path):
+    sink = RecordingSink()
+    trainer = AgentTrainer(
+        train_dataset=[{"prompt": "x="}], reward_func=starts_with_a, backend="trl", run_path=str(tmp_path),
+        config=tiny_config(50, **{"data.train_batch_size": 1}), sinks=[sink],
+        should_stop=lambda: len(sink.metrics) >= 2,
+    )
+    result = trainer.train()
+    assert result.stopped
+    assert result.steps == 2
+
+
+def test_checkpoints_and_resume_from_the_latest(tmp_path):
+    config = tiny_config(4, **{"trainer.save_freq": 2, "data.train_batch_size": 1})
+    first = AgentTrainer(train_dataset=[{"prompt": "x="}], reward_func=starts_with_a, backend="trl",
+                         run_path=str(tmp_path), config=config).train()
+    assert first.steps == 4
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+    sink = RecordingSink()
+    resumed = AgentTrainer(train_dataset=[{"prompt": "x="}], reward_func=starts_with_a, backend="trl",
+                           run_path=str(tmp_path), config={**config, "trainer.total_training_steps": 6},
+                           sinks=[sink]).train()
+    assert resumed.steps == 6
+    assert [m["step"] for m in sink.metrics] == [5, 6]  # steps 1-4 came from the checkpoint

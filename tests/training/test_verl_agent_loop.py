@@ -1,0 +1,216 @@
+"""Our verl agent loop, driven by a stand-in for verl's server manager.
+
+``ScriptedServer`` stands in for verl's ``LLMServerClient`` in front of vLLM, which cannot run
+on this CPU machine: it answers ``generate(request_id, prompt_ids=..., sampling_params=...)``
+with scripted token ids, the way vLLM replicas answer through verl. The loop itself is built the
+lightest way verl allows: ``AgentLoopBase.__init__`` with a composed verl config (not validated),
+the character tokenizer and no processor; no Ray.
+"""
+
+import asyncio
+
+import pytest
+from omegaconf import OmegaConf
+
+from training.agents import AgentSpec, BaseAgent, BaseEnv, Workflow
+from training.backends.verl_backend import AGENT_LOOP_NAME, compose_verl_config, encode_object, task_to_verl_row
+from training.config import Config
+from training.tiny import build_char_tokenizer
+from training.types import Action, Episode, Step, Trajectory
+
+verl_agent_loop = pytest.importorskip("training.backends.verl_agent_loop")
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+TOKENIZER = build_char_tokenizer()
+EOS = TOKENIZER.eos_token_id
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+
+
+def ids(text: str) -> list[int]:
+    return TOKENIZER.encode(text, add_special_tokens=False)
+
+
+class ScriptedServer:
+    """Stands in for verl's server manager (vLLM cannot run here): each call returns the next
+    scripted reply as token ids, ending with EOS, with log-probs of -0.5."""
+
+    def __init__(self, replies: list[str]):
+        self.replies = list(replies)
+        self.calls: list[dict] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
+        reply = ids(self.replies.pop(0)) + [EOS]
+        reply = reply[: sampling_params["max_tokens"]]
+        return TokenOutput(token_ids=reply, log_probs=[-0.5] * len(reply), stop_reason="completed")
+
+
+class GuessEnv(BaseEnv):
+    """Says 'go>'; answers 'no>' until the action equals the target; reward 1 when it does."""
+
+    def __init__(self, target: str, fail: bool = False, delay: float = 0.0):
+        self.target, self.fail, self.delay = target, fail, delay
+
+    def reset(self):
+        return "go>", {}
+
+    def step(self, action):
+        if self.fail:
+            raise RuntimeError("environment broke")
+        if self.delay:
+            import time
+
+            time.sleep(self.delay)
+        done = action == self.target
+        return ("yes>" if done else "no>"), (1.0 if done else 0.0), done, {"is_correct": done}
+
+    @staticmethod
+    def from_dict(info):
+        return GuessEnv(info["target"], info.get("fail", False), info.get("delay", 0.0))
+
+
+class EchoAgent(BaseAgent):
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self._trajectory, self.messages = Trajectory(), []
+
+    @property
+    def chat_completions(self):
+        return self.messages
+
+    @property
+    def trajectory(self):
+        return self._trajectory
+
+    def update_from_env(self, observation, reward, done, info, **kwargs):
+        if self._trajectory.steps:
+            self._trajectory.steps[-1].reward, self._trajectory.steps[-1].done = reward, done
+        self.messages.append({"role": "user", "content": observation})
+
+    def update_from_model(self, response, **kwargs):
+        self.messages.append({"role": "assistant", "content": response})
+        self._trajectory.steps.append(Step(model_response=response))
+        return Action(response)
+
+
+class TwoCallWorkflow(Workflow):
+    async def run(self, task, uid, **kwargs):
+        first = await self.model.chat([{"role": "user", "content": "q>"}])
+        second = await self.model.chat(
+            [{"role": "user", "content": "q>"}, {"role": "assistant", "content": first.text}, {"role": "user", "content": "again>"}]
+        )
+        reward = 1.0 if second.text == task["target"] else 0.0
+        return Episode(trajectories=[Trajectory(steps=list(self.model.steps), reward=reward)], is_correct=reward == 1.0)
+
+
+@pytest.fixture(scope="module")
+def base_verl_config():
+    config = Config.build({"actor_rollout_ref.model.path": "tiny-char"})
+    return compose_verl_config(config, agent_kind="agent_env", agent_payload="unset", validate=False)
+
+
+def run_loop(base_verl_config, spec: AgentSpec, task: dict, replies: list[str], **overrides):
+    """One episode of ``task`` through AgentTrainerLoop.run, as verl's AgentLoopWorker would call it."""
+    config = Config.build({"actor_rollout_ref.model.path": "tiny-char", **overrides})
+    verl = OmegaConf.create(OmegaConf.to_container(base_verl_config))
+    verl.agent_trainer.payload = encode_object({"spec": spec.validate(), "reward_fn": None, "config": config})
+    verl.data.max_prompt_length = config.data.max_prompt_length
+    verl.data.max_response_length = config.data.max_response_length
+    server = ScriptedServer(replies)
+    loop = verl_agent_loop.AgentTrainerLoop(
+        trainer_config=DictConfigWrap(verl),
+        server_manager=server,
+        tokenizer=TOKENIZER,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(verl.data),
+    )
+    row = task_to_verl_row(task, 0, split="train", agent_name=AGENT_LOOP_NAME)
+    output = asyncio.run(loop.run(dict(SAMPLING), raw_prompt=row["prompt"], **row))
+    return output, server
+
+
+AGENT_ENV = AgentSpec(agent_class=EchoAgent, env_class=GuessEnv)
+
+
+def test_loop_is_registered_with_verl():
+    assert _agent_loop_registry[AGENT_LOOP_NAME] == {"_target_": "training.backends.verl_agent_loop.AgentTrainerLoop"}
+
+
+def test_turns_masks_and_reward_until_env_done(base_verl_config):
+    output, server = run_loop(base_verl_config, AGENT_ENV, {"target": "b"}, ["a", "b"])
+
+    assert output.prompt_ids == ids("go>")
+    # model "a</s>" (1) | environment "no>" (0) | model "b</s>" (1)
+    assert output.response_ids == ids("a") + [EOS] + ids("no>") + ids("b") + [EOS]
+    assert output.response_mask == [1, 1, 0, 0, 0, 1, 1]
+    assert output.response_logprobs == [-0.5, -0.5, 0.0, 0.0, 0.0, -0.5, -0.5]
+    assert output.reward_score == 1.0
+    assert output.num_turns == 2
+    assert output.extra_fields["termination_reason"] == "env_done"
+    assert output.extra_fields["turn_scores"] == [0.0, 1.0]
+    assert output.extra_fields["reward_extra_info"] == {"acc": 1.0}
+    # Tokens in, tokens out: the second call continues from the episode's own ids, on one sticky request id.
+    assert server.calls[1]["prompt_ids"] == output.prompt_ids + output.response_ids[:5]
+    assert server.calls[0]["request_id"] == server.calls[1]["request_id"]
+    assert server.calls[0]["sampling_params"]["max_tokens"] == 64 and server.calls[0]["sampling_params"]["logprobs"]
+
+
+def test_max_turns(base_verl_config):
+    output, server = run_loop(base_verl_config, AGENT_ENV, {"target": "z"}, ["a", "b", "c"], **{"rllm.agent.max_steps": 2})
+
+    assert len(server.calls) == 2
+    assert output.extra_fields["termination_reason"] == "max_turns"
+    assert output.reward_score == 0.0
+    assert output.response_mask == [1, 1, 0, 0, 0, 1, 1]
+
+
+def test_max_response_length(base_verl_config):
+    output, _ = run_loop(base_verl_config, AGENT_ENV, {"target": "z"}, ["a", "b", "c"], **{"data.max_response_length": 6})
+
+    # "a</s>" + "no>" fill 5 of 6; the second reply is cut to the one token left, then the budget is spent.
+    assert output.extra_fields["termination_reason"] == "max_response_length"
+    assert len(output.response_ids) == 6
+    assert output.response_mask == [1, 1, 0, 0, 0, 1]
+
+
+def test_env_error_ends_the_episode_with_reward_zero(base_verl_config):
+    output, _ = run_loop(base_verl_config, AGENT_ENV, {"target": "a", "fail": True}, ["a"])
+
+    assert output.extra_fields["termination_reason"] == "error"
+    assert output.reward_score == 0.0
+    assert output.response_ids == ids("a") + [EOS]  # the tokens gathered before the error are kept
+
+
+def test_timeout(base_verl_config):
+    output, _ = run_loop(
+        base_verl_config, AGENT_ENV, {"target": "a", "delay": 0.5}, ["a"], **{"rllm.agent.trajectory_timeout": 0.1}
+    )
+
+    assert output.extra_fields["termination_reason"] == "timeout"
+    assert output.reward_score == 0.0
+
+
+def test_too_long_prompt_gives_a_masked_placeholder(base_verl_config):
+    output, server = run_loop(base_verl_config, AGENT_ENV, {"target": "a"}, ["a"], **{"data.max_prompt_length": 2})
+
+    assert server.calls == []
+    assert output.extra_fields["termination_reason"] == "max_prompt_length"
+    assert output.prompt_ids == [EOS] and output.response_ids == [EOS] and output.response_mask == [0]
+    assert output.reward_score == 0.0
+
+
+def test_workflow_tokens_come_from_its_model_calls(base_verl_config):
+    spec = AgentSpec(workflow_class=TwoCallWorkflow)
+    output, server = run_loop(base_verl_config, spec, {"target": "y"}, ["x", "y"])
+
+    assert output.prompt_ids == ids("q>")
+    # reply "x</s>"; the second prompt re-renders "q>x" + "again>" (EOS dropped by the plain rendering).
+    assert output.response_ids == ids("x") + [EOS] + ids("again>") + ids("y") + [EOS]
+    assert output.response_mask == [1, 1] + [0] * len("again>") + [1, 1]
+    assert output.reward_score == 1.0
+    assert output.extra_fields["termination_reason"] == "env_done"
