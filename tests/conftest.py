@@ -1,0 +1,106 @@
+"""Shared fixtures: named personas (owner, stranger, admin) and the example registry.
+
+Django is imported lazily so that library tests (tests/training) run without it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+requires_redis = pytest.mark.skipif(
+    not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a Redis server) for a real Celery worker"
+)
+
+# Small enough to train in seconds on one CPU core.
+TINY_OVERRIDES = "trainer.total_training_steps=3\ndata.train_batch_size=2\nactor_rollout_ref.rollout.n=2\ndata.max_response_length=4\n"
+
+
+def _user(username: str, **extra):
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user(username=username, password=f"{username}-password", **extra)
+
+
+@pytest.fixture
+def owner(db):
+    return _user("owner")
+
+
+@pytest.fixture
+def stranger(db):
+    return _user("stranger")
+
+
+@pytest.fixture
+def admin_user(db):
+    return _user("admin", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def owner_client(client, owner):
+    client.force_login(owner)
+    return client
+
+
+@pytest.fixture
+def stranger_client(client, stranger):
+    client.force_login(stranger)
+    return client
+
+
+@pytest.fixture
+def admin_client_(client, admin_user):
+    client.force_login(admin_user)
+    return client
+
+
+@pytest.fixture
+def registry(db):
+    """The example rows (agents, datasets, rewards, backends), by name."""
+    from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+    from webapp.registry.seed import seed_registry
+
+    seed_registry()
+    return {
+        "agents": {a.name: a for a in Agent.objects.all()},
+        "datasets": {d.name: d for d in Dataset.objects.all()},
+        "rewards": {r.name: r for r in RewardFunction.objects.all()},
+        "backends": {b.name: b for b in Backend.objects.all()},
+    }
+
+
+@pytest.fixture
+def copy_form_data(registry):
+    """Form data of a valid tiny single-turn run (the copy task on TRL)."""
+    return {
+        "name": "tiny copy",
+        "agent": registry["agents"]["copy-task"].pk,
+        "dataset": registry["datasets"]["copy"].pk,
+        "reward": registry["rewards"]["char-accuracy"].pk,
+        "backend": registry["backends"]["trl"].pk,
+        "model": "tiny-char",
+        "overrides": TINY_OVERRIDES,
+    }
+
+
+@pytest.fixture
+def make_run(registry, owner):
+    """Create a Run row of the tiny copy task directly (no form, no queue)."""
+    from webapp.runs.models import Run
+
+    def make(**fields):
+        values = {
+            "owner": owner, "agent": registry["agents"]["copy-task"], "dataset": registry["datasets"]["copy"],
+            "reward": registry["rewards"]["char-accuracy"], "backend": registry["backends"]["trl"],
+            "model": "tiny-char",
+            "config_overrides": {"trainer.total_training_steps": 2, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
+                                 "data.max_response_length": 4},
+        }
+        values.update(fields)
+        return Run.objects.create(**values)
+
+    return make

@@ -1,0 +1,90 @@
+"""A real Celery worker process against Redis: a run created through the form view trains to the
+end, and a running run cancelled from the browser stops and ends ``cancelled``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from conftest import requires_redis
+from django.conf import settings
+from django.db import connection
+
+from webapp.registry.models import Backend
+from webapp.runs.models import MetricPoint, Run, RunLog
+from workers.execute import database_url
+
+pytestmark = [requires_redis, pytest.mark.django_db(transaction=True)]
+
+QUEUE = f"test-e2e-{uuid.uuid4().hex[:8]}"  # no other worker listens here, so nothing else takes our runs
+
+
+@pytest.fixture(scope="module")
+def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
+    with django_db_blocker.unblock():
+        db_url = database_url(connection.settings_dict)
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    env = {**os.environ, "DATABASE_URL": db_url, "RUN_CANCEL_GRACE_SECONDS": "30", "RUN_HEARTBEAT_SECONDS": "1",
+           "PLATFORM_VAR_DIR": str(settings.VAR_DIR)}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", QUEUE, "--concurrency", "1",
+             "-n", f"{QUEUE}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"],
+            cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    yield log_path
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def wait_for(predicate, timeout: float, what: str, log_path):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}; worker log:\n{log_path.read_text()[-4000:]}")
+
+
+@pytest.fixture
+def on_test_queue(registry):
+    Backend.objects.filter(name="trl").update(queue=QUEUE)
+
+
+def create_run(client, data) -> Run:
+    response = client.post("/runs/new/", data)
+    assert response.status_code == 302, response.context["form"].errors.as_data()
+    return Run.objects.get()
+
+
+def test_run_created_in_the_browser_trains_to_the_end(celery_worker, on_test_queue, owner_client, copy_form_data):
+    run = create_run(owner_client, copy_form_data)
+    wait_for(lambda: Run.objects.get(pk=run.pk).is_final, 300, "the run to end", celery_worker)
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
+    assert run.worker.startswith(QUEUE) and run.started_at and run.finished_at
+    assert run.steps == 3 and run.final_config and "reward" in run.final_metrics
+    assert MetricPoint.objects.filter(run=run, key="reward").count() == 3
+    messages = list(RunLog.objects.filter(run=run).values_list("message", flat=True))
+    assert any("Claimed by" in m for m in messages) and any("step 3/3" in m for m in messages)
+
+
+def test_cancel_from_the_browser_stops_a_running_run(celery_worker, on_test_queue, owner_client, copy_form_data):
+    copy_form_data["overrides"] = copy_form_data["overrides"].replace("total_training_steps=3", "total_training_steps=1000")
+    run = create_run(owner_client, copy_form_data)
+    wait_for(lambda: MetricPoint.objects.filter(run=run).exists(), 300, "the first training step", celery_worker)
+    assert owner_client.post(f"/runs/{run.pk}/cancel/").status_code == 302
+    cancelled_at = time.monotonic()
+    wait_for(lambda: Run.objects.get(pk=run.pk).is_final, 90, "the run to stop", celery_worker)
+    run.refresh_from_db()
+    assert run.status == Run.Status.CANCELLED, f"{run.error}\n{run.traceback}"
+    assert run.steps < 1000 and time.monotonic() - cancelled_at < 90

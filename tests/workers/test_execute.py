@@ -1,0 +1,95 @@
+"""The plain functions behind the Celery task, called directly."""
+
+import subprocess
+import time
+
+
+import pytest
+
+from webapp.registry.models import Agent, Backend
+from webapp.runs.models import MetricPoint, Run, RunLog
+from workers import execute
+from workers.execute import BUSY, SKIPPED, claim, database_url, train_run
+
+
+def test_claim_skips_a_run_that_is_not_queued(make_run):
+    run = make_run()
+    run.request_cancel()
+    assert claim(run.pk, "w") == SKIPPED
+
+
+def test_claim_waits_when_the_backend_is_full(make_run):
+    Backend.objects.filter(name="trl").update(max_concurrent_runs=1)
+    busy, waiting = make_run(), make_run()
+    assert isinstance(claim(busy.pk, "w"), Run)
+    assert claim(waiting.pk, "w") == BUSY
+    assert Run.objects.get(pk=waiting.pk).status == Run.Status.QUEUED
+
+
+# The recorder writes from its own thread and connection: the rows must be committed.
+@pytest.mark.django_db(transaction=True)
+def test_train_run_succeeds_and_records_metrics_and_logs(make_run, tmp_path, settings):
+    settings.RUNS_DIR = tmp_path
+    run = make_run()
+    claimed = claim(run.pk, "test-worker")
+    assert train_run(claimed.pk) == Run.Status.SUCCEEDED
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.traceback
+    assert run.steps == 2 and run.finished_at and run.final_config["trainer"]["total_training_steps"] == 2
+    assert "reward" in run.final_metrics
+    assert MetricPoint.objects.filter(run=run, key="reward").count() == 2
+    assert RunLog.objects.filter(run=run, message__contains="step 2/2").exists()
+
+
+# The recorder writes from its own thread and connection: the rows must be committed.
+@pytest.mark.django_db(transaction=True)
+def test_train_run_failure_keeps_error_and_traceback(make_run, tmp_path, settings, registry):
+    settings.RUNS_DIR = tmp_path
+    broken = Agent.objects.create(name="broken", workflow_class="no_such_module.Workflow")
+    run = make_run(agent=broken)
+    claim(run.pk, "w")
+    assert train_run(run.pk) == Run.Status.FAILED
+    run.refresh_from_db()
+    assert "no_such_module" in run.error and "Traceback" in run.traceback
+
+
+# The recorder writes from its own thread and connection: the rows must be committed.
+@pytest.mark.django_db(transaction=True)
+def test_train_run_stops_when_cancelled(make_run, tmp_path, settings):
+    settings.RUNS_DIR = tmp_path
+    run = make_run(config_overrides={"trainer.total_training_steps": 500, "data.train_batch_size": 2,
+                                     "actor_rollout_ref.rollout.n": 2, "data.max_response_length": 4})
+    claim(run.pk, "w")
+    run.request_cancel()
+    assert train_run(run.pk) == Run.Status.CANCELLED
+    run.refresh_from_db()
+    assert run.status == Run.Status.CANCELLED and run.steps < 500
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead, only not reaped yet
+    except FileNotFoundError:
+        return False
+
+
+def test_terminate_group_kills_the_whole_tree(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    process = subprocess.Popen(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; sleep 60"], start_new_session=True)
+    for _ in range(50):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.1)
+    grandchild = int(pid_file.read_text())
+    execute._terminate_group(process, wait_seconds=2)
+    assert process.poll() is not None
+    time.sleep(0.2)
+    assert not _alive(grandchild)
+
+
+def test_database_url_round_trips():
+    assert database_url({"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.sqlite3"}) == "sqlite:////tmp/x.sqlite3"
+    url = database_url({"ENGINE": "django.db.backends.postgresql", "NAME": "test_test", "USER": "postgres",
+                        "PASSWORD": "", "HOST": "127.0.0.1", "PORT": 5432})
+    assert url == "postgres://postgres@127.0.0.1:5432/test_test"

@@ -1,0 +1,169 @@
+"""What a run is made of: agents, datasets, reward functions and training backends.
+
+Rows hold import paths and names, never code: the worker turns them into ``AgentTrainer``
+arguments (``webapp.runs.trainer_args``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+
+def _dict_only(value: Any) -> None:
+    if not isinstance(value, dict):
+        raise ValidationError("Must be a JSON object, e.g. {\"key\": \"value\"}.")
+
+
+class Agent(models.Model):
+    """An agent given as a workflow class, or as an agent class plus an environment class, by
+    dotted import path. All paths empty means a single-turn task (prompt in, answer out)."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    workflow_class = models.CharField(max_length=300, blank=True, help_text="e.g. examples.countdown_workflow.CountdownWorkflow")
+    workflow_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
+    agent_class = models.CharField(max_length=300, blank=True, help_text="e.g. examples.frozenlake.FrozenLakeAgent")
+    env_class = models.CharField(max_length=300, blank=True, help_text="e.g. examples.frozenlake.FrozenLakeEnv")
+    agent_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
+    env_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def kind(self) -> str:
+        if self.workflow_class:
+            return "workflow"
+        if self.agent_class or self.env_class:
+            return "agent+env"
+        return "single-turn"
+
+    def clean(self) -> None:
+        if self.workflow_class and (self.agent_class or self.env_class):
+            raise ValidationError("Give a workflow class or an agent and environment class, not both.")
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """The agent part of ``AgentTrainer(...)``."""
+        if self.workflow_class:
+            return {"workflow_class": self.workflow_class, "workflow_args": dict(self.workflow_args)}
+        return {
+            "agent_class": self.agent_class or None,
+            "env_class": self.env_class or None,
+            "agent_args": dict(self.agent_args),
+            "env_args": dict(self.env_args),
+        }
+
+
+class Dataset(models.Model):
+    """A dataset registered with the training library by name (``frozenlake``), a Hugging Face hub
+    id, an uploaded file, or a path on the workers' disk."""
+
+    class Source(models.TextChoices):
+        REGISTERED = "registered", "Registered name"
+        HUB = "hub", "Hugging Face hub id"
+        UPLOAD = "upload", "Uploaded file"
+        PATH = "path", "Path on the workers"
+
+    # The roles a column can play; the mapping's values are this dataset's column names.
+    COLUMN_ROLES = {"prompt": "data.prompt_key", "ground_truth": "data.answer_key"}
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    source = models.CharField(max_length=20, choices=Source.choices, default=Source.REGISTERED)
+    identifier = models.CharField(
+        max_length=500, blank=True,
+        help_text="Registered name or hub id (for those sources), or a path on the workers.",
+    )
+    file = models.FileField(upload_to="datasets/", blank=True)
+    train_split = models.CharField(max_length=50, default="train")
+    val_split = models.CharField(max_length=50, blank=True, help_text="Empty: no validation set.")
+    column_mapping = models.JSONField(
+        default=dict, blank=True, validators=[_dict_only],
+        help_text='Role to column, e.g. {"prompt": "question", "ground_truth": "answer"}.',
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if self.source == self.Source.UPLOAD and not self.file:
+            raise ValidationError({"file": "Upload a file for an uploaded dataset."})
+        if self.source != self.Source.UPLOAD and not self.identifier:
+            raise ValidationError({"identifier": "Give the registered name, hub id or path."})
+        unknown = sorted(set(self.column_mapping or {}) - set(self.COLUMN_ROLES))
+        if unknown:
+            raise ValidationError({"column_mapping": f"Unknown role(s) {unknown}; use {sorted(self.COLUMN_ROLES)}."})
+
+    def _spec(self, split: str) -> str:
+        if self.source == self.Source.UPLOAD:
+            return self.file.path
+        if self.source == self.Source.PATH:
+            return self.identifier
+        return f"{self.identifier}:{split}"
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """The data part of ``AgentTrainer(...)``."""
+        return {
+            "train_dataset": self._spec(self.train_split),
+            "val_dataset": self._spec(self.val_split) if self.val_split else None,
+        }
+
+    def config_overrides(self) -> dict[str, Any]:
+        """Column mapping as config keys (``data.prompt_key``, ``data.answer_key``)."""
+        return {self.COLUMN_ROLES[role]: column for role, column in (self.column_mapping or {}).items()}
+
+
+class RewardFunction(models.Model):
+    """A reward built into the library (``exact_match``) or any function by dotted path."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    path = models.CharField(max_length=300, help_text="Built-in name (exact_match) or dotted path (pkg.mod.fn).")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Backend(models.Model):
+    """A training backend as admins offer it: which processor, which worker queue, defaults, limits."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    processor = models.CharField(max_length=100, help_text="Library processor name: trl, verl, or a registered one.")
+    enabled = models.BooleanField(default=True)
+    queue = models.SlugField(
+        max_length=50, default="cpu",
+        help_text="Celery queue its runs go to: cpu or gpu (or any queue a worker listens on).",
+    )
+    needs_gpu = models.BooleanField(default=False)
+    default_config = models.JSONField(
+        default=dict, blank=True, validators=[_dict_only],
+        help_text='Dotted config keys applied under every run\'s overrides, e.g. {"trainer.device": "cpu"}.',
+    )
+    max_concurrent_runs = models.PositiveIntegerField(default=0, help_text="0: no limit.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name if self.enabled else f"{self.name} (disabled)"
+
+    def has_capacity(self) -> bool:
+        if not self.max_concurrent_runs:
+            return True
+        return self.runs.filter(status="running").count() < self.max_concurrent_runs

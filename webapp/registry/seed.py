@@ -1,0 +1,51 @@
+"""The registry rows for the examples in ``examples/`` (idempotent: re-seeding updates them)."""
+
+from __future__ import annotations
+
+from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+
+AGENTS = [
+    {"name": "frozenlake", "description": "Multi-turn grid world (examples.frozenlake).",
+     "agent_class": "examples.frozenlake.FrozenLakeAgent", "env_class": "examples.frozenlake.FrozenLakeEnv"},
+    {"name": "copy-task", "description": "Single-turn: copy the prompt (examples.copy_task)."},
+    {"name": "countdown", "description": "A workflow agent (examples.countdown_workflow).",
+     "workflow_class": "examples.countdown_workflow.CountdownWorkflow"},
+]
+DATASETS = [
+    {"name": "frozenlake", "source": Dataset.Source.REGISTERED, "identifier": "frozenlake", "val_split": "test"},
+    {"name": "copy", "source": Dataset.Source.REGISTERED, "identifier": "copy", "val_split": "test"},
+    {"name": "countdown", "source": Dataset.Source.REGISTERED, "identifier": "countdown", "val_split": "test"},
+]
+REWARDS = [
+    {"name": "exact-match", "path": "exact_match", "description": "1 when the answer equals ground_truth."},
+    {"name": "char-accuracy", "path": "char_accuracy", "description": "Share of characters in the right place."},
+    {"name": "countdown", "path": "countdown", "description": "Countdown score of an arithmetic expression."},
+]
+BACKENDS = [
+    {"name": "trl", "processor": "trl", "queue": "cpu", "needs_gpu": False, "enabled": True,
+     "default_config": {}, "max_concurrent_runs": 0},
+    {"name": "verl", "processor": "verl", "queue": "gpu", "needs_gpu": True, "enabled": False,
+     "default_config": {}, "max_concurrent_runs": 0},
+]
+
+# A run small enough to finish in a minute or two on a laptop CPU.
+DEMO_RUN = {
+    "agent": "copy-task", "dataset": "copy", "reward": "char-accuracy", "backend": "trl", "model": "tiny-char",
+    "overrides": "trainer.total_training_steps=20\ndata.train_batch_size=4\nactor_rollout_ref.rollout.n=4\n",
+}
+
+
+def seed_registry(enable_gpu_backends: bool = False) -> dict[str, int]:
+    """Create or update the example rows. Backends keep an admin's later changes (only created here)."""
+    counts = {}
+    for model, rows in ((Agent, AGENTS), (Dataset, DATASETS), (RewardFunction, REWARDS)):
+        for row in rows:
+            model.objects.update_or_create(name=row["name"], defaults={k: v for k, v in row.items() if k != "name"})
+        counts[model.__name__] = len(rows)
+    for row in BACKENDS:
+        defaults = {k: v for k, v in row.items() if k != "name"}
+        if row["needs_gpu"] and enable_gpu_backends:
+            defaults["enabled"] = True
+        Backend.objects.get_or_create(name=row["name"], defaults=defaults)
+    counts["Backend"] = len(BACKENDS)
+    return counts

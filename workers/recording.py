@@ -1,0 +1,124 @@
+"""Where a run's reports land: metric points and log lines, written to the database in batches.
+
+The training thread (and the library's episode threads) only append to buffers; one flusher
+thread writes them every ``flush_seconds`` with its own database connection, so training never
+waits on the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from webapp.runs.models import MetricPoint, Run, RunLog
+
+
+class RunRecorder:
+    """Buffers metric points and log lines of one run and writes them in batches."""
+
+    def __init__(self, run_id: int, flush_seconds: float = 1.0, max_log_lines: int | None = None) -> None:
+        self.run_id = run_id
+        self.flush_seconds = flush_seconds
+        self.max_log_lines = max_log_lines or settings.RUN_LOG_MAX_LINES
+        self._points: dict[tuple[str, int], MetricPoint] = {}
+        self._logs: list[RunLog] = []
+        self._log_count = RunLog.objects.filter(run_id=run_id).count()
+        self._max_step = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._flush_loop, name=f"run-{run_id}-recorder", daemon=True)
+
+    # -- producers (any thread) --------------------------------------------------------------
+    def add_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        now = timezone.now()
+        with self._lock:
+            for key, value in metrics.items():
+                clean = None if value is None or math.isnan(value) or math.isinf(value) else float(value)
+                # A re-sent (key, step) replaces the buffered one; the database upserts the rest.
+                self._points[(key, step)] = MetricPoint(run_id=self.run_id, key=key, step=step, value=clean, time=now)
+            self._max_step = max(self._max_step, step)
+
+    def add_log(self, level: str, message: str) -> None:
+        with self._lock:
+            if self._log_count >= self.max_log_lines:
+                return
+            self._log_count += 1
+            if self._log_count == self.max_log_lines:
+                level, message = "WARNING", f"Log truncated at {self.max_log_lines} lines; the full log is in the run directory."
+            self._logs.append(RunLog(run_id=self.run_id, level=level, message=message, time=timezone.now()))
+
+    # -- the writer ---------------------------------------------------------------------------
+    def start(self) -> "RunRecorder":
+        self._thread.start()
+        return self
+
+    def flush(self) -> None:
+        with self._lock:
+            points, self._points = list(self._points.values()), {}
+            logs, self._logs = self._logs, []
+            max_step = self._max_step
+        if points:
+            MetricPoint.objects.bulk_create(
+                points, update_conflicts=True, unique_fields=["run", "key", "step"], update_fields=["value", "time"]
+            )
+            Run.objects.filter(pk=self.run_id, steps__lt=max_step).update(steps=max_step)
+        if logs:
+            RunLog.objects.bulk_create(logs)
+
+    def _flush_loop(self) -> None:
+        try:
+            while not self._stop.wait(self.flush_seconds):
+                try:
+                    self.flush()
+                except Exception:  # a database hiccup must not end training; the next flush retries
+                    logging.getLogger(__name__).exception("writing run %s reports failed", self.run_id)
+                    close_old_connections()
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        """Stop the flusher and write what is left (from the calling thread)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self.flush()
+
+
+class DatabaseSink:
+    """A ``training.sinks.MetricSink`` that records metrics of a run in the database."""
+
+    def __init__(self, recorder: RunRecorder) -> None:
+        self.recorder = recorder
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.recorder.add_metrics(step, metrics)
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        # Episodes stay in the run directory (episodes.jsonl); the dashboard issue decides what to show.
+        pass
+
+    def close(self) -> None:
+        self.recorder.flush()
+
+
+class RunLogHandler(logging.Handler):
+    """Sends log records (of the ``training`` logger) to the run's log lines."""
+
+    def __init__(self, recorder: RunRecorder, level: int = logging.INFO) -> None:
+        super().__init__(level)
+        self.recorder = recorder
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if record.exc_info:
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+            self.recorder.add_log(record.levelname, message)
+        except Exception:
+            self.handleError(record)
