@@ -1,0 +1,388 @@
+"""Rollouts: run many episodes of an agent at once and record them as token-level Episodes.
+
+Every kind of agent (agent + environment, workflow, run function, single-turn prompt) ends up as
+an ``Episode`` whose ``prompt_ids`` + ``response_ids`` are exactly the tokens the model saw and
+wrote, with ``response_mask`` 1 on the model's tokens and 0 on text that came from elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import statistics
+import time
+import traceback
+from typing import Any, Callable
+
+from training.agents import AgentSpec
+from training.config import Config
+from training.generation import GenerationOutput, ModelClient, TokenGenerator, continuation, encode, render_messages
+from training.log import logger
+from training.types import Action, Episode, RewardOutput, Step, TerminationReason, Trajectory
+
+RewardFn = Callable[[dict, str], RewardOutput]
+
+
+class ModelCallError(RuntimeError):
+    """The model itself failed (not the agent or the environment). It stops the rollout instead of
+    being counted as an error episode, because retrying episodes cannot fix a broken model."""
+
+
+class _GuardedGenerator:
+    """Marks the generator's exceptions as ``ModelCallError`` so they are not mistaken for agent bugs."""
+
+    def __init__(self, inner: TokenGenerator) -> None:
+        self.inner = inner
+
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int) -> GenerationOutput:
+        try:
+            return await self.inner.generate(prompt_ids, max_new_tokens)
+        except Exception as exc:
+            raise ModelCallError(f"Generation failed: {exc!r}") from exc
+
+
+class RolloutEngine:
+    """Runs episodes of one ``AgentSpec`` (already validated) against a token generator.
+
+    Rewards: agent+env episodes earn the sum of the environment's rewards (``reward_fn`` is not
+    used for them). Workflows and run functions supply their own reward; where they give none,
+    ``reward_fn(task, last_response)`` decides. Single-turn tasks are always scored by ``reward_fn``.
+
+    Episodes that end early: ``max_prompt_length`` (first prompt too long) has no tokens and reward 0;
+    ``timeout`` and ``error`` keep the tokens gathered so far and get reward 0.
+    """
+
+    def __init__(
+        self,
+        spec: AgentSpec,
+        generator: TokenGenerator,
+        tokenizer: Any,
+        config: Config,
+        reward_fn: RewardFn | None = None,
+    ) -> None:
+        if spec.kind == "single_turn" and reward_fn is None:
+            raise ValueError("A single-turn task needs a reward function to score the model's answer; pass reward_fn.")
+        self.spec = spec
+        self.generator = _GuardedGenerator(generator)
+        self._session = getattr(generator, "session", contextlib.nullcontext)
+        self.tokenizer = tokenizer
+        self.config = config
+        self.reward_fn = reward_fn
+        self.loop_config = config.rllm.agent
+
+    def run(self, tasks: list[dict], n: int = 1) -> list[Episode]:
+        """Synchronous ``run_episodes``, for code that is not already inside an event loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.run_episodes(tasks, n))
+        raise RuntimeError(
+            "RolloutEngine.run() was called inside a running event loop; use `await engine.run_episodes(...)`."
+        )
+
+    async def run_episodes(self, tasks: list[dict], n: int = 1) -> list[Episode]:
+        """``n`` episodes per task, all run concurrently (at most ``rllm.agent.n_parallel_tasks`` at
+        a time), returned group-major: task 0 x n, then task 1 x n, and so on."""
+        semaphore = asyncio.Semaphore(self.loop_config.n_parallel_tasks)
+
+        async def limited(task: dict) -> Episode:
+            async with semaphore:
+                with self._session():
+                    return await self._run_episode(task)
+
+        return list(await asyncio.gather(*(limited(task) for task in tasks for _ in range(n))))
+
+    async def _run_episode(self, task: dict) -> Episode:
+        """One episode with retries on agent/env errors and the per-attempt timeout."""
+        cfg = self.loop_config
+        for attempt in range(1, cfg.retries + 2):
+            started = time.perf_counter()
+            episode = Episode(task=task)
+            client = ModelClient(self.generator, self.tokenizer, cfg.max_tokens_per_turn)
+            deadline = asyncio.timeout(cfg.trajectory_timeout)
+            failure: Exception | None = None
+            try:
+                async with deadline:
+                    episode = await self._attempt(episode, task, client)
+            except ModelCallError:
+                raise
+            except Exception as exc:  # user code (agent, env, workflow, reward) can raise anything
+                if isinstance(exc, TimeoutError) and deadline.expired():
+                    logger.warning("Episode timed out after %.1f s", cfg.trajectory_timeout)
+                    self._end_early(episode, client, TerminationReason.TIMEOUT)
+                else:
+                    failure = exc
+            if failure is not None:
+                if attempt <= cfg.retries:
+                    logger.warning("Episode attempt %d failed (%s); retrying", attempt, _one_line(failure))
+                    continue
+                logger.warning("Episode failed after %d attempt(s): %s", attempt, _one_line(failure))
+                self._end_early(episode, client, TerminationReason.ERROR)
+                episode.error = _one_line(failure)
+                episode.info["traceback"] = "".join(traceback.format_exception(failure))
+            episode.info["attempts"] = attempt
+            episode.metrics = {
+                **episode.metrics,
+                "turns": float(episode.metrics.get("turns", len(client.steps))),
+                "response_length": float(sum(episode.response_mask)),
+                "episode_time": time.perf_counter() - started,
+            }
+            return episode
+        raise AssertionError("unreachable: the last attempt always returns")
+
+    async def _attempt(self, episode: Episode, task: dict, client: ModelClient) -> Episode:
+        kind = self.spec.kind
+        if kind == "agent_env":
+            await self._run_agent_env(episode, task)
+            return episode
+        if kind == "workflow":
+            workflow = self.spec.workflow_class(model=client, **self.spec.workflow_args)
+            return self._finish_client_episode(episode, task, client, await workflow.run(task, episode.id))
+        if kind == "run_func":
+            return self._finish_client_episode(episode, task, client, await self._call_run_func(task, client))
+        await self._run_single_turn(episode, task)
+        return episode
+
+    # -- agent + environment ------------------------------------------------------------------
+
+    async def _run_agent_env(self, episode: Episode, task: dict) -> None:
+        """The turn loop. Generation continues from the episode's own token ids rather than a
+        re-tokenised conversation, so each turn's logprobs hold for exactly the tokens trained on."""
+        spec, cfg, data = self.spec, self.loop_config, self.config.data
+        env = spec.env_class.from_dict({**task, **spec.env_args})
+        threaded = spec.env_class.is_multithread_safe()
+
+        async def call_env(fn: Callable, *args: Any) -> Any:
+            return await asyncio.to_thread(fn, *args) if threaded else fn(*args)
+
+        try:
+            agent = spec.agent_class(**spec.agent_args)
+            agent.reset()
+            episode.trajectories = [agent.trajectory]
+            observation, info = await call_env(env.reset)
+            agent.update_from_env(observation, 0.0, False, info)
+            total_reward = 0.0
+            episode.metrics["turns"] = 0.0
+            previous: tuple[str, GenerationOutput, list[dict]] | None = None
+            episode.termination_reason = TerminationReason.MAX_TURNS
+            for _ in range(cfg.max_steps):
+                messages = [dict(m) for m in agent.chat_completions]
+                text = render_messages(self.tokenizer, messages)
+                if previous is None:
+                    episode.prompt_ids = encode(self.tokenizer, text)
+                    if len(episode.prompt_ids) > data.max_prompt_length:  # no generation, reward 0
+                        episode.prompt_ids = []
+                        episode.termination_reason = TerminationReason.MAX_PROMPT_LENGTH
+                        return
+                    new_ids: list[int] = []
+                else:
+                    new_ids = encode(self.tokenizer, self._new_context(previous, messages, text))
+                room = data.max_response_length - len(episode.response_ids) - len(new_ids)
+                if room <= 0:
+                    episode.termination_reason = TerminationReason.MAX_RESPONSE_LENGTH
+                    break
+                _append(episode, new_ids, 0)
+                context = episode.prompt_ids + episode.response_ids
+                output = await self.generator.generate(context, min(cfg.max_tokens_per_turn, room))
+                _append(episode, output.completion_ids, 1, output.logprobs)
+                episode.metrics["turns"] += 1
+                previous = (text, output, messages)
+                action = agent.update_from_model(output.text)
+                step = agent.get_current_state()
+                if step is not None:
+                    step.prompt_ids, step.response_ids = context, list(output.completion_ids)
+                    step.logprobs = list(output.logprobs)
+                observation, reward, done, info = await call_env(
+                    env.step, action.action if isinstance(action, Action) else action
+                )
+                total_reward += float(reward)
+                agent.update_from_env(observation, reward, done, info)
+                if done:
+                    episode.termination_reason = TerminationReason.ENV_DONE
+                    break
+            episode.trajectories[0].reward = total_reward
+            episode.is_correct = bool((info or {}).get("is_correct", total_reward > 0))
+        finally:
+            try:
+                env.close()
+            except Exception:
+                logger.exception("env.close() raised; ignored")
+
+    def _new_context(self, previous: tuple[str, GenerationOutput, list[dict]], messages: list[dict], text: str) -> str:
+        """The text added to the conversation since the model's last reply (the environment's turn).
+
+        Found after the previous prompt and the reply (``continuation``); else after the rendering
+        of the conversation up to and including the reply; else the new messages rendered alone.
+        """
+        prompt_text, output, messages_at_reply = previous
+        added = continuation(self.tokenizer, prompt_text, output, text)
+        if added is not None:
+            return added
+        before = render_messages(self.tokenizer, messages_at_reply, add_generation_prompt=False)
+        if text.startswith(before):
+            return text[len(before) :]
+        logger.warning("The conversation was rewritten between turns; using only the new messages as context")
+        return render_messages(self.tokenizer, messages[len(messages_at_reply) :])
+
+    # -- workflows and run functions ----------------------------------------------------------
+
+    async def _call_run_func(self, task: dict, client: ModelClient) -> Any:
+        """Async functions run on the loop; plain ones in a worker thread (they call ``client.chat_sync``)."""
+        func = self.spec.agent_run_func
+        if inspect.iscoroutinefunction(func):
+            return await func(task, client)
+        client.bind(asyncio.get_running_loop())
+        result = await asyncio.to_thread(func, task, client)
+        return await result if inspect.isawaitable(result) else result
+
+    def _finish_client_episode(self, episode: Episode, task: dict, client: ModelClient, result: Any) -> Episode:
+        """Turn what a workflow or run function returned into a complete Episode."""
+        if isinstance(result, Episode):
+            episode = result
+            episode.task = task if episode.task is None else episode.task
+            if not episode.trajectories:
+                episode.trajectories = [Trajectory(steps=list(client.steps))]
+            needs_reward = not episode.is_correct and not any(t.reward for t in episode.trajectories)
+        else:
+            episode.trajectories = [Trajectory(steps=list(client.steps))]
+            needs_reward = result is None
+            if result is not None:
+                scored = _as_reward_output(result, "agent_run_func")
+                episode.trajectories[0].reward, episode.is_correct = scored.reward, scored.is_correct
+        if needs_reward and self.reward_fn is not None:
+            scored = self._score(task, client.last_response)
+            episode.trajectories[-1].reward, episode.is_correct = scored.reward, scored.is_correct
+        if episode.termination_reason is None:
+            episode.termination_reason = TerminationReason.ENV_DONE
+        if not episode.prompt_ids:
+            self._tokens_from_steps(episode, client.steps)
+        if len(episode.prompt_ids) > self.config.data.max_prompt_length:
+            self._end_early(episode, client, TerminationReason.MAX_PROMPT_LENGTH)
+        return episode
+
+    def _tokens_from_steps(self, episode: Episode, steps: list[Step]) -> None:
+        """Token view of recorded model calls: the first prompt, then for each later call the part
+        of its prompt that extends the conversation so far (mask 0) and its completion (mask 1).
+
+        A call that does not extend the conversation ends the view there (a workflow that starts a
+        new conversation). The response is cut at ``data.max_response_length``.
+        """
+        if not steps:
+            return
+        episode.prompt_ids = list(steps[0].prompt_ids)
+        episode.response_ids, episode.response_mask, episode.response_logprobs = [], [], []
+        context = list(episode.prompt_ids)
+        for index, step in enumerate(steps):
+            extension = list(step.prompt_ids[len(context) :])
+            if index and step.prompt_ids[: len(context)] != context:
+                logger.warning(
+                    "Model call %d does not continue the earlier conversation; its tokens are left out", index + 1
+                )
+                break
+            _append(episode, extension, 0)
+            _append(episode, step.response_ids, 1, step.logprobs)
+            context += extension + list(step.response_ids)
+        limit = self.config.data.max_response_length
+        if len(episode.response_ids) > limit:
+            episode.info["truncated"] = True
+            del episode.response_ids[limit:], episode.response_mask[limit:], episode.response_logprobs[limit:]
+
+    # -- single turn ---------------------------------------------------------------------------
+
+    async def _run_single_turn(self, episode: Episode, task: dict) -> None:
+        key = self.config.data.prompt_key
+        if key not in task:
+            raise KeyError(f"Task has no {key!r} field (data.prompt_key); its fields are {sorted(task)}.")
+        prompt = task[key]
+        # As in TRL: a plain string goes to the model as it is; chat messages go through the template.
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        text = prompt if isinstance(prompt, str) else render_messages(self.tokenizer, messages)
+        ids = encode(self.tokenizer, text)
+        episode.trajectories = [Trajectory()]
+        episode.metrics["turns"] = 0.0
+        if len(ids) > self.config.data.max_prompt_length:
+            episode.termination_reason = TerminationReason.MAX_PROMPT_LENGTH
+            return
+        output = await self.generator.generate(ids, self.config.data.max_response_length)
+        episode.prompt_ids = ids
+        _append(episode, output.completion_ids, 1, output.logprobs)
+        episode.metrics["turns"] = 1.0
+        scored = self._score(task, output.text)
+        episode.trajectories[0] = Trajectory(
+            steps=[
+                Step(
+                    chat_completions=messages,
+                    model_response=output.text,
+                    reward=scored.reward,
+                    done=True,
+                    prompt_ids=ids,
+                    response_ids=list(output.completion_ids),
+                    logprobs=list(output.logprobs),
+                )
+            ],
+            reward=scored.reward,
+        )
+        episode.is_correct = scored.is_correct
+        stopped = output.finish_reason == "stop"
+        episode.termination_reason = TerminationReason.ENV_DONE if stopped else TerminationReason.MAX_RESPONSE_LENGTH
+
+    # -- shared --------------------------------------------------------------------------------
+
+    def _score(self, task: dict, response: str) -> RewardOutput:
+        return _as_reward_output(self.reward_fn(task, response), "reward_fn")
+
+    def _end_early(self, episode: Episode, client: ModelClient, reason: TerminationReason) -> None:
+        """Mark an episode that did not finish normally: reward 0, tokens kept (none for a long prompt)."""
+        if self.spec.kind in ("workflow", "run_func"):
+            if not episode.trajectories:
+                episode.trajectories = [Trajectory(steps=list(client.steps))]
+            if not episode.prompt_ids:
+                self._tokens_from_steps(episode, client.steps)
+        if reason == TerminationReason.MAX_PROMPT_LENGTH:
+            episode.prompt_ids, episode.response_ids, episode.response_mask, episode.response_logprobs = [], [], [], []
+        for trajectory in episode.trajectories:
+            trajectory.reward = 0.0
+        episode.is_correct = False
+        episode.termination_reason = reason
+
+
+def _append(episode: Episode, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
+    episode.response_ids.extend(ids)
+    episode.response_mask.extend([mask] * len(ids))
+    episode.response_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+
+def _as_reward_output(value: Any, source: str) -> RewardOutput:
+    if isinstance(value, RewardOutput):
+        return value
+    if isinstance(value, (int, float)):
+        return RewardOutput(reward=float(value), is_correct=value > 0)
+    raise TypeError(f"{source} returned {type(value).__name__}; return a float or a RewardOutput.")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0][:500] if text else type(exc).__name__
+
+
+def summarize_episodes(episodes: list[Episode]) -> dict[str, float]:
+    """Batch metrics: means of reward, turns, model tokens and time; solve, error and termination rates."""
+    count = len(episodes)
+    rewards = [e.reward for e in episodes]
+
+    def mean(values: list[float]) -> float:
+        return float(sum(values) / count) if count else 0.0
+
+    summary = {
+        "reward": mean(rewards),
+        "reward_std": float(statistics.pstdev(rewards)) if count else 0.0,
+        "solve_rate": mean([float(e.is_correct) for e in episodes]),
+        "turns": mean([e.metrics.get("turns", 0.0) for e in episodes]),
+        "response_length": mean([float(sum(e.response_mask)) for e in episodes]),
+        "episode_time": mean([e.metrics.get("episode_time", 0.0) for e in episodes]),
+    }
+    for reason in TerminationReason:
+        summary[f"termination/{reason.value}"] = mean([float(e.termination_reason == reason) for e in episodes])
+    summary["error_rate"] = summary[f"termination/{TerminationReason.ERROR.value}"]
+    return summary
