@@ -1,38 +1,49 @@
-"""A small grid world in the spirit of FrozenLake: observation in, one action character out per turn.
+"""FrozenLake, as in Gym's non-slippery 4x4 lake: observation in, one action character out per turn.
 
-The board is 3x3: ``P`` is the player, ``G`` the goal, ``H`` a hole, ``.`` ice. Each turn the
-agent sees the board (rows joined by ``/``, then ``>``) and answers one of ``L R U D``.
-An answer that is not an action leaves the player where it is. Rewards are shaped so that an
-episode's total is 1.0 when it reaches the goal, 0.0 when it falls into the hole, and 0.05 per
-valid move when it runs out of turns: a fresh model first learns the action alphabet, then the
-way to the goal.
+The lake (``S`` start, ``F`` frozen, ``H`` hole, ``G`` goal)::
+
+    SFFF
+    FHFH
+    FFFH
+    HFFG
+
+Each task starts the player on a different frozen cell. Each turn the agent sees the player's
+cell as ``<row><col>>`` (``21>`` is row 2, column 1) and answers one of ``L R U D``. An answer
+that is not an action leaves the player where it is.
+
+An episode's reward is 1.0 when it reaches the goal and 0.0 when it falls into a hole. When it
+runs out of turns it earns up to 0.5 for the way it made towards the goal (shortest path
+around the holes), so a fresh model gets a signal long before it first reaches the goal. The
+reward is paid as it is earned (each step pays the change), so the steps add up to the total.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
+from functools import lru_cache
 from typing import Any
 
 from training import BaseAgent, BaseEnv, Step, Trajectory
 from training.data import register_dataset
 from training.types import Action
 
+LAKE = ("SFFF", "FHFH", "FFFH", "HFFG")
 MOVES = {"L": (0, -1), "R": (0, 1), "U": (-1, 0), "D": (1, 0)}
-SIZE = 3
-STEP_BONUS = 0.05
+PROGRESS_WEIGHT = 0.5
 
 
 class FrozenLakeEnv(BaseEnv):
-    def __init__(self, board: str, start: int) -> None:
-        self.cells = list(board)
+    def __init__(self, start: tuple[int, int], lake: tuple[str, ...] = LAKE) -> None:
+        self.lake = lake
         self.start = start
         self.position = start
-        self.paid = 0.0  # shaping paid so far, taken back at the end so totals are 1.0 or 0.0
+        self.paid = 0.0  # reward paid so far; each step pays the change of the episode's total
 
     @staticmethod
     def from_dict(info: dict) -> "FrozenLakeEnv":
-        return FrozenLakeEnv(board=info["board"], start=int(info["start"]))
+        lake = tuple(info["lake"].split("/")) if info.get("lake") else LAKE
+        return FrozenLakeEnv(start=(int(info["start_row"]), int(info["start_col"])), lake=lake)
 
     def reset(self) -> tuple[str, dict]:
         self.position = self.start
@@ -42,27 +53,28 @@ class FrozenLakeEnv(BaseEnv):
     def step(self, action: Any) -> tuple[str, float, bool, dict]:
         if action not in MOVES:
             return self.render(), 0.0, False, {"valid": False}
-        row, col = divmod(self.position, SIZE)
         d_row, d_col = MOVES[action]
-        row, col = min(max(row + d_row, 0), SIZE - 1), min(max(col + d_col, 0), SIZE - 1)
-        self.position = row * SIZE + col
-        cell = self.cells[self.position]
-        if cell == "G":
-            return self.render(), 1.0 - self.paid, True, {"valid": True, "is_correct": True}
-        if cell == "H":
-            return self.render(), -self.paid, True, {"valid": True, "is_correct": False}
-        self.paid += STEP_BONUS
-        return self.render(), STEP_BONUS, False, {"valid": True}
+        row = min(max(self.position[0] + d_row, 0), len(self.lake) - 1)
+        col = min(max(self.position[1] + d_col, 0), len(self.lake[0]) - 1)
+        self.position = (row, col)
+        cell = self.lake[row][col]
+        done = cell in "GH"
+        if done:
+            total = 1.0 if cell == "G" else 0.0
+        else:
+            distances = goal_distances(self.lake)
+            start_distance = distances[self.start]
+            total = PROGRESS_WEIGHT * max(0.0, 1 - distances[self.position] / start_distance)
+        reward, self.paid = total - self.paid, total
+        info = {"valid": True, "is_correct": cell == "G"} if done else {"valid": True}
+        return self.render(), reward, done, info
 
     def render(self) -> str:
-        cells = list(self.cells)
-        cells[self.position] = "P"
-        rows = ["".join(cells[r * SIZE:(r + 1) * SIZE]) for r in range(SIZE)]
-        return "/".join(rows) + ">"
+        return f"{self.position[0]}{self.position[1]}>"
 
 
 class FrozenLakeAgent(BaseAgent):
-    """Shows the board as the user message and reads the first character of the reply as the move."""
+    """Shows the observation as the user message and reads the first character of the reply as the move."""
 
     def __init__(self) -> None:
         self._trajectory = Trajectory(name="frozenlake")
@@ -97,34 +109,29 @@ class FrozenLakeAgent(BaseAgent):
         return Action(action=move)
 
 
-def make_boards(count: int, seed: int) -> list[dict]:
-    """Random solvable 3x3 boards with one hole, each with a start cell."""
-    rng = random.Random(seed)
-    boards: list[dict] = []
-    while len(boards) < count:
-        cells = ["."] * (SIZE * SIZE)
-        goal, hole, start = rng.sample(range(SIZE * SIZE), 3)
-        cells[goal], cells[hole] = "G", "H"
-        board = "".join(cells)
-        if _solvable(board, start):
-            boards.append({"board": board, "start": start, "data_source": "frozenlake"})
-    return boards
-
-
-def _solvable(board: str, start: int) -> bool:
-    seen, queue = {start}, deque([start])
+@lru_cache(maxsize=32)
+def goal_distances(lake: tuple[str, ...]) -> dict[tuple[int, int], int]:
+    """Moves from each cell to the goal, around the holes (breadth-first from the goal)."""
+    goal = next((r, c) for r, line in enumerate(lake) for c, cell in enumerate(line) if cell == "G")
+    distances, queue = {goal: 0}, deque([goal])
     while queue:
-        position = queue.popleft()
-        if board[position] == "G":
-            return True
-        row, col = divmod(position, SIZE)
+        row, col = queue.popleft()
         for d_row, d_col in MOVES.values():
-            r, c = row + d_row, col + d_col
-            nxt = r * SIZE + c
-            if 0 <= r < SIZE and 0 <= c < SIZE and nxt not in seen and board[nxt] != "H":
-                seen.add(nxt)
-                queue.append(nxt)
-    return False
+            cell = (row + d_row, col + d_col)
+            if 0 <= cell[0] < len(lake) and 0 <= cell[1] < len(lake[0]) and cell not in distances and lake[cell[0]][cell[1]] != "H":
+                distances[cell] = distances[(row, col)] + 1
+                queue.append(cell)
+    return distances
 
 
-register_dataset("frozenlake", lambda: {"train": make_boards(256, seed=0), "test": make_boards(64, seed=1)})
+def make_tasks(count: int, seed: int, lake: tuple[str, ...] = LAKE) -> list[dict]:
+    """``count`` tasks, each starting on a random frozen cell of ``lake``."""
+    starts = [(r, c) for r, line in enumerate(lake) for c, cell in enumerate(line) if cell in "SF"]
+    rng = random.Random(seed)
+    return [
+        {"start_row": row, "start_col": col, "lake": "/".join(lake), "data_source": "frozenlake"}
+        for row, col in (rng.choice(starts) for _ in range(count))
+    ]
+
+
+register_dataset("frozenlake", lambda: {"train": make_tasks(256, seed=0), "test": make_tasks(64, seed=1)})

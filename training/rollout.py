@@ -202,7 +202,10 @@ class RolloutEngine:
                     episode.termination_reason = TerminationReason.ENV_DONE
                     break
             episode.trajectories[0].reward = total_reward
-            episode.is_correct = bool((info or {}).get("is_correct", total_reward > 0))
+            # Without the env's own word, only an episode the env ended with a positive reward counts
+            # as solved (a shaped reward gathered until the turn limit does not).
+            ended_by_env = episode.termination_reason == TerminationReason.ENV_DONE
+            episode.is_correct = bool((info or {}).get("is_correct", ended_by_env and total_reward > 0))
         finally:
             try:
                 env.close()

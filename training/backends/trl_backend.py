@@ -63,6 +63,7 @@ class TRLProcessor(BuiltinProcessor):
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         config = self.config
         _seed_everything(config.trainer.seed)
+        _set_cpu_threads(config)
         from training.models import load_policy
 
         model, tokenizer, model_path = load_policy(config, self.run_path)
@@ -240,7 +241,10 @@ class _TRLRun:
         tasks = [self.tasks[int(p)] for p in prompts]
         model = trainer.accelerator.unwrap_model(trainer.model)
         rollout_cfg = self.config.actor_rollout_ref.rollout
-        generator = HFBatchGenerator(model, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p)
+        generator = HFBatchGenerator(
+            model, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
+            seed=self.config.trainer.seed + trainer.state.global_step,
+        )
         engine = RolloutEngine(self.spec, generator, self.tokenizer, self.config, self.processor.reward_fn)
         episodes = asyncio.run(engine.run_episodes(tasks, n=1))
         self.pending_episode_metrics.append(summarize_episodes(episodes))
@@ -299,6 +303,14 @@ def _single_turn_episode(sample: dict[str, Any]) -> dict[str, Any]:
         termination_reason=TerminationReason.ENV_DONE,
     )
     return episode.to_dict()
+
+
+def _set_cpu_threads(config: Config) -> None:
+    import torch
+
+    on_cpu = config.trainer.device == "cpu" or not torch.cuda.is_available()
+    if on_cpu and config.trainer.cpu_threads:
+        torch.set_num_threads(config.trainer.cpu_threads)
 
 
 def _seed_everything(seed: int) -> None:
