@@ -96,7 +96,7 @@ def run_ours(model_dir: Path, steps: int, warmup: int, out_dir: Path) -> float:
             "actor_rollout_ref.model.path": str(model_dir), "actor_rollout_ref.actor.optim.lr": LR,
             "actor_rollout_ref.rollout.n": GENERATIONS, "data.train_batch_size": PROMPTS,
             "data.max_response_length": MAX_TOKENS, "trainer.total_training_steps": steps,
-            "trainer.logger": [], "trainer.seed": SEED, "trainer.resume_mode": "disable",
+            "trainer.logger": [], "trainer.seed": SEED, "trainer.resume_mode": "disable", "trainer.cpu_threads": 1,
         },
     )
     trainer.train()
@@ -124,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-demo", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "train_overhead.json"))
     args = parser.parse_args()
@@ -132,6 +132,10 @@ def main() -> None:
     import torch
 
     from training.tiny import save_tiny_model
+
+    # One thread for both: on a small shared machine two threads make the timings several times
+    # noisier (and slower) for a model this size.
+    torch.set_num_threads(1)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = save_tiny_model(Path(tmp) / "model", seed=SEED)

@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     train = sub.add_parser("train", help="train from a run file")
     train.add_argument("run_file")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    train.add_argument("--run-path", help="output directory (default: the run file's run_path)")
     demo = sub.add_parser("demo", help="train the multi-turn grid world until its reward passes 0.9")
     demo.add_argument("--target", type=float, default=0.9)
     demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     run_file = DEMO_RUN_FILE if args.command == "demo" else args.run_file
     try:
         run = load_run_file(run_file, args.overrides + ["trainer.logger=[jsonl]"])
+        if getattr(args, "run_path", None):
+            run["run_path"] = args.run_path
         if args.command == "demo":
             run["config"].setdefault("trainer.resume_mode", "disable")
             run["run_path"] = f"{run.get('run_path', 'runs/demo')}-{time.strftime('%Y%m%d-%H%M%S')}"

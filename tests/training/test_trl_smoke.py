@@ -97,3 +97,45 @@ def test_checkpoints_and_resume_from_the_latest(tmp_path):
                            sinks=[sink]).train()
     assert resumed.steps == 6
     assert [m["step"] for m in sink.metrics] == [5, 6]  # steps 1-4 came from the checkpoint
+
+
+def test_multi_turn_agent_env_learns(tmp_path):
+    """FrozenLake through TRL's rollout_func: environment tokens are masked out and reward rises."""
+    import examples  # noqa: F401
+
+    sink = RecordingSink()
+    config = {
+        "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.actor.optim.lr": 3e-3,
+        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 48,
+        "rllm.agent.max_steps": 7, "rllm.agent.max_tokens_per_turn": 1, "trainer.total_training_steps": 30,
+        "trainer.cpu_threads": 1, "trainer.logger": [],
+    }
+    result = AgentTrainer(agent_class="examples.frozenlake.FrozenLakeAgent", env_class="examples.frozenlake.FrozenLakeEnv",
+                          train_dataset="frozenlake:train", backend="trl", run_path=str(tmp_path), config=config,
+                          sinks=[sink]).train()
+    before, after = weights(tmp_path / "base_model"), weights(Path(result.checkpoint))
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+    rewards = [m["reward"] for m in sink.metrics]
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.1, rewards
+    last = sink.metrics[-1]
+    assert 1 <= last["turns"] <= 7
+    assert abs(sum(last[f"termination/{r}"] for r in ("env_done", "max_turns", "max_response_length", "max_prompt_length", "timeout", "error")) - 1) < 1e-6
+    episode = sink.episodes[-1]
+    assert len(episode["response_mask"]) == len(episode["response_ids"])
+    assert 0 in episode["response_mask"] or episode["num_turns"] == 1  # observations after the first are masked
+
+
+def test_workflow_trains_a_few_steps(tmp_path):
+    import examples  # noqa: F401
+
+    sink = RecordingSink()
+    result = AgentTrainer(
+        workflow_class="examples.countdown_workflow.CountdownWorkflow", workflow_args={"attempts": 2},
+        train_dataset="countdown:train", backend="trl", run_path=str(tmp_path), sinks=[sink],
+        config={"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2,
+                "data.train_batch_size": 2, "data.max_response_length": 32, "rllm.agent.max_tokens_per_turn": 6,
+                "trainer.total_training_steps": 2, "trainer.logger": []},
+    ).train()
+    assert result.steps == 2
+    assert all("reward" in m and "turns" in m for m in sink.metrics)
+    assert sink.episodes[0]["trajectories"][0]["name"] == "countdown"

@@ -1,0 +1,136 @@
+"""AgentTrainer's two calling styles and the error each kind of bad input gets, before training."""
+
+import pytest
+
+import examples  # noqa: F401  (registers the example datasets)
+from training import AgentTrainer, ConfigError
+from training.agents import AgentSpec
+
+TINY = {"actor_rollout_ref.model.path": "tiny-char", "trainer.logger": []}
+FROZENLAKE = {"agent_class": "examples.frozenlake.FrozenLakeAgent", "env_class": "examples.frozenlake.FrozenLakeEnv"}
+
+
+def build(tmp_path, **kwargs):
+    kwargs.setdefault("backend", "trl")
+    kwargs.setdefault("run_path", str(tmp_path))
+    kwargs.setdefault("config", TINY)
+    return AgentTrainer(**kwargs)
+
+
+def test_rllm_style_with_classes(tmp_path):
+    from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv
+
+    trainer = build(tmp_path, agent_class=FrozenLakeAgent, env_class=FrozenLakeEnv,
+                    train_dataset="frozenlake:train", config=["actor_rollout_ref.model.path=tiny-char"])
+    spec = trainer.train_processor.agent_spec
+    assert spec.kind == "agent_env" and spec.env_class is FrozenLakeEnv
+    assert trainer.final_config.actor_rollout_ref.model.path == "tiny-char"
+    assert (tmp_path / "config.yaml").read_text().startswith("backend: trl\nagent:\n  kind: agent_env")
+
+
+def test_aworld_style_with_paths(tmp_path):
+    agent_file = tmp_path / "agent.yaml"
+    agent_file.write_text("agent_class: examples.frozenlake.FrozenLakeAgent\nenv_class: examples.frozenlake.FrozenLakeEnv\n")
+    trainer = build(tmp_path, agent=str(agent_file), train_dataset="frozenlake:train",
+                    test_dataset="frozenlake:test", train_engine_name="trl")
+    assert trainer.train_engine_name == "trl"
+    assert len(trainer.train_processor.test_dataset) == 64
+
+
+def test_workflow_class_given_as_import_path(tmp_path):
+    trainer = build(tmp_path, workflow_class="examples.countdown_workflow.CountdownWorkflow",
+                    workflow_args={"attempts": 1}, train_dataset="countdown:train")
+    assert trainer.train_processor.agent_spec.kind == "workflow"
+
+
+def test_misspelt_config_key(tmp_path):
+    with pytest.raises(ConfigError, match="Did you mean 'trainer.total_training_steps'"):
+        build(tmp_path, train_dataset="copy:train", reward_func="char_accuracy",
+              config={**TINY, "trainer.total_train_steps": 3})
+
+
+def test_config_value_of_the_wrong_type(tmp_path):
+    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.n: expected a whole number"):
+        build(tmp_path, train_dataset="copy:train", reward_func="char_accuracy",
+              config={**TINY, "actor_rollout_ref.rollout.n": "many"})
+
+
+def test_dataset_without_the_prompt_column(tmp_path):
+    with pytest.raises(ValueError, match=r"train_dataset is missing column\(s\) 'prompt'.*question.*data.prompt_key"):
+        build(tmp_path, train_dataset=[{"question": "2+2", "ground_truth": "4"}], reward_func="exact_match")
+
+
+def test_dataset_without_the_answer_column(tmp_path):
+    with pytest.raises(ValueError, match="ground_truth"):
+        build(tmp_path, train_dataset=[{"prompt": "2+2="}], reward_func="exact_match")
+
+
+def test_column_mapping_through_config(tmp_path):
+    trainer = build(tmp_path, train_dataset=[{"question": "2+2=", "answer": "4"}], reward_func="exact_match",
+                    config={**TINY, "data.prompt_key": "question", "data.answer_key": "answer"})
+    assert trainer.train_processor.reward_fn({"answer": "4"}, "4").reward == 1.0
+
+
+def test_missing_dataset_file(tmp_path):
+    with pytest.raises(ValueError, match="train_dataset.*missing.csv"):
+        build(tmp_path, train_dataset=str(tmp_path / "missing.csv"), reward_func="exact_match")
+
+
+def test_agent_class_that_does_not_import(tmp_path):
+    with pytest.raises(ValueError, match="Cannot load agent_class 'no_such_package.Agent'.*no_such_package"):
+        build(tmp_path, agent_class="no_such_package.Agent", env_class="examples.frozenlake.FrozenLakeEnv",
+              train_dataset="frozenlake:train")
+
+
+def test_agent_class_of_the_wrong_kind(tmp_path):
+    with pytest.raises(ValueError, match="agent_class must be a subclass of BaseAgent"):
+        build(tmp_path, agent_class="examples.frozenlake.FrozenLakeEnv", env_class="examples.frozenlake.FrozenLakeEnv",
+              train_dataset="frozenlake:train")
+
+
+def test_env_that_cannot_be_built_from_the_dataset(tmp_path):
+    with pytest.raises(ValueError, match="env_class FrozenLakeEnv could not be built .* first row of train_dataset"):
+        build(tmp_path, **{k: v for k, v in FROZENLAKE.items()}, train_dataset=[{"prompt": "no start cell here"}])
+
+
+def test_reward_that_raises(tmp_path):
+    def broken(task, response):
+        raise ZeroDivisionError("oops")
+
+    with pytest.raises(ValueError, match="reward function broken raised ZeroDivisionError"):
+        build(tmp_path, train_dataset="copy:train", reward_func=broken)
+
+
+def test_reward_that_does_not_exist(tmp_path):
+    with pytest.raises(ValueError, match="exact_match"):  # the error lists the built-in names
+        build(tmp_path, train_dataset="copy:train", reward_func="exakt_match")
+
+
+def test_single_turn_task_needs_a_reward(tmp_path):
+    with pytest.raises(ValueError, match="reward_func: a single-turn task needs a reward function"):
+        build(tmp_path, train_dataset="copy:train")
+
+
+def test_agent_given_two_ways(tmp_path):
+    with pytest.raises(ValueError, match="either as agent= or as workflow_class"):
+        build(tmp_path, agent=AgentSpec(), agent_class="x.Y", train_dataset="copy:train")
+
+
+def test_unknown_backend(tmp_path):
+    with pytest.raises(ValueError, match="Unknown training backend 'tinker'; known backends"):
+        build(tmp_path, backend="tinker", train_dataset="copy:train", reward_func="char_accuracy")
+
+
+def test_verl_without_gpu_says_to_choose_trl(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="the verl backend needs CUDA GPUs; this worker has none; choose trl"):
+        build(tmp_path, backend="verl", train_dataset="copy:train", reward_func="char_accuracy")
+
+
+def test_model_path_missing(tmp_path):
+    trainer = build(tmp_path, train_dataset="copy:train", reward_func="char_accuracy", config={"trainer.logger": []})
+    with pytest.raises(ValueError, match="actor_rollout_ref.model.path: no model given"):
+        trainer.train()
