@@ -13,13 +13,6 @@ from training.generation import GenerationOutput, HFBatchGenerator, ModelClient,
 from training.tiny import build_char_tokenizer, build_tiny_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run fastest on one thread, and many times faster when other processes share the CPU."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -26,13 +26,6 @@ EOS = TOKENIZER.eos_token_id
 LOGPROB = -0.25
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run fastest on one thread, and many times faster when other processes share the CPU."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def ids(text: str) -> list[int]:

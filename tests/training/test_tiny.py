@@ -14,13 +14,6 @@ from training.tiny import build_char_tokenizer, build_tiny_model, save_tiny_mode
 TEXT = string.printable[:95] + "\n  two  spaces\n\nand a blank line </ends> here\n"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run fastest on one thread, and many times faster when other processes share the CPU."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def test_tokenizer_round_trips_printable_ascii_one_token_per_character():

@@ -11,20 +11,6 @@ from training import AgentTrainer
 pytestmark = pytest.mark.slow
 
 
-class RecordingSink:
-    def __init__(self):
-        self.metrics: list[dict] = []
-        self.episodes: list[dict] = []
-        self.closed = False
-
-    def log_metrics(self, step, metrics):
-        self.metrics.append({"step": step, **metrics})
-
-    def log_episodes(self, step, episodes):
-        self.episodes.extend(episodes)
-
-    def close(self):
-        self.closed = True
 
 
 def starts_with_a(task, response):
@@ -48,8 +34,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
 
 
-def test_single_turn_weights_change_and_reward_rises(tmp_path):
-    sink = RecordingSink()
+def test_single_turn_weights_change_and_reward_rises(tmp_path, sink):
     trainer = AgentTrainer(
         train_dataset=[{"prompt": p} for p in ("x=", "y=", "z=", "w=")],
         reward_func=starts_with_a, backend="trl", run_path=str(tmp_path), config=tiny_config(20), sinks=[sink],
@@ -72,8 +57,7 @@ def test_single_turn_weights_change_and_reward_rises(tmp_path):
     assert "total_training_steps: 20" in (tmp_path / "config.yaml").read_text()
 
 
-def test_cooperative_stop_ends_training_after_the_current_step(tmp_path):
-    sink = RecordingSink()
+def test_cooperative_stop_ends_training_after_the_current_step(tmp_path, sink):
     trainer = AgentTrainer(
         train_dataset=[{"prompt": "x="}], reward_func=starts_with_a, backend="trl", run_path=str(tmp_path),
         config=tiny_config(50, **{"data.train_batch_size": 1}), sinks=[sink],
@@ -84,14 +68,12 @@ def test_cooperative_stop_ends_training_after_the_current_step(tmp_path):
     assert result.steps == 2
 
 
-def test_checkpoints_and_resume_from_the_latest(tmp_path):
+def test_checkpoints_and_resume_from_the_latest(tmp_path, sink):
     config = tiny_config(4, **{"trainer.save_freq": 2, "data.train_batch_size": 1})
     first = AgentTrainer(train_dataset=[{"prompt": "x="}], reward_func=starts_with_a, backend="trl",
                          run_path=str(tmp_path), config=config).train()
     assert first.steps == 4
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
-
-    sink = RecordingSink()
     resumed = AgentTrainer(train_dataset=[{"prompt": "x="}], reward_func=starts_with_a, backend="trl",
                            run_path=str(tmp_path), config={**config, "trainer.total_training_steps": 6},
                            sinks=[sink]).train()
@@ -99,11 +81,9 @@ def test_checkpoints_and_resume_from_the_latest(tmp_path):
     assert [m["step"] for m in sink.metrics] == [5, 6]  # steps 1-4 came from the checkpoint
 
 
-def test_multi_turn_agent_env_learns(tmp_path):
+def test_multi_turn_agent_env_learns(tmp_path, sink):
     """FrozenLake through TRL's rollout_func: environment tokens are masked out and reward rises."""
     import examples  # noqa: F401
-
-    sink = RecordingSink()
     config = {
         "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.actor.optim.lr": 3e-3,
         "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 48,
@@ -125,10 +105,8 @@ def test_multi_turn_agent_env_learns(tmp_path):
     assert 0 in episode["response_mask"] or episode["num_turns"] == 1  # observations after the first are masked
 
 
-def test_workflow_trains_a_few_steps(tmp_path):
+def test_workflow_trains_a_few_steps(tmp_path, sink):
     import examples  # noqa: F401
-
-    sink = RecordingSink()
     result = AgentTrainer(
         workflow_class="examples.countdown_workflow.CountdownWorkflow", workflow_args={"attempts": 2},
         train_dataset="countdown:train", backend="trl", run_path=str(tmp_path), sinks=[sink],

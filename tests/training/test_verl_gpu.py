@@ -19,18 +19,6 @@ pytestmark = [
 ]
 
 
-class RecordingSink:
-    def __init__(self):
-        self.metrics, self.episodes, self.closed = [], [], False
-
-    def log_metrics(self, step, metrics):
-        self.metrics.append({"step": step, **metrics})
-
-    def log_episodes(self, step, episodes):
-        self.episodes.extend(episodes)
-
-    def close(self):
-        self.closed = True
 
 
 def tiny_verl_config(**extra) -> dict:
@@ -59,8 +47,7 @@ def check_run(result, sink, run_path):
     assert (run_path / "verl_config.yaml").is_file() and (run_path / "metrics.jsonl").is_file()
 
 
-def test_single_turn_end_to_end(tmp_path):
-    sink = RecordingSink()
+def test_single_turn_end_to_end(tmp_path, sink):
     trainer = AgentTrainer(
         train_dataset=[{"prompt": p, "ground_truth": "a"} for p in ("x=", "y=", "z=", "w=")],
         reward_func="exact_match", backend="verl", run_path=str(tmp_path), config=tiny_verl_config(), sinks=[sink],
@@ -68,10 +55,8 @@ def test_single_turn_end_to_end(tmp_path):
     check_run(trainer.train(), sink, tmp_path)
 
 
-def test_multi_turn_agent_end_to_end(tmp_path):
+def test_multi_turn_agent_end_to_end(tmp_path, sink):
     from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv
-
-    sink = RecordingSink()
     trainer = AgentTrainer(
         agent_class=FrozenLakeAgent, env_class=FrozenLakeEnv, train_dataset="frozenlake:train", backend="verl",
         run_path=str(tmp_path), config=tiny_verl_config(**{"rllm.agent.max_steps": 3, "rllm.agent.max_tokens_per_turn": 1}),

@@ -89,27 +89,12 @@ def test_verl_loads_our_reward_through_its_custom_reward_function(spec):
     assert compute_score(data_source="d", solution_str="6", ground_truth="5", extra_info=extra_info)["score"] == 0.0
 
 
-class RecordingSink:
-    def __init__(self):
-        self.metrics, self.episodes = [], []
-
-    def log_metrics(self, step, metrics):
-        self.metrics.append((step, metrics))
-
-    def log_episodes(self, step, episodes):
-        self.episodes.append((step, episodes))
-
-    def close(self):
-        pass
-
-
-def test_metrics_bridge_reads_verls_tracking_file(tmp_path, monkeypatch):
+def test_metrics_bridge_reads_verls_tracking_file(tmp_path, monkeypatch, sink):
     from verl.utils.tracking import Tracking
 
     metrics_path = tmp_path / "verl_metrics.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics_path))
     tracking = Tracking(project_name="p", experiment_name="e", default_backend=["file"])
-    sink = RecordingSink()
     bridge = VerlMetricsBridge(MultiSink([sink]), metrics_path, rollout_dir=tmp_path / "rollouts")
 
     tracking.log({"critic/score/mean": 0.25, "actor/pg_loss": -0.1, "timing_s/step": 3.0, "note": "text"}, step=1)
@@ -124,12 +109,12 @@ def test_metrics_bridge_reads_verls_tracking_file(tmp_path, monkeypatch):
     assert bridge.poll() == 1
     tracking.finish()
 
-    (step1, first), (step2, second) = sink.metrics
-    assert step1 == 1 and first["reward"] == 0.25 and first["loss"] == -0.1 and first["step_time"] == 3.0
+    first, second = sink.metrics
+    assert first["step"] == 1 and first["reward"] == 0.25 and first["loss"] == -0.1 and first["step_time"] == 3.0
     assert first["critic/score/mean"] == 0.25 and "note" not in first
-    assert step2 == 2 and second["reward"] == 0.75 and second["kl"] == 0.02 and second["response_length"] == 12
-    ((episode_step, episodes),) = sink.episodes
-    assert episode_step == 2 and episodes[0]["reward"] == 1.0 and episodes[0]["is_correct"] is True
+    assert second["step"] == 2 and second["reward"] == 0.75 and second["kl"] == 0.02 and second["response_length"] == 12
+    episodes = sink.episodes
+    assert len(episodes) == 1 and episodes[0]["reward"] == 1.0 and episodes[0]["is_correct"] is True
     assert episodes[0]["trajectories"][0]["steps"][0]["model_response"] == "5"
     assert bridge.poll() == 0  # nothing new, nothing sent twice
     assert len(sink.metrics) == 1 + 1 and len(sink.episodes) == 1

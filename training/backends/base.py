@@ -18,6 +18,7 @@ from training.config import Config
 from training.data import dataset_to_tasks, load_dataset, require_columns
 from training.processor import TrainerProcessor
 from training.rewards import RewardFunction, load_reward
+from training.sinks import ConsoleSink, JsonlSink
 
 logger = logging.getLogger("training")
 
@@ -101,6 +102,14 @@ class BuiltinProcessor(TrainerProcessor):
         """Backend-specific checks of the final config (e.g. hardware)."""
 
     # -- helpers ---------------------------------------------------------------------------
+    def attach_default_sinks(self) -> None:
+        """The sinks named in ``trainer.logger``, beside those the caller added."""
+        names = self.config.trainer.logger
+        if "console" in names:
+            self.sinks.add(ConsoleSink(self.config.trainer.total_training_steps))
+        if "jsonl" in names:
+            self.sinks.add(JsonlSink(self.run_path))
+
     def write_config(self) -> Path:
         """The final config, with the agent, reward and backend, as ``config.yaml`` in the run directory."""
         self.path.mkdir(parents=True, exist_ok=True)

@@ -67,19 +67,13 @@ class TRLProcessor(BuiltinProcessor):
         from training.models import load_policy
 
         model, tokenizer, model_path = load_policy(config, self.run_path)
-        self._attach_default_sinks()
+        self.attach_default_sinks()
         run = _TRLRun(self, model, tokenizer)
         try:
             return run.train()
         finally:
             self.sinks.close()
 
-    def _attach_default_sinks(self) -> None:
-        names = self.config.trainer.logger
-        if "console" in names:
-            self.sinks.add(ConsoleSink(self.config.trainer.total_training_steps))
-        if "jsonl" in names:
-            self.sinks.add(JsonlSink(self.run_path))
 
     def checkpoint_dir(self) -> Path:
         configured = self.config.trainer.default_local_dir

@@ -688,7 +688,7 @@ class VerlProcessor(BuiltinProcessor):
                 logger.info("stop requested: ending the verl job (checkpoints so far are kept)")
                 ray.kill(runner.handle)
 
-        self._attach_default_sinks()
+        self.attach_default_sinks()
         bridge = VerlMetricsBridge(self.sinks, metrics_path, verl.trainer.rollout_data_dir, on_poll=honour_stop)
         bridge.start()
         try:
@@ -707,12 +707,6 @@ class VerlProcessor(BuiltinProcessor):
             stopped=stopped.is_set(),
         )
 
-    def _attach_default_sinks(self) -> None:
-        names = self.config.trainer.logger
-        if "console" in names:
-            self.sinks.add(ConsoleSink(self.config.trainer.total_training_steps))
-        if "jsonl" in names:
-            self.sinks.add(JsonlSink(self.run_path))
 
 
 def _runner_env_vars(metrics_path: Path) -> dict[str, str]:
