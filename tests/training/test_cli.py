@@ -16,7 +16,7 @@ def test_train_from_a_run_file(tmp_path):
     result = run_cli("train", "examples/configs/copy.yaml", "--run-path", str(tmp_path),
                      "--set", "trainer.total_training_steps=2", "--set", "data.train_batch_size=2")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"done: 2 steps" in result.stdout and str(tmp_path) in result.stdout
+    assert "done: 2 steps" in result.stdout and str(tmp_path) in result.stdout
     assert "step 2/2 reward=" in result.stderr + result.stdout  # the one-line summary per log step
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]

@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from training.agents import AgentSpec, BaseAgent, BaseEnv, Workflow
 from training.config import Config

@@ -78,9 +78,9 @@ class BuiltinProcessor(TrainerProcessor):
         if self.agent_spec.kind == "single_turn":
             require_columns(
                 self.train_dataset, [data.prompt_key], "train_dataset",
-                hint=f"Rename the column or set data.prompt_key=<column>.",
+                hint="Rename the column or set data.prompt_key=<column>.",
             )
-        if self.reward_fn is not None and self.agent_spec.kind in ("single_turn",):
+        if self.reward_fn is not None and self.agent_spec.kind == "single_turn":
             try:
                 self.reward_fn.probe(first_task)
             except ValueError:

@@ -23,7 +23,6 @@ from training.backends.base import BuiltinProcessor, TrainResult
 from training.config import Config
 from training.data import dataset_to_tasks
 from training.log import logger
-from training.sinks import ConsoleSink, JsonlSink
 from training.types import RewardOutput
 
 # Stable metric names: what TRL logs -> what our sinks and the dashboard show.
@@ -66,14 +65,13 @@ class TRLProcessor(BuiltinProcessor):
         _set_cpu_threads(config)
         from training.models import load_policy
 
-        model, tokenizer, model_path = load_policy(config, self.run_path)
+        model, tokenizer, _ = load_policy(config, self.run_path)
         self.attach_default_sinks()
         run = _TRLRun(self, model, tokenizer)
         try:
             return run.train()
         finally:
             self.sinks.close()
-
 
     def checkpoint_dir(self) -> Path:
         configured = self.config.trainer.default_local_dir

@@ -31,7 +31,7 @@ from training.backends.base import BuiltinProcessor, TrainResult
 from training.config import Config, ConfigError, ConfigInput, flatten, parse_overrides, valid_keys
 from training.log import logger
 from training.rewards import RewardFunction, load_reward
-from training.sinks import ConsoleSink, JsonlSink, MultiSink
+from training.sinks import MultiSink
 from training.types import Episode, Step, Trajectory
 from training.utils import cuda_device_count, is_verl_available
 
