@@ -117,3 +117,14 @@ def test_workflow_trains_a_few_steps(tmp_path, sink):
     assert result.steps == 2
     assert all("reward" in m and "turns" in m for m in sink.metrics)
     assert sink.episodes[0]["trajectories"][0]["name"] == "countdown"
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_plus_plus"])
+def test_other_advantage_estimators_and_group_filtering_train(tmp_path, sink, estimator):
+    config = tiny_config(12, **{"algorithm.adv_estimator": estimator, "algorithm.filter_groups.enable": True})
+    result = AgentTrainer(train_dataset=[{"prompt": p} for p in ("x=", "y=", "z=", "w=")], reward_func=starts_with_a,
+                          backend="trl", run_path=str(tmp_path), config=config, sinks=[sink]).train()
+    assert result.steps == 12
+    assert all(0.0 <= m["dropped_groups"] <= 1.0 for m in sink.metrics)
+    rewards = [m["reward"] for m in sink.metrics]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3, rewards
