@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export DJANGO_SETTINGS_MODULE ?= webapp.settings
 
-.PHONY: install run demo test bench services clean
+.PHONY: install run demo test bench chromium clean
 
 install: $(VENV)/.installed
 
@@ -24,7 +24,7 @@ demo: install
 	$(PY) -m training demo
 
 ## The tests, against this machine's PostgreSQL and Redis (started if they are down).
-test: install
+test: install chromium
 	bash scripts/services.sh
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
@@ -32,6 +32,14 @@ test: install
 
 bench: install
 	$(PY) bench/train_overhead.py
+	bash scripts/services.sh
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/dashboard_bench} \
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
+	$(PY) bench/dashboard.py
+
+## Headless Chromium for the browser tests, from Debian's packages.
+chromium:
+	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium chromium-driver)
 
 clean:
 	rm -rf $(VENV) runs var

@@ -1,4 +1,4 @@
-"""Shared fixtures: named personas (owner, stranger, admin) and the example registry.
+"""Shared fixtures: named personas (owner, teammate, viewer, stranger, admin) and the example registry.
 
 Django is imported lazily so that library tests (tests/training) run without it.
 """
@@ -38,6 +38,42 @@ def stranger(db):
 @pytest.fixture
 def admin_user(db):
     return _user("admin", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def team(owner):
+    """A team with a project; ``owner`` owns it (teammates and viewers join through their fixtures)."""
+    from webapp.teams.models import Membership, Project, Team
+
+    team = Team.objects.create(name="Lake team", slug="lake")
+    Membership.objects.create(team=team, user=owner, role=Membership.Role.OWNER)
+    team.project = Project.objects.create(team=team, name="frozenlake")
+    return team
+
+
+@pytest.fixture
+def project(team):
+    return team.project
+
+
+@pytest.fixture
+def teammate(team):
+    """A member of ``team``: sees team-visible runs and may clone them; may not edit or cancel them."""
+    from webapp.teams.models import Membership
+
+    user = _user("teammate")
+    Membership.objects.create(team=team, user=user, role=Membership.Role.MEMBER)
+    return user
+
+
+@pytest.fixture
+def viewer(team):
+    """A viewer in ``team``: sees team-visible runs, nothing more."""
+    from webapp.teams.models import Membership
+
+    user = _user("viewer")
+    Membership.objects.create(team=team, user=user, role=Membership.Role.VIEWER)
+    return user
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""ASGI entry point (daphne). HTTP only for now; the dashboard issue adds websocket routes here."""
+"""ASGI entry point (daphne): HTTP, and the dashboard's websockets (session-authenticated)."""
 
 import os
 
@@ -7,7 +7,9 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 django_application = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402  (after Django is set up)
+from channels.auth import AuthMiddlewareStack  # noqa: E402  (after Django is set up)
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 if settings.SERVE_STATIC:
@@ -15,4 +17,9 @@ if settings.SERVE_STATIC:
 
     django_application = ASGIStaticFilesHandler(django_application)
 
-application = ProtocolTypeRouter({"http": django_application})
+from webapp.dashboard.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter({
+    "http": django_application,
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+})

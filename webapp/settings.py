@@ -82,6 +82,13 @@ INSTALLED_APPS = [
     "channels",
     "webapp.registry",
     "webapp.runs",
+    "webapp.dashboard",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "webapp.teams",
+    "webapp.api",
+    "webapp.fleet",
 ]
 
 MIDDLEWARE = [
@@ -178,6 +185,24 @@ RUN_STALE_SECONDS = envint("RUN_STALE_SECONDS", "120", minimum=10)
 RUN_CANCEL_GRACE_SECONDS = envint("RUN_CANCEL_GRACE_SECONDS", "30", minimum=0)
 # Log lines kept per run in the database (the full log stays in the run directory).
 RUN_LOG_MAX_LINES = envint("RUN_LOG_MAX_LINES", "5000", minimum=10)
+
+# The REST API (webapp/api): token auth for scripts and the library, session auth (with CSRF) for browsers.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent training platform API",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
 
 # Modules imported before any AgentTrainer is built, in the web process and in training processes:
 # they register datasets, rewards and backends by name (the examples register frozenlake, copy, countdown).

@@ -9,5 +9,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("dashboard/", include("webapp.dashboard.urls")),
+    path("api/", include("webapp.api.urls")),
+    path("fleet/", include("webapp.fleet.urls")),
+    path("", include("webapp.teams.urls")),
     path("", include("webapp.runs.urls")),
 ]

@@ -20,6 +20,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
+from webapp.dashboard.recording import DashboardSink
 from webapp.registry.models import Backend
 from webapp.runs.models import Run, RunLog
 from webapp.runs.trainer_args import run_trainer_kwargs
@@ -229,7 +230,8 @@ def train_run(run_id: int) -> str:
         training_logger.setLevel(logging.INFO)
     should_stop = _CancelCheck(run)
     try:
-        trainer = AgentTrainer(**run_trainer_kwargs(run, run_path), sinks=[DatabaseSink(recorder)], should_stop=should_stop)
+        sinks = [DatabaseSink(recorder), DashboardSink(run.pk)]
+        trainer = AgentTrainer(**run_trainer_kwargs(run, run_path), sinks=sinks, should_stop=should_stop)
         final_config = trainer.final_config
         Run.objects.filter(pk=run.pk).update(final_config=final_config.to_dict() if hasattr(final_config, "to_dict") else None)
         training_logger.info("Run %s: training on backend %s in %s", run.pk, trainer.train_engine_name, run_path)

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from webapp.dashboard.live import publish_logs
 from webapp.runs.models import MetricPoint, Run, RunLog
 
 
@@ -70,6 +71,9 @@ class RunRecorder:
             Run.objects.filter(pk=self.run_id, steps__lt=max_step).update(steps=max_step)
         if logs:
             RunLog.objects.bulk_create(logs)
+            publish_logs(self.run_id, [
+                {"id": line.pk, "time": line.time.isoformat(), "level": line.level, "message": line.message} for line in logs
+            ])
 
     def _flush_loop(self) -> None:
         try:
@@ -100,8 +104,7 @@ class DatabaseSink:
         self.recorder.add_metrics(step, metrics)
 
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
-        # Episodes stay in the run directory (episodes.jsonl); the dashboard issue decides what to show.
-        pass
+        pass  # webapp.dashboard.recording.DashboardSink stores them for the episode viewer
 
     def close(self) -> None:
         self.recorder.flush()

@@ -45,8 +45,8 @@ def test_anonymous_is_sent_to_login(client, run):
 
 
 def test_unknown_action_is_a_programming_error(owner, run):
-    with pytest.raises(ValueError, match="delete"):
-        can(owner, run, "delete")
+    with pytest.raises(ValueError, match="launch"):
+        can(owner, run, "launch")
 
 
 def test_login_and_logout(client, owner):

@@ -17,6 +17,23 @@ def _dict_only(value: Any) -> None:
         raise ValidationError("Must be a JSON object, e.g. {\"key\": \"value\"}.")
 
 
+class RegistryQuerySet(models.QuerySet):
+    def visible_to(self, user) -> "RegistryQuerySet":
+        """Shared entries (no project) and those of the projects of ``user``'s teams."""
+        from webapp.teams.models import teams_of
+
+        if user.is_superuser:
+            return self
+        return self.filter(models.Q(project__isnull=True) | models.Q(project__team__in=teams_of(user)))
+
+
+def _project_field() -> models.ForeignKey:
+    return models.ForeignKey(
+        "teams.Project", on_delete=models.PROTECT, related_name="+", null=True, blank=True,
+        help_text="Empty: shared with everyone on the platform.",
+    )
+
+
 class Agent(models.Model):
     """An agent given as a workflow class, or as an agent class plus an environment class, by
     dotted import path. All paths empty means a single-turn task (prompt in, answer out)."""
@@ -29,7 +46,10 @@ class Agent(models.Model):
     env_class = models.CharField(max_length=300, blank=True, help_text="e.g. examples.frozenlake.FrozenLakeEnv")
     agent_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
     env_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
+    project = _project_field()
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = RegistryQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
@@ -88,7 +108,10 @@ class Dataset(models.Model):
         default=dict, blank=True, validators=[_dict_only],
         help_text='Role to column, e.g. {"prompt": "question", "ground_truth": "answer"}.',
     )
+    project = _project_field()
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = RegistryQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
@@ -130,7 +153,10 @@ class RewardFunction(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
     path = models.CharField(max_length=300, help_text="Built-in name (exact_match) or dotted path (pkg.mod.fn).")
+    project = _project_field()
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = RegistryQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]

@@ -1,0 +1,119 @@
+"""A live platform for the browser: daphne + a Celery worker on the test database, and headless
+Chromium (the system's, driven by Playwright) logged in as the owner persona."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _playwright_available() -> bool:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+requires_browser = pytest.mark.skipif(
+    not CHROMIUM or not _playwright_available(),
+    reason="needs Chromium (apt-get install chromium chromium-driver) and the playwright package",
+)
+requires_redis = pytest.mark.skipif(
+    not os.environ.get("REDIS_URL"),
+    reason="needs REDIS_URL: the worker's live pushes reach the web server through the Redis channel layer",
+)
+QUEUE = f"test-browser-{uuid.uuid4().hex[:8]}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def live_platform(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The base URL of daphne serving webapp.asgi, with a worker taking runs of the ``QUEUE`` queue."""
+    from django.conf import settings
+    from django.db import connection
+
+    from workers.execute import database_url
+
+    with django_db_blocker.unblock():
+        db_url = database_url(connection.settings_dict)
+    logs = tmp_path_factory.mktemp("platform")
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": db_url, "RUN_HEARTBEAT_SECONDS": "1", "RUN_CANCEL_GRACE_SECONDS": "20",
+           "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "DJANGO_SETTINGS_MODULE": "webapp.settings"}
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "webapp.asgi:application"],
+                         cwd=settings.BASE_DIR, env=env, stdout=open(logs / "web.log", "wb"), stderr=subprocess.STDOUT),
+        subprocess.Popen([sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", QUEUE, "--concurrency", "1",
+                          "-n", f"{QUEUE}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+                         cwd=settings.BASE_DIR, env=env, stdout=open(logs / "worker.log", "wb"), stderr=subprocess.STDOUT),
+    ]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        pytest.fail("daphne did not start:\n" + (logs / "web.log").read_text()[-3000:])
+    yield {"url": f"http://127.0.0.1:{port}", "queue": QUEUE, "logs": logs}
+    for process in processes:
+        _stop(process)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop running in this thread; the test's own ORM calls are
+    # still plain synchronous ones (Playwright's documented setting for Django tests).
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_playwright() as playwright:
+        user_data = tempfile.mkdtemp(prefix="chromium-")
+        context = playwright.chromium.launch_persistent_context(
+            user_data, executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1000},
+        )
+        yield context
+        context.close()
+        shutil.rmtree(user_data, ignore_errors=True)
+    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+def log_in(page, base_url: str, username: str, password: str) -> None:
+    page.goto(base_url + "/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit], input[type=submit]")
+    page.wait_for_url(lambda url: "/login/" not in url)
+
+
+def tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:] if path.exists() else ""

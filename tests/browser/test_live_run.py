@@ -1,0 +1,56 @@
+"""The whole loop in a real browser: log in, create a run from the form, watch the reward chart
+gain points while it trains, open an episode, cancel the run."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import live_platform, log_in, requires_browser, requires_redis, tail  # noqa: F401
+
+from webapp.registry.models import Backend
+from webapp.runs.models import Run
+
+pytestmark = [pytest.mark.browser, requires_browser, requires_redis, pytest.mark.django_db(transaction=True)]
+
+OVERRIDES = ("trainer.total_training_steps=500\ndata.train_batch_size=2\nactor_rollout_ref.rollout.n=2\n"
+             "data.max_response_length=4\n")
+
+
+def test_create_watch_open_episode_cancel(live_platform, browser, owner, registry):
+    Backend.objects.filter(name="trl").update(queue=live_platform["queue"])
+    page = browser.new_page()
+    page.set_default_timeout(60_000)
+    try:
+        log_in(page, live_platform["url"], "owner", "owner-password")
+        page.goto(live_platform["url"] + "/runs/new/")
+        page.select_option("select[name=agent]", str(registry["agents"]["frozenlake"].pk))
+        page.select_option("select[name=dataset]", str(registry["datasets"]["frozenlake"].pk))
+        page.select_option("select[name=backend]", str(registry["backends"]["trl"].pk))
+        page.fill("input[name=model]", "tiny-char")
+        page.fill("textarea[name=overrides]", OVERRIDES)
+        page.click("main form button[type=submit]")
+        page.wait_for_url("**/runs/*/")
+        run = Run.objects.get(owner=owner)
+
+        # Points arrive over the websocket while the run trains: the chart grows without a reload.
+        page.wait_for_selector("#dash-live.on")
+        page.wait_for_function("() => (dashboardState.series.get('reward') || {x: []}).x.length >= 2", timeout=90_000)
+        seen = page.evaluate("() => dashboardState.series.get('reward').x.length")
+        page.wait_for_function(f"() => dashboardState.series.get('reward').x.length > {seen}", timeout=60_000)
+        assert int(page.get_attribute("#chart-reward", "data-points") or 0) >= 2
+        assert page.text_content("#run-status") == "running"
+
+        # An episode: its turns with the model's response and the environment's observation.
+        page.click("tr.dash-episode")
+        detail = page.text_content("#dash-episode-detail")
+        assert "Model response" in detail and "Environment observation" in detail and "Turn 1" in detail
+
+        page.click("#run-cancel button")
+        page.wait_for_function("() => document.getElementById('run-status').textContent === 'cancelled'", timeout=60_000)
+        run.refresh_from_db()
+        assert run.status == Run.Status.CANCELLED
+    except Exception:
+        print("web log:\n" + tail(live_platform["logs"] / "web.log"))
+        print("worker log:\n" + tail(live_platform["logs"] / "worker.log"))
+        raise
+    finally:
+        page.close()

@@ -1,0 +1,56 @@
+"""Series blocks and spike-keeping downsampling."""
+
+import math
+
+from webapp.dashboard import series
+from webapp.dashboard.models import BLOCK_SIZE, SeriesBlock
+
+
+def test_writer_fills_blocks_and_replaces_resent_steps(make_run, store):
+    run = make_run()
+    store(run, {"reward": [(s, float(s)) for s in range(BLOCK_SIZE + 10)]})
+    store(run, {"reward": [(5, -1.0), (BLOCK_SIZE + 10, 7.0)]})
+    blocks = list(SeriesBlock.objects.filter(run=run, key="reward").order_by("index"))
+    assert [b.count for b in blocks] == [BLOCK_SIZE, 11]
+    points = series.points_after(run.pk, -1)["reward"]
+    assert len(points) == BLOCK_SIZE + 11 and points[5] == [5, -1.0] and points[-1] == [BLOCK_SIZE + 10, 7.0]
+
+
+def test_small_series_comes_back_raw_with_nan_as_null(make_run, store):
+    run = make_run()
+    store(run, {"loss": [(1, 0.5), (2, math.nan), (3, math.inf), (4, 0.25)]})
+    data = series.downsample(run.pk, "loss")
+    assert data["raw"] and data["x"] == [1, 2, 3, 4] and data["y"] == [0.5, None, None, 0.25]
+
+
+def test_long_series_is_bounded_and_keeps_spikes_and_last_point(make_run, store):
+    run = make_run()
+    values = [(s, math.sin(s / 50)) for s in range(200_000)]
+    values[123_457] = (123_457, 1000.0)
+    values[7] = (7, -500.0)
+    values[-1] = (199_999, 0.123)
+    store(run, {"reward": values})
+    data = series.downsample(run.pk, "reward", points=1500)
+    assert not data["raw"] and 200 <= len(data["x"]) <= 1501
+    pairs = dict(zip(data["x"], data["y"]))
+    assert pairs[123_457] == 1000.0 and pairs[7] == -500.0 and pairs[199_999] == 0.123
+    assert data["x"] == sorted(data["x"]) and data["count"] == 200_000
+
+
+def test_zoom_reads_a_finer_view_of_the_range(make_run, store):
+    run = make_run()
+    store(run, {"reward": [(s, float(s % 97)) for s in range(100_000)]})
+    zoomed = series.downsample(run.pk, "reward", start=5000, end=5999, points=1500)
+    assert zoomed["raw"] and zoomed["x"] == list(range(5000, 6000))
+    mid = series.downsample(run.pk, "reward", start=10_000, end=40_000, points=600)
+    assert 10_000 <= min(mid["x"]) and max(mid["x"]) <= 40_000 and len(mid["x"]) <= 601
+    assert max(mid["y"]) == 96.0 and min(mid["y"]) == 0.0
+
+
+def test_many_runs_at_once(make_run, store):
+    runs = [make_run(name=f"r{i}") for i in range(3)]
+    for i, run in enumerate(runs):
+        store(run, {"reward": [(s, float(i)) for s in range(5000)]})
+    result = series.downsample_many([r.pk for r in runs], "reward", points=300)
+    assert [result[r.pk]["y"][0] for r in runs] == [0.0, 1.0, 2.0]
+    assert all(len(result[r.pk]["x"]) <= 301 for r in runs)

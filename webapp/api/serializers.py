@@ -1,0 +1,176 @@
+"""What the API reads and writes. Run creation goes through ``RunForm`` (the same validation as
+the page: the ``AgentTrainer`` is built in a scratch directory), so these only shape JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rest_framework import serializers
+
+from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.runs.models import Run, RunLog
+from webapp.teams.models import Project
+
+MAX_STEP = 2**31 - 1  # MetricPoint.step is a 32-bit column on every database
+MAX_KEY_LENGTH = 200
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _no_nul(value: Any, what: str) -> None:
+    """Postgres cannot store NUL characters in text or JSON; say so instead of failing with a 500."""
+    if "\\u0000" in json.dumps(value):
+        raise serializers.ValidationError(f"{what} must not contain NUL (\\u0000) characters.")
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = Project
+        fields = ["id", "team", "name", "description"]
+
+
+class AgentSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Agent
+        fields = ["id", "name", "description", "kind", "workflow_class", "agent_class", "env_class", "project"]
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Dataset
+        fields = ["id", "name", "description", "source", "identifier", "train_split", "val_split", "column_mapping", "project"]
+
+
+class RewardFunctionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RewardFunction
+        fields = ["id", "name", "description", "path", "project"]
+
+
+class BackendSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Backend
+        fields = ["id", "name", "processor", "enabled", "queue", "needs_gpu", "default_config", "max_concurrent_runs"]
+
+
+class RunSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    agent = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    dataset = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    reward = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    backend = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    url = serializers.CharField(source="get_absolute_url", read_only=True)
+
+    class Meta:
+        model = Run
+        fields = [
+            "id", "url", "name", "owner", "project", "visibility", "kind", "status", "tags", "notes",
+            "agent", "dataset", "reward", "backend", "model", "config_overrides",
+            "created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at",
+            "worker", "steps", "error", "final_metrics",
+        ]
+        read_only_fields = [f for f in fields if f not in ("visibility", "tags", "notes")]
+
+
+class RunUpdateSerializer(serializers.ModelSerializer):
+    """PATCH: what may change on an existing run."""
+
+    tags = serializers.ListField(child=serializers.CharField(max_length=100), max_length=50, required=False)
+
+    class Meta:
+        model = Run
+        fields = ["visibility", "tags", "notes"]
+
+    def validate_visibility(self, value: str) -> str:
+        if value == Run.Visibility.TEAM and not self.instance.project_id:
+            raise serializers.ValidationError("A run without a project has no team to share it with.")
+        return value
+
+
+class RunCreateSerializer(serializers.Serializer):
+    """A platform run (validated and queued like the form) or an external one (trained elsewhere,
+    reported through the metrics/logs/finish endpoints)."""
+
+    kind = serializers.ChoiceField(choices=Run.Kind.choices, default=Run.Kind.PLATFORM)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    project = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)
+    visibility = serializers.ChoiceField(choices=Run.Visibility.choices, default=Run.Visibility.PRIVATE)
+    agent = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="Agent name.")
+    dataset = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="Dataset name.")
+    reward = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="Reward function name.")
+    backend = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="Backend name.")
+    model = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    overrides = serializers.DictField(
+        required=False, default=dict,
+        help_text='Config overrides, flat dotted keys or nested: {"trainer.total_training_steps": 3}.',
+    )
+    tags = serializers.ListField(child=serializers.CharField(max_length=100), max_length=50, required=False, default=list)
+    notes = serializers.CharField(required=False, allow_blank=True, default="")
+
+    def validate_overrides(self, value: dict) -> dict:
+        _no_nul(value, "overrides")
+        return value
+
+
+class MetricStepSerializer(serializers.Serializer):
+    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
+    metrics = serializers.DictField(child=serializers.FloatField(allow_null=True), allow_empty=False)
+
+    def validate_metrics(self, value: dict) -> dict:
+        for key in value:
+            if not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+                raise serializers.ValidationError(f"Metric names are 1 to {MAX_KEY_LENGTH} characters, without NUL.")
+        return value
+
+
+class MetricsIngestSerializer(serializers.Serializer):
+    steps = MetricStepSerializer(many=True, allow_empty=False, max_length=10000)
+
+
+class LogLineSerializer(serializers.ModelSerializer):
+    level = serializers.ChoiceField(choices=LOG_LEVELS, default="INFO")
+
+    class Meta:
+        model = RunLog
+        fields = ["id", "time", "level", "message"]
+        read_only_fields = ["id", "time"]
+
+
+class LogsIngestSerializer(serializers.Serializer):
+    lines = LogLineSerializer(many=True, allow_empty=False, max_length=5000)
+
+
+class FinishSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=[s.value for s in Run.FINAL])
+    error = serializers.CharField(required=False, allow_blank=True, default="")
+    final_metrics = serializers.DictField(child=serializers.FloatField(allow_null=True), required=False, default=dict)
+
+    def validate_final_metrics(self, value: dict) -> dict:
+        _no_nul(value, "final_metrics")
+        return value
+
+
+class HeartbeatSerializer(serializers.Serializer):
+    status = serializers.CharField()
+    cancel_requested = serializers.BooleanField()
+
+
+class RunListQuerySerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=Run.Status.choices, required=False)
+    kind = serializers.ChoiceField(choices=Run.Kind.choices, required=False)
+    project = serializers.IntegerField(required=False, min_value=1, max_value=2**62)
+    tag = serializers.CharField(required=False, max_length=100)
+    q = serializers.CharField(required=False, max_length=200)
+
+
+class SeriesQuerySerializer(serializers.Serializer):
+    keys = serializers.CharField(required=False, allow_blank=True, help_text="Comma-separated metric names; default: all.")
+    start = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP)
+    end = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP)
+    points = serializers.IntegerField(required=False, min_value=8, max_value=5000, default=1500)
+
+
+class AfterQuerySerializer(serializers.Serializer):
+    after = serializers.IntegerField(required=False, default=0, min_value=-1, max_value=2**62)

@@ -1,0 +1,279 @@
+"""The REST API: registry (read), projects, runs (create, list, filter, cancel, edit, delete),
+metrics (downsampled series, raw points) and logs, and the endpoints an external run reports
+through. Every run endpoint asks ``webapp.runs.access`` (a run the user may not see is a 404)."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.response import Response
+
+from training.config import flatten
+from webapp.api import ingest
+from webapp.api.serializers import (
+    AfterQuerySerializer, AgentSerializer, BackendSerializer, DatasetSerializer, FinishSerializer,
+    HeartbeatSerializer, LogLineSerializer, LogsIngestSerializer, MetricsIngestSerializer, ProjectSerializer,
+    RewardFunctionSerializer, RunCreateSerializer, RunListQuerySerializer, RunSerializer, RunUpdateSerializer,
+    SeriesQuerySerializer,
+)
+from webapp.dashboard import series
+from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.runs.access import can_in_project, get_run_for_user, projects_for
+from webapp.runs.forms import RunForm, overrides_text
+from webapp.runs.models import Run
+
+
+# Ids in paths are numbers: anything else is a 404 from the router, never a lookup.
+ID_PATTERN = r"[0-9]{1,18}"
+
+
+class ProjectViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = ProjectSerializer
+    lookup_value_regex = ID_PATTERN
+
+    def get_queryset(self):
+        return projects_for(self.request.user, "view").order_by("pk")
+
+
+class _RegistryViewSet(viewsets.ReadOnlyModelViewSet):
+    model = None
+    lookup_value_regex = ID_PATTERN
+
+    def get_queryset(self):
+        return self.model.objects.visible_to(self.request.user).order_by("pk")
+
+
+class AgentViewSet(_RegistryViewSet):
+    model, serializer_class = Agent, AgentSerializer
+
+
+class DatasetViewSet(_RegistryViewSet):
+    model, serializer_class = Dataset, DatasetSerializer
+
+
+class RewardFunctionViewSet(_RegistryViewSet):
+    model, serializer_class = RewardFunction, RewardFunctionSerializer
+
+
+class BackendViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = BackendSerializer
+    queryset = Backend.objects.order_by("pk")
+    lookup_value_regex = ID_PATTERN
+
+
+# The access action each endpoint needs on its run.
+_ACTION_OF = {
+    "retrieve": "view", "partial_update": "edit", "destroy": "delete", "cancel": "cancel",
+    "series": "view", "metrics": "view", "logs": "view",
+    "ingest_metrics": "edit", "ingest_logs": "edit", "heartbeat": "edit", "finish": "edit",
+}
+
+
+class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
+                 mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    serializer_class = RunSerializer
+    lookup_value_regex = ID_PATTERN
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return Run.objects.visible_to(self.request.user).select_related("owner", "agent", "dataset", "reward", "backend")
+
+    def get_object(self) -> Run:
+        run = get_run_for_user(self.request.user, self.kwargs["pk"], _ACTION_OF[self.action])
+        self.check_object_permissions(self.request, run)
+        return run
+
+    def get_serializer_class(self):
+        return RunUpdateSerializer if self.action == "partial_update" else RunSerializer
+
+    @extend_schema(parameters=[RunListQuerySerializer])
+    def list(self, request, *args, **kwargs):
+        """Runs you may see, newest first; ``?status=&kind=&project=&tag=&q=`` filter."""
+        query = RunListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        runs = self.get_queryset()
+        filters = query.validated_data
+        for field in ("status", "kind"):
+            if field in filters:
+                runs = runs.filter(**{field: filters[field]})
+        if "project" in filters:
+            runs = runs.filter(project_id=filters["project"])
+        if filters.get("tag"):
+            runs = runs.with_tag(filters["tag"])
+        if filters.get("q"):
+            text = filters["q"]
+            runs = runs.filter(Q(name__icontains=text) | Q(notes__icontains=text) | Q(model__icontains=text))
+        page = self.paginate_queryset(runs)
+        return self.get_paginated_response(RunSerializer(page, many=True).data)
+
+    @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer})
+    def create(self, request, *args, **kwargs):
+        """Create a run. ``kind=platform`` (default) validates like the run form and queues it;
+        ``kind=external`` records a run trained elsewhere, running from now, reported through
+        ``metrics/``, ``logs/``, ``heartbeat/`` and ``finish/``."""
+        payload = RunCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        if data["kind"] == Run.Kind.EXTERNAL:
+            run = _create_external(request.user, data)
+        else:
+            run = _create_platform(request.user, data)
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, run: Run) -> None:
+        if not run.is_final:
+            raise ValidationError({"status": f"The run is {run.status}; cancel it first, only ended runs can be deleted."})
+        run.delete()
+
+    @extend_schema(request=None, responses={200: RunSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel: a queued run ends now; a running one is asked to stop at its next step."""
+        run = self.get_object()
+        if not run.request_cancel():
+            raise ValidationError({"status": f"The run has already ended ({run.status})."})
+        return Response(RunSerializer(run).data)
+
+    @extend_schema(
+        parameters=[SeriesQuerySerializer],
+        responses={200: inline_serializer("Series", {
+            "run": serializers.IntegerField(), "keys": serializers.ListField(child=serializers.CharField()),
+            "last_step": serializers.IntegerField(), "series": serializers.DictField(child=serializers.JSONField()),
+        })},
+    )
+    @action(detail=True, methods=["get"])
+    def series(self, request, pk=None):
+        """Downsampled series (each bucket keeps its min and max, spikes survive) of ``?keys=`` between ``start`` and ``end``."""
+        run = self.get_object()
+        query = SeriesQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        q = query.validated_data
+        all_keys = series.keys_of(run.pk)
+        wanted = [k for k in (q.get("keys") or "").split(",") if k] or all_keys
+        return Response({
+            "run": run.pk, "keys": all_keys, "last_step": series.last_step_of(run.pk),
+            "series": {key: series.downsample(run.pk, key, q.get("start"), q.get("end"), q["points"]) for key in wanted[:40]},
+        })
+
+    @extend_schema(
+        parameters=[AfterQuerySerializer],
+        responses={200: inline_serializer("Points", {
+            "last_step": serializers.IntegerField(), "points": serializers.DictField(child=serializers.JSONField()),
+        })},
+    )
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, pk=None):
+        """Every point after step ``?after=`` (-1: all): ``{"points": {key: [[step, value], ...]}}``."""
+        run = self.get_object()
+        query = AfterQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        after = query.validated_data["after"]
+        points = series.points_after(run.pk, after)
+        last = max([after] + [pairs[-1][0] for pairs in points.values()])
+        return Response({"last_step": last, "points": points})
+
+    @extend_schema(request=MetricsIngestSerializer, responses={200: inline_serializer("Ingested", {"points": serializers.IntegerField()})})
+    @metrics.mapping.post
+    def ingest_metrics(self, request, pk=None):
+        """An external run reports steps: ``{"steps": [{"step": 1, "metrics": {"reward": 0.5}}]}``."""
+        run = self._external_running()
+        payload = MetricsIngestSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        return Response({"points": ingest.record_metrics(run, payload.validated_data["steps"])})
+
+    @extend_schema(parameters=[AfterQuerySerializer], responses={200: LogLineSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """Log lines with an id above ``?after=`` (at most 1000)."""
+        run = self.get_object()
+        query = AfterQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        lines = run.logs.filter(id__gt=query.validated_data["after"]).order_by("id")[:1000]
+        return Response(LogLineSerializer(lines, many=True).data)
+
+    @extend_schema(request=LogsIngestSerializer, responses={200: inline_serializer("LogsIngested", {"lines": serializers.IntegerField()})})
+    @logs.mapping.post
+    def ingest_logs(self, request, pk=None):
+        """An external run reports log lines: ``{"lines": [{"level": "INFO", "message": "..."}]}``."""
+        run = self._external_running()
+        payload = LogsIngestSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        return Response({"lines": ingest.record_logs(run, payload.validated_data["lines"])})
+
+    @extend_schema(request=None, responses={200: HeartbeatSerializer})
+    @action(detail=True, methods=["post"])
+    def heartbeat(self, request, pk=None):
+        """An external run is alive; the answer says whether someone asked it to stop."""
+        run = self._external_running()
+        run.heartbeat()
+        return Response({"status": run.status, "cancel_requested": run.cancel_requested_at is not None})
+
+    @extend_schema(request=FinishSerializer, responses={200: RunSerializer})
+    @action(detail=True, methods=["post"])
+    def finish(self, request, pk=None):
+        """An external run ended: ``{"status": "succeeded" | "failed" | "cancelled", "error": ""}``."""
+        run = self._external_running()
+        payload = FinishSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        fields = {"final_metrics": data["final_metrics"]} if data["final_metrics"] else {}
+        if not run.finish(data["status"], error=data["error"], **fields):
+            raise ValidationError({"status": f"The run has already ended ({run.status})."})
+        return Response(RunSerializer(run).data)
+
+    def _external_running(self) -> Run:
+        run = self.get_object()
+        if run.kind != Run.Kind.EXTERNAL:
+            raise PermissionDenied("Platform runs are reported by their worker, not over the API.")
+        if run.is_final:
+            raise ValidationError({"status": f"The run has already ended ({run.status})."})
+        return run
+
+
+def _create_platform(user, data: dict) -> Run:
+    """Exactly the run form's validation (registry rows by name instead of id)."""
+    form = RunForm({
+        "name": data["name"], "project": data["project"] or "", "visibility": data["visibility"],
+        "agent": data["agent"], "dataset": data["dataset"], "reward": data["reward"], "backend": data["backend"],
+        "model": data["model"], "overrides": overrides_text(data["overrides"]), "tags": ", ".join(data["tags"]),
+        "notes": data["notes"],
+    }, user=user)
+    for name in ("agent", "dataset", "reward", "backend"):
+        form.fields[name].to_field_name = "name"
+    if not form.is_valid():
+        raise ValidationError(form.errors)
+    return form.save(owner=user)
+
+
+def _create_external(user, data: dict) -> Run:
+    project = None
+    if data["project"]:
+        project = projects_for(user, "run").filter(pk=data["project"]).first()
+        if project is None or not can_in_project(user, project, "run"):
+            raise ValidationError({"project": "No such project, or you may not start runs in it."})
+    if data["visibility"] == Run.Visibility.TEAM and project is None:
+        raise ValidationError({"visibility": "A run without a project has no team to share it with; choose a project."})
+    rows = {}
+    for name, model in (("agent", Agent), ("dataset", Dataset), ("reward", RewardFunction)):
+        if data[name]:
+            rows[name] = model.objects.visible_to(user).filter(name=data[name]).first()
+            if rows[name] is None:
+                raise ValidationError({name: f"No {name} named {data[name]!r}."})
+    if data["backend"]:
+        rows["backend"] = Backend.objects.filter(name=data["backend"]).first()
+        if rows["backend"] is None:
+            raise ValidationError({"backend": f"No backend named {data['backend']!r}."})
+    now = timezone.now()
+    with transaction.atomic():
+        return Run.objects.create(
+            owner=user, kind=Run.Kind.EXTERNAL, name=data["name"], project=project, visibility=data["visibility"],
+            model=data["model"], config_overrides=flatten(data["overrides"]), tags=list(dict.fromkeys(data["tags"])),
+            notes=data["notes"], status=Run.Status.RUNNING, started_at=now, heartbeat_at=now, worker="external",
+            **rows,
+        )

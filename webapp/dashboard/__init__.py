@@ -1,0 +1,1 @@
+"""The live dashboard: series storage and downsampling, the run websocket, charts, episodes, compare."""

@@ -1,0 +1,279 @@
+"""The run websocket: ``/ws/runs/<id>/?after=<step>&after_log=<log id>``.
+
+On connect it sends what the browser lacks (points after ``after``, log lines after
+``after_log``, the status), then relays what the worker publishes. Points the backlog already
+carried are dropped from the live stream, and one catch-up read after the worker's flush
+interval fills in points that were published before this viewer joined but stored after its
+backlog read: a reconnect leaves no gap and no duplicate.
+
+Without a channel layer shared between processes (the embedded mode's in-memory layer, where the
+worker's publishes never reach the web process), the consumer reads the database for what is new
+every ``POLL_SECONDS`` instead: the same messages, a second later at most.
+
+Viewers do not join the run's group one by one: a ``RunHub`` holds one channel-layer subscription
+per run per process and hands each event to that process's viewers, serialized once. Five hundred
+viewers of a run cost Redis one message per event, not five hundred.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.layers import InMemoryChannelLayer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from webapp.dashboard import live, series
+from webapp.runs.access import can
+from webapp.runs.models import Run
+
+# Past this many points behind, the browser is told to reload the downsampled view instead.
+BACKLOG_LIMIT = 20000
+CATCH_UP_SECONDS = 1.5
+LOG_BACKLOG_LINES = 500
+POLL_SECONDS = 1.0
+FINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+logger = logging.getLogger(__name__)
+
+
+class Event:
+    """One event of a run's group as its viewers get it; the JSON text is made once for them all."""
+
+    def __init__(self, message: dict) -> None:
+        self.message = message
+        self._text: str | None = None
+        steps = [step for step, _ in message["steps"]] if message["type"] == "run.metrics" else []
+        # Strictly increasing steps: a viewer that has none of them gets the shared text.
+        self.first_step = steps[0] if steps else None
+        self.shareable = all(a < b for a, b in zip(steps, steps[1:]))
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = json.dumps(self._content())
+        return self._text
+
+    def _content(self) -> dict:
+        event = self.message
+        kind = event["type"]
+        if kind == "run.metrics":
+            points: dict[str, list[list]] = {}
+            for step, metrics in event["steps"]:
+                for key, value in metrics.items():
+                    points.setdefault(key, []).append([step, value])
+            return {"type": "metrics", "points": points}
+        if kind == "run.status":
+            return {"type": "status", "status": event["status"], "steps": event["steps"], "error": event.get("error", "")}
+        if kind == "run.logs":
+            return {"type": "logs", "lines": event["lines"]}
+        return {"type": "episodes", "step": event["step"], "count": event["count"]}
+
+
+class RunHub:
+    """This process's subscription to one run's group, relaying each event to the local viewers."""
+
+    _hubs: dict[tuple[int, int], RunHub] = {}
+
+    @classmethod
+    async def join(cls, layer, run_id: int, viewer: RunConsumer) -> RunHub:
+        """Add ``viewer``; returns once the process is in the run's group (events from then on reach it)."""
+        key = (id(layer), run_id)
+        hub = cls._hubs.get(key)
+        if hub is None or hub.layer is not layer or hub.loop is not asyncio.get_running_loop():
+            hub = cls._hubs[key] = cls(layer, run_id)
+        hub.viewers.add(viewer)
+        await asyncio.shield(hub.joined)
+        return hub
+
+    def __init__(self, layer, run_id: int) -> None:
+        self.layer, self.run_id, self.loop = layer, run_id, asyncio.get_running_loop()
+        self.viewers: set[RunConsumer] = set()
+        self.relay: asyncio.Task | None = None
+        self.joined = asyncio.ensure_future(self._join())
+
+    async def _join(self) -> None:
+        self.channel = await self.layer.new_channel()
+        await self.layer.group_add(live.group_name(self.run_id), self.channel)
+        self.relay = asyncio.create_task(self._relay())
+
+    async def _relay(self) -> None:
+        while True:
+            try:
+                event = Event(await self.layer.receive(self.channel))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a broker hiccup: the viewers' reconnect or the next event repairs it
+                logger.exception("receiving run %s's events failed", self.run_id)
+                await asyncio.sleep(1)
+                continue
+            for viewer in list(self.viewers):
+                try:
+                    await viewer.deliver(event)
+                except Exception:
+                    logger.exception("relaying an event of run %s failed", self.run_id)
+
+    async def leave(self, viewer: RunConsumer) -> None:
+        self.viewers.discard(viewer)
+        if self.viewers:
+            return
+        if self._hubs.get((id(self.layer), self.run_id)) is self:
+            del self._hubs[(id(self.layer), self.run_id)]
+        try:
+            await self.joined
+        except Exception:
+            return
+        self.relay.cancel()
+        await self.layer.group_discard(live.group_name(self.run_id), self.channel)
+
+
+class RunConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        if not await database_sync_to_async(_may_view)(self.scope.get("user"), self.run_id):
+            await self.close(code=4403)
+            return
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        after = _int(query.get("after", ["-1"])[0], -1)
+        after_log = _int(query.get("after_log", ["0"])[0], 0)
+        # Join before reading the backlog: what is published meanwhile waits in ``pending``.
+        self.pending: list[Event] | None = []
+        self.hub = await RunHub.join(self.channel_layer, self.run_id, self)
+        await self.accept()
+        backlog = await database_sync_to_async(_backlog)(self.run_id, after, after_log)
+        self.sent_through = max(after, backlog["last_step"])
+        self.live_steps: set[int] = set()
+        await self.send_json(backlog["status"])
+        if backlog["logs"]:
+            await self.send_json({"type": "logs", "lines": backlog["logs"]})
+        if backlog["resync"]:
+            await self.send_json({"type": "resync", "last_step": backlog["last_step"]})
+        elif backlog["points"]:
+            await self.send_json({"type": "metrics", "points": backlog["points"]})
+        self.last_log_id = backlog["logs"][-1]["id"] if backlog["logs"] else after_log
+        self.status_seen = (backlog["status"]["status"], backlog["status"]["steps"])
+        while self.pending:
+            await self._handle(self.pending.pop(0))
+        self.pending = None
+        if isinstance(self.channel_layer, InMemoryChannelLayer):
+            self.catch_up = asyncio.create_task(self._poll_database())
+        else:
+            self.catch_up = asyncio.create_task(self._catch_up(self.sent_through))
+
+    async def disconnect(self, code: int) -> None:
+        task = getattr(self, "catch_up", None)
+        if task:
+            task.cancel()
+        if hasattr(self, "hub"):
+            await self.hub.leave(self)
+
+    async def receive_json(self, content, **kwargs) -> None:
+        pass  # the browser only listens; zoom and search go through the JSON endpoints
+
+    # -- events from the worker, relayed by the hub ------------------------------------------------
+    async def deliver(self, event: Event) -> None:
+        if self.pending is not None:  # still sending the backlog
+            self.pending.append(event)
+        else:
+            await self._handle(event)
+
+    async def _handle(self, event: Event) -> None:
+        kind = event.message["type"]
+        if kind == "run.metrics":
+            await self._metrics(event)
+            return
+        if kind == "run.logs":
+            ids = [line["id"] for line in event.message["lines"] if "id" in line]
+            self.last_log_id = max([self.last_log_id] + ids)
+        await self.send(text_data=event.text)
+
+    async def _metrics(self, event: Event) -> None:
+        steps = event.message["steps"]
+        if event.shareable and event.first_step is not None and event.first_step > self.sent_through \
+                and not any(step in self.live_steps for step, _ in steps):
+            self.live_steps.update(step for step, _ in steps)
+            await self.send(text_data=event.text)
+            return
+        points: dict[str, list[list]] = {}
+        for step, metrics in steps:
+            if step <= self.sent_through or step in self.live_steps:
+                continue
+            self.live_steps.add(step)
+            for key, value in metrics.items():
+                points.setdefault(key, []).append([step, value])
+        if points:
+            await self.send_json({"type": "metrics", "points": points})
+
+    async def _catch_up(self, backlog_step: int) -> None:
+        await asyncio.sleep(CATCH_UP_SECONDS)
+        stored = await database_sync_to_async(series.points_after)(self.run_id, backlog_step)
+        await self._send_stored(stored)
+
+    async def _send_stored(self, stored: dict[str, list[list]]) -> None:
+        """Send stored points the live stream has not already carried; advance ``sent_through``."""
+        missing: dict[str, list[list]] = {}
+        for key, pairs in stored.items():
+            for step, value in pairs:
+                if step not in self.live_steps:
+                    missing.setdefault(key, []).append([step, value])
+        if missing:
+            await self.send_json({"type": "metrics", "points": missing})
+        last_stored = max((pairs[-1][0] for pairs in stored.values()), default=-1)
+        self.live_steps = {s for s in self.live_steps if s > last_stored}
+        self.sent_through = max(self.sent_through, last_stored)
+
+    async def _poll_database(self) -> None:
+        """Send what the database holds beyond what this viewer has, once a second, until the run ends."""
+        while True:
+            await asyncio.sleep(POLL_SECONDS)
+            news = await database_sync_to_async(_news)(self.run_id, self.sent_through, self.last_log_id)
+            if news["logs"]:
+                self.last_log_id = news["logs"][-1]["id"]
+                await self.send_json({"type": "logs", "lines": news["logs"]})
+            await self._send_stored(news["points"])
+            status = news["status"]
+            if (status["status"], status["steps"]) != self.status_seen:
+                self.status_seen = (status["status"], status["steps"])
+                await self.send_json(status)
+            if status["status"] in FINAL_STATUSES and not news["points"] and not news["logs"]:
+                return
+
+
+def _news(run_id: int, after: int, after_log: int) -> dict:
+    """Points after step ``after``, log lines after id ``after_log``, and the status, of one run."""
+    run = Run.objects.get(pk=run_id)
+    logs = list(run.logs.filter(id__gt=after_log).order_by("id").values("id", "time", "level", "message")[:LOG_BACKLOG_LINES])
+    points = series.points_after(run_id, after)
+    return {
+        "status": {"type": "status", "status": run.status, "steps": run.steps, "error": run.error},
+        "logs": [{**line, "time": line["time"].isoformat()} for line in logs],
+        "points": points,
+    }
+
+
+def _may_view(user, run_id: int) -> bool:
+    run = Run.objects.filter(pk=run_id).first()
+    return run is not None and user is not None and can(user, run, "view")
+
+
+def _backlog(run_id: int, after: int, after_log: int) -> dict:
+    run = Run.objects.get(pk=run_id)
+    status = {"type": "status", "status": run.status, "steps": run.steps, "error": run.error}
+    logs = list(run.logs.filter(id__gt=after_log).order_by("-id").values("id", "time", "level", "message")[:LOG_BACKLOG_LINES])
+    logs = [{**line, "time": line["time"].isoformat()} for line in reversed(logs)]
+    last_step = series.last_step_of(run_id)
+    if series.count_after(run_id, after) > BACKLOG_LIMIT:
+        return {"status": status, "logs": logs, "resync": True, "points": {}, "last_step": last_step}
+    points = series.points_after(run_id, after, through=last_step)
+    through = max([after] + [pairs[-1][0] for pairs in points.values()])
+    return {"status": status, "logs": logs, "resync": False, "points": points, "last_step": through}
+
+
+def _int(value: str, default: int) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return default

@@ -1,0 +1,103 @@
+"""Publishing a run's news to its websocket viewers through the channel layer.
+
+Training threads must never wait on the network, so ``publish`` only queues the event; one
+publisher thread per process sends queued events with its own event loop (channels-redis keeps
+its connections per loop), merging metric events of one run that queued up while it was busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import queue
+import threading
+from typing import Any
+
+from channels.layers import get_channel_layer
+
+logger = logging.getLogger(__name__)
+
+
+def group_name(run_id: int) -> str:
+    return f"run-{run_id}"
+
+
+class Publisher:
+    """Sends ``(run_id, event)`` pairs to the run's group from a background thread."""
+
+    def __init__(self, layer=None) -> None:
+        self._layer = layer
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="dashboard-publisher", daemon=True)
+        self._thread.start()
+
+    def publish(self, run_id: int, event: dict[str, Any]) -> None:
+        self._queue.put((run_id, event))
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait until what was published so far has been sent."""
+        done = threading.Event()
+        self._queue.put((None, done))
+        done.wait(timeout)
+
+    def _loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        layer = self._layer or get_channel_layer()
+        while True:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            for run_id, event in _merge(batch):
+                if run_id is None:
+                    event.set()
+                    continue
+                try:
+                    loop.run_until_complete(layer.group_send(group_name(run_id), event))
+                except Exception:  # a broker hiccup loses live pushes only; the database has the points
+                    logger.exception("publishing to run %s failed", run_id)
+
+
+def _merge(batch: list[tuple]) -> list[tuple]:
+    """Consecutive metric events of one run become one event (order otherwise kept)."""
+    merged: list[tuple] = []
+    for run_id, event in batch:
+        if (merged and run_id is not None and event.get("type") == "run.metrics"
+                and merged[-1][0] == run_id and merged[-1][1].get("type") == "run.metrics"):
+            merged[-1] = (run_id, {"type": "run.metrics", "steps": merged[-1][1]["steps"] + event["steps"]})
+        else:
+            merged.append((run_id, event))
+    return merged
+
+
+_publisher: Publisher | None = None
+_publisher_lock = threading.Lock()
+
+
+def publisher() -> Publisher:
+    global _publisher
+    with _publisher_lock:
+        if _publisher is None:
+            _publisher = Publisher()
+            atexit.register(_publisher.flush)
+        return _publisher
+
+
+def publish(run_id: int, event: dict[str, Any]) -> None:
+    """Queue ``event`` (a channel-layer message: its ``type`` names the consumer handler) for run ``run_id``."""
+    publisher().publish(run_id, event)
+
+
+def publish_metrics(run_id: int, step: int, metrics: dict[str, float | None]) -> None:
+    publish(run_id, {"type": "run.metrics", "steps": [[step, metrics]]})
+
+
+def publish_status(run_id: int, status: str, steps: int, error: str = "") -> None:
+    publish(run_id, {"type": "run.status", "status": status, "steps": steps, "error": error})
+
+
+def publish_logs(run_id: int, lines: list[dict[str, Any]]) -> None:
+    publish(run_id, {"type": "run.logs", "lines": lines})

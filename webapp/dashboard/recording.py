@@ -1,0 +1,118 @@
+"""The worker side: a metric sink that stores points in series blocks and sampled episodes, and
+pushes every logged step to live viewers the moment the trainer reports it.
+
+The training thread only appends to buffers and queues the live push; one writer thread stores
+buffers every ``flush_seconds`` with its own database connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any
+
+from django.db import close_old_connections, connection
+
+from webapp.dashboard import live
+from webapp.dashboard.models import EpisodeSample
+from webapp.dashboard.series import SeriesWriter
+
+logger = logging.getLogger(__name__)
+
+# Token-level fields: large, and nothing a person reads in the episode viewer.
+_TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "logprobs")
+
+
+class DashboardSink:
+    """A ``training.sinks.MetricSink`` for one run: series blocks + episodes + live push."""
+
+    def __init__(self, run_id: int, flush_seconds: float = 0.5, publish: bool = True) -> None:
+        self.run_id = run_id
+        self.flush_seconds = flush_seconds
+        self.publish = publish
+        self.writer = SeriesWriter(run_id)
+        self._points: list[tuple[str, int, float | None]] = []
+        self._episodes: list[EpisodeSample] = []
+        self._positions: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._flush_loop, name=f"run-{run_id}-dashboard", daemon=True)
+        self._thread.start()
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: (float(v) if v is not None and math.isfinite(v) else None) for k, v in metrics.items()}
+        with self._lock:
+            self._points.extend((k, step, v) for k, v in clean.items())
+        if self.publish:
+            live.publish_metrics(self.run_id, step, clean)
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        with self._lock:
+            for episode in episodes:
+                position = self._positions.get(step, 0)
+                self._positions[step] = position + 1
+                self._episodes.append(episode_row(self.run_id, step, position, episode))
+        if self.publish:
+            live.publish(self.run_id, {"type": "run.episodes", "step": step, "count": len(episodes)})
+
+    def flush(self) -> int:
+        with self._lock:
+            points, self._points = self._points, []
+            episodes, self._episodes = self._episodes, []
+        if points:
+            self.writer.write(points)
+        if episodes:
+            EpisodeSample.objects.bulk_create(
+                episodes, update_conflicts=True, unique_fields=["run", "step", "position"],
+                update_fields=["reward", "num_turns", "termination_reason", "data"],
+            )
+        return len(points)
+
+    def _flush_loop(self) -> None:
+        try:
+            while not self._stop.wait(self.flush_seconds):
+                try:
+                    self.flush()
+                except Exception:  # a database hiccup must not end training; the next flush retries
+                    logger.exception("storing run %s series failed", self.run_id)
+                    close_old_connections()
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.flush()
+        if self.publish:
+            live.publisher().flush()
+
+
+def episode_row(run_id: int, step: int, position: int, episode: dict[str, Any]) -> EpisodeSample:
+    data = {k: v for k, v in episode.items() if k not in _TOKEN_FIELDS}
+    data["trajectories"] = [
+        {**{k: v for k, v in trajectory.items() if k != "steps"},
+         "steps": [{k: v for k, v in turn.items() if k not in _TOKEN_FIELDS} for turn in trajectory.get("steps", [])]}
+        for trajectory in episode.get("trajectories", [])
+    ]
+    reward = episode.get("reward")
+    return EpisodeSample(
+        run_id=run_id, step=step, position=position,
+        reward=float(reward) if isinstance(reward, (int, float)) and math.isfinite(reward) else None,
+        num_turns=int(episode.get("num_turns") or 0),
+        termination_reason=str(episode.get("termination_reason") or "")[:40],
+        data=_jsonable(data),
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    """Episodes carry arbitrary task and info objects; keep what JSON can hold, str() the rest."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

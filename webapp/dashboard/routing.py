@@ -1,0 +1,7 @@
+from django.urls import path
+
+from webapp.dashboard.consumers import RunConsumer
+
+websocket_urlpatterns = [
+    path("ws/runs/<int:run_id>/", RunConsumer.as_asgi()),
+]

@@ -1,0 +1,275 @@
+// The run page: charts fed by a downsampled fetch, then live points over the run's websocket.
+(function () {
+  const root = document.getElementById("run-dashboard");
+  if (!root || !window.Plotly) return;
+  const CHARTS = [
+    ["reward", "Reward"], ["reward_std", "Reward std"], ["loss", "Loss"], ["kl", "KL"], ["entropy", "Entropy"],
+    ["response_length", "Response length"], ["turns", "Turns per episode"], ["termination/", "Termination reasons"],
+    ["step_time", "Step time (s)"],
+  ];
+  const LIVE_POINTS_BEFORE_REFETCH = 4000;
+  const FINAL = ["succeeded", "failed", "cancelled"];
+  const state = {
+    series: new Map(),   // key -> {x: [], y: []} (downsampled history + live points)
+    charts: [],          // {id, title, match(key), div, zoom: null | {x0, x1, data: Map}}
+    keys: [],
+    lastStep: -1,
+    lastLogId: parseInt(root.dataset.lastLogId || "0", 10),
+    status: root.dataset.status,
+    smoothing: 0,
+    logScale: false,
+  };
+  window.dashboardState = state;  // for the browser tests and benchmarks
+  const chartsBox = document.getElementById("dash-charts");
+
+  function addChart(id, title, match) {
+    if (state.charts.some(c => c.id === id)) return;
+    const div = document.createElement("div");
+    div.className = "dash-chart";
+    div.id = "chart-" + id.replace(/[^A-Za-z0-9_-]/g, "_");
+    div.dataset.key = id;
+    chartsBox.appendChild(div);
+    const chart = { id, title, match, div, zoom: null, points: 0 };
+    state.charts.push(chart);
+    Plotly.newPlot(div, [], Dash.layout(title, state.logScale), Dash.config);
+    div.on("plotly_relayout", ev => onZoom(chart, ev));
+    draw(chart);
+  }
+
+  function chartFor(key) {
+    for (const [id, title] of CHARTS) {
+      if (id.endsWith("/") ? key.startsWith(id) : key === id) return { id, title };
+    }
+    return null;
+  }
+
+  function keysOf(chart) { return [...state.series.keys()].filter(chart.match).sort(); }
+
+  function draw(chart) {
+    const source = chart.zoom ? chart.zoom.data : state.series;
+    const traces = [];
+    let points = 0;
+    for (const key of [...source.keys()].filter(chart.match).sort()) {
+      const s = source.get(key);
+      points += s.x.length;
+      if (state.smoothing > 0) {
+        traces.push({ x: s.x, y: s.y, name: key + " (raw)", mode: "lines", line: { width: 1 }, opacity: 0.25, hoverinfo: "skip" });
+      }
+      traces.push({ x: s.x, y: Dash.smooth(s.y, state.smoothing), name: key, mode: "lines", line: { width: 1.5 } });
+    }
+    chart.points = points;
+    const layout = Dash.layout(chart.title, state.logScale);
+    layout.showlegend = traces.length > 2 || (traces.length > 1 && state.smoothing === 0);
+    if (chart.zoom) layout.xaxis.range = [chart.zoom.x0, chart.zoom.x1];
+    Plotly.react(chart.div, traces, layout, Dash.config);
+    chart.div.dataset.points = points;
+  }
+
+  let redrawPending = false;
+  function scheduleRedraw() {
+    if (redrawPending) return;
+    redrawPending = true;
+    setTimeout(() => { redrawPending = false; state.charts.forEach(c => { if (!c.zoom) draw(c); }); }, 150);
+  }
+
+  // Zoom asks the server for a finer view of the range; a double-click (autorange) goes back.
+  async function onZoom(chart, ev) {
+    if (ev["xaxis.autorange"] && chart.zoom) { chart.zoom = null; draw(chart); return; }
+    const x0 = ev["xaxis.range[0]"], x1 = ev["xaxis.range[1]"];
+    if (x0 === undefined || x1 === undefined) return;
+    const keys = keysOf(chart);
+    if (!keys.length) return;
+    const url = root.dataset.seriesUrl + "?keys=" + encodeURIComponent(keys.join(",")) +
+      "&start=" + Math.floor(x0) + "&end=" + Math.ceil(x1);
+    const data = await (await fetch(url)).json();
+    const zoomed = new Map();
+    for (const [key, s] of Object.entries(data.series)) zoomed.set(key, { x: s.x, y: s.y });
+    chart.zoom = { x0, x1, data: zoomed };
+    draw(chart);
+  }
+
+  async function loadSeries(keys) {
+    const url = root.dataset.seriesUrl + (keys ? "?keys=" + encodeURIComponent(keys.join(",")) : "");
+    const data = await (await fetch(url)).json();
+    for (const [key, s] of Object.entries(data.series)) {
+      state.series.set(key, { x: s.x, y: s.y, live: 0 });
+      state.lastStep = Math.max(state.lastStep, s.last_step);
+    }
+    state.lastStep = Math.max(state.lastStep, data.last_step);
+    setKeys(data.keys);
+    return data;
+  }
+
+  function setKeys(keys) {
+    state.keys = keys;
+    const list = document.getElementById("dash-keys");
+    list.innerHTML = "";
+    for (const key of keys) { const o = document.createElement("option"); o.value = key; list.appendChild(o); }
+  }
+
+  function addPoints(points) {
+    const fresh = [];
+    for (const [key, pairs] of Object.entries(points)) {
+      let s = state.series.get(key);
+      if (!s) {
+        if (!state.keys.includes(key)) { state.keys.push(key); setKeys(state.keys.sort()); }
+        if (!chartFor(key) && !state.charts.some(c => c.match(key))) continue;
+        s = { x: [], y: [], live: 0 };
+        state.series.set(key, s);
+        fresh.push(key);
+      }
+      const last = s.x.length ? s.x[s.x.length - 1] : -Infinity;
+      for (const [step, value] of pairs) {
+        if (step > last || s.x.length === 0) { s.x.push(step); s.y.push(value); s.live++; }
+        state.lastStep = Math.max(state.lastStep, step);
+      }
+      if (s.live > LIVE_POINTS_BEFORE_REFETCH) { s.live = 0; loadSeries([key]).then(scheduleRedraw); }
+    }
+    for (const key of fresh) {
+      const c = chartFor(key);
+      if (c) addChart(c.id, c.title, c.id.endsWith("/") ? (k => k.startsWith(c.id)) : (k => k === c.id));
+    }
+    scheduleRedraw();
+  }
+
+  // -- the websocket ---------------------------------------------------------------------------
+  let socket = null, retry = 500;
+  const liveBadge = document.getElementById("dash-live");
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const url = scheme + location.host + root.dataset.wsUrl + "?after=" + state.lastStep + "&after_log=" + state.lastLogId;
+    socket = new WebSocket(url);
+    socket.onopen = () => { retry = 500; liveBadge.textContent = "● live"; liveBadge.classList.add("on"); };
+    socket.onmessage = ev => onMessage(JSON.parse(ev.data));
+    socket.onclose = () => {
+      liveBadge.textContent = "○ reconnecting"; liveBadge.classList.remove("on");
+      if (FINAL.includes(state.status) && state.finalSeen) return;
+      setTimeout(connect, retry);
+      retry = Math.min(retry * 2, 5000);
+    };
+  }
+
+  function onMessage(msg) {
+    if (msg.type === "metrics") addPoints(msg.points);
+    else if (msg.type === "status") setStatus(msg);
+    else if (msg.type === "logs") addLogs(msg.lines);
+    else if (msg.type === "episodes") scheduleEpisodes();
+    else if (msg.type === "resync") loadSeries(null).then(scheduleRedraw);
+  }
+
+  function setStatus(msg) {
+    const badge = document.getElementById("run-status");
+    const wasFinal = FINAL.includes(state.status);
+    state.status = msg.status;
+    if (badge) { badge.textContent = msg.status; badge.className = "status status-" + msg.status; }
+    const steps = document.getElementById("run-steps");
+    if (steps && msg.steps !== undefined) steps.textContent = msg.steps;
+    if (FINAL.includes(msg.status)) {
+      state.finalSeen = true;
+      const cancel = document.getElementById("run-cancel");
+      if (cancel) cancel.remove();
+      // The page shows final metrics, checkpoints and errors: reload once when the run ends.
+      if (!wasFinal) setTimeout(() => location.reload(), 1500);
+    }
+  }
+
+  function addLogs(lines) {
+    const log = document.getElementById("run-log");
+    if (!log) return;
+    if (state.lastLogId === 0 && log.textContent.startsWith("No log")) log.textContent = "";
+    const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 5;
+    let text = "";
+    for (const line of lines) {
+      if (line.id <= state.lastLogId) continue;
+      state.lastLogId = line.id;
+      text += String(line.time).slice(11, 19) + " " + line.level + " " + line.message + "\n";
+    }
+    if (text) log.appendChild(document.createTextNode(text));
+    if (atBottom) log.scrollTop = log.scrollHeight;
+  }
+
+  // -- episodes --------------------------------------------------------------------------------
+  const stepSelect = document.getElementById("dash-episode-step");
+  let episodesTimer = null;
+  function scheduleEpisodes() {
+    if (episodesTimer) return;
+    episodesTimer = setTimeout(() => { episodesTimer = null; loadEpisodes(stepSelect.dataset.pinned ? stepSelect.value : null); }, 1000);
+  }
+  async function loadEpisodes(step) {
+    const url = root.dataset.episodesUrl + (step !== null && step !== "" ? "?step=" + step : "");
+    const data = await (await fetch(url)).json();
+    document.getElementById("dash-episode-empty").style.display = data.steps.length ? "none" : "";
+    stepSelect.innerHTML = "";
+    for (const s of data.steps) {
+      const o = document.createElement("option"); o.value = s; o.textContent = s; stepSelect.appendChild(o);
+    }
+    if (data.step !== null) stepSelect.value = data.step;
+    const body = document.querySelector("#dash-episode-list tbody");
+    body.innerHTML = "";
+    data.episodes.forEach(e => {
+      const tr = document.createElement("tr");
+      tr.className = "dash-episode";
+      for (const v of [e.position, fmt(e.reward), e.num_turns, e.termination_reason || "—"]) {
+        const td = document.createElement("td"); td.textContent = v; tr.appendChild(td);
+      }
+      tr.onclick = () => { body.querySelectorAll("tr").forEach(r => r.classList.remove("selected")); tr.classList.add("selected"); showEpisode(e); };
+      body.appendChild(tr);
+    });
+  }
+  stepSelect.onchange = () => { stepSelect.dataset.pinned = "1"; loadEpisodes(stepSelect.value); };
+
+  function showEpisode(e) {
+    const box = document.getElementById("dash-episode-detail");
+    box.innerHTML = "";
+    const head = document.createElement("p");
+    head.textContent = "Episode " + e.position + ": reward " + fmt(e.reward) + ", " + e.num_turns + " turn(s), ended by " + (e.termination_reason || "—");
+    box.appendChild(head);
+    (e.episode.trajectories || []).forEach(t => {
+      (t.steps || []).forEach((turn, i) => {
+        const div = document.createElement("div");
+        div.className = "dash-turn";
+        const prompt = (turn.chat_completions || []).filter(m => m.role !== "assistant").slice(-1)[0];
+        section(div, "Turn " + (i + 1) + " · reward " + fmt(turn.reward) + (turn.done ? " · done" : ""), null);
+        section(div, "Prompt", prompt ? prompt.content : "");
+        section(div, "Model response", turn.model_response);
+        section(div, "Environment observation", typeof turn.observation === "string" ? turn.observation : JSON.stringify(turn.observation));
+        box.appendChild(div);
+      });
+    });
+  }
+  function section(parent, title, text) {
+    const h = document.createElement("strong"); h.textContent = title; parent.appendChild(h);
+    if (text !== null) { const pre = document.createElement("pre"); pre.textContent = text || "—"; parent.appendChild(pre); }
+  }
+  function fmt(v) { return v === null || v === undefined ? "—" : Number(v).toPrecision(4); }
+
+  // -- toolbar ---------------------------------------------------------------------------------
+  const search = document.getElementById("dash-search");
+  search.addEventListener("change", async () => {
+    const key = search.value.trim();
+    if (!key || !state.keys.includes(key)) return;
+    search.value = "";
+    if (!state.series.has(key)) await loadSeries([key]);
+    addChart(key, key, k => k === key);
+  });
+  document.getElementById("dash-smoothing").addEventListener("input", ev => {
+    state.smoothing = parseFloat(ev.target.value);
+    document.getElementById("dash-smoothing-value").textContent = state.smoothing.toFixed(2);
+    state.charts.forEach(draw);
+  });
+  document.getElementById("dash-log-scale").addEventListener("change", ev => {
+    state.logScale = ev.target.checked; state.charts.forEach(draw);
+  });
+
+  // -- start -----------------------------------------------------------------------------------
+  (async function start() {
+    await loadSeries(null);
+    for (const [id, title] of CHARTS) {
+      const match = id.endsWith("/") ? (k => k.startsWith(id)) : (k => k === id);
+      if ([...state.series.keys()].some(match)) addChart(id, title, match);
+    }
+    if (!state.charts.length) addChart("reward", "Reward", k => k === "reward");
+    connect();
+    loadEpisodes(null);
+  })();
+})();

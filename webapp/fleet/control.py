@@ -1,0 +1,90 @@
+"""Talking to Celery workers: who is online, what they consume, draining and resuming them.
+
+Drain = ``cancel_consumer`` for each of the worker's queues (its current run goes on; it takes no
+new message), recorded in ``WorkerState`` so the page shows it and a restarted worker is drained
+again. Resume = ``add_consumer`` for the recorded queues.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from workers.celery_app import app as celery_app
+
+from webapp.fleet.models import WorkerState
+from webapp.runs.models import Run
+
+logger = logging.getLogger(__name__)
+
+INSPECT_TIMEOUT = 1.0
+
+
+@dataclass
+class WorkerInfo:
+    name: str
+    online: bool
+    queues: list[str] = field(default_factory=list)
+    slots: int = 0  # pool processes: one run each (one GPU each on a GPU worker)
+    gpu: bool = False
+    drained: bool = False
+    runs: list[Run] = field(default_factory=list)
+    last_heartbeat: datetime | None = None
+
+
+def _reply(method: str, destination: list[str] | None = None) -> dict:
+    inspector = celery_app.control.inspect(timeout=INSPECT_TIMEOUT, destination=destination)
+    try:
+        return getattr(inspector, method)() or {}
+    except Exception:  # broker down: the page still shows what the database knows
+        logger.exception("celery inspect %s failed", method)
+        return {}
+
+
+def list_workers() -> list[WorkerInfo]:
+    """Online workers (Celery inspect) plus any that hold a running run or were drained."""
+    from webapp.registry.models import Backend
+
+    gpu_queues = set(Backend.objects.filter(needs_gpu=True).values_list("queue", flat=True))
+    queues_by_worker = {name: [q["name"] for q in queues] for name, queues in _reply("active_queues").items()}
+    stats = _reply("stats")
+    states = {s.name: s for s in WorkerState.objects.all()}
+    running = Run.objects.filter(status=Run.Status.RUNNING).exclude(worker="").select_related("backend").order_by("started_at")
+    runs_by_worker: dict[str, list[Run]] = {}
+    for run in running:
+        runs_by_worker.setdefault(run.worker, []).append(run)
+    names = sorted(set(queues_by_worker) | set(stats) | set(runs_by_worker) | {n for n, s in states.items() if s.drained})
+    workers = []
+    for name in names:
+        state = states.get(name)
+        queues = queues_by_worker.get(name) or (state.queues if state else [])
+        runs = runs_by_worker.get(name, [])
+        workers.append(WorkerInfo(
+            name=name, online=name in queues_by_worker or name in stats, queues=queues,
+            slots=int((stats.get(name) or {}).get("pool", {}).get("max-concurrency") or 0),
+            gpu=bool(gpu_queues & set(queues)), drained=bool(state and state.drained), runs=runs,
+            last_heartbeat=max((r.heartbeat_at for r in runs if r.heartbeat_at), default=None),
+        ))
+    return workers
+
+
+def drain(name: str, user=None) -> list[str]:
+    """Stop ``name`` taking new runs from each queue it consumes. Returns those queues."""
+    queues = [q["name"] for q in _reply("active_queues", [name]).get(name, [])]
+    state, _ = WorkerState.objects.get_or_create(name=name)
+    queues = queues or state.queues  # already drained: keep what it consumed before
+    for queue in queues:
+        celery_app.control.cancel_consumer(queue, destination=[name], reply=False)
+    WorkerState.objects.filter(pk=state.pk).update(drained=True, queues=queues, changed_by=user)
+    return queues
+
+
+def resume(name: str, user=None) -> list[str]:
+    """Let a drained worker take runs again from the queues it consumed before the drain."""
+    state, _ = WorkerState.objects.get_or_create(name=name)
+    for queue in state.queues:
+        celery_app.control.add_consumer(queue, destination=[name], reply=False)
+    WorkerState.objects.filter(pk=state.pk).update(drained=False, changed_by=user)
+    return list(state.queues)
+

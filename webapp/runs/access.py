@@ -1,0 +1,87 @@
+"""The one place that decides who may do what with a run or a project.
+
+Every page, API endpoint and websocket asks ``can`` (or ``get_run_for_user``, which 404s).
+
+- Platform admins (superusers) may do everything; anonymous users nothing, except viewing a run
+  through an active share link.
+- A run's owner may do everything with it.
+- A run without a project, or with ``private`` visibility, is its owner's alone.
+- A ``team``-visible run in a project: the team's owners and admins may do everything, members may
+  view it and run it again (clone), viewers may view it.
+- In a project, owners, admins and members may start runs; viewers may only look.
+"""
+
+from __future__ import annotations
+
+from django.http import Http404
+
+from webapp.runs.models import Run
+from webapp.teams.models import Membership, Project, ShareLink, role_in
+
+ACTIONS = ("view", "edit", "run", "cancel", "delete")
+PROJECT_ACTIONS = ("view", "run")
+
+_ALL = frozenset(ACTIONS)
+# What each team role may do with a team-visible run that someone else owns.
+RUN_ACTIONS_BY_ROLE = {
+    Membership.Role.OWNER: _ALL,
+    Membership.Role.ADMIN: _ALL,
+    Membership.Role.MEMBER: frozenset({"view", "run"}),
+    Membership.Role.VIEWER: frozenset({"view"}),
+}
+PROJECT_ACTIONS_BY_ROLE = {
+    Membership.Role.OWNER: frozenset(PROJECT_ACTIONS),
+    Membership.Role.ADMIN: frozenset(PROJECT_ACTIONS),
+    Membership.Role.MEMBER: frozenset(PROJECT_ACTIONS),
+    Membership.Role.VIEWER: frozenset({"view"}),
+}
+
+
+def can(user, run: Run, action: str, share_token: str | None = None) -> bool:
+    """Whether ``user`` (possibly anonymous, or holding ``share_token``) may ``action`` ``run``."""
+    if action not in ACTIONS:
+        raise ValueError(f"Unknown action {action!r}; known: {', '.join(ACTIONS)}.")
+    if share_token and action == "view" and ShareLink.objects.active().filter(run_id=run.pk, token=share_token).exists():
+        return True
+    if user is None or not user.is_authenticated:
+        return False
+    if user.is_superuser or run.owner_id == user.pk:
+        return True
+    if run.project_id is None or run.visibility != Run.Visibility.TEAM:
+        return False
+    role = role_in(user, Project.objects.filter(pk=run.project_id).values_list("team_id", flat=True).first())
+    return role is not None and action in RUN_ACTIONS_BY_ROLE[role]
+
+
+def can_in_project(user, project: Project, action: str) -> bool:
+    """``view``: see the project; ``run``: start runs (and register entries) in it."""
+    if action not in PROJECT_ACTIONS:
+        raise ValueError(f"Unknown project action {action!r}; known: {', '.join(PROJECT_ACTIONS)}.")
+    if user is None or not user.is_authenticated:
+        return False
+    if user.is_superuser:
+        return True
+    role = role_in(user, project.team_id)
+    return role is not None and action in PROJECT_ACTIONS_BY_ROLE[role]
+
+
+def projects_for(user, action: str = "view"):
+    """The projects where ``user`` may ``action`` (the same rule as ``can_in_project``)."""
+    if user is None or not user.is_authenticated:
+        return Project.objects.none()
+    projects = Project.objects.select_related("team")
+    if user.is_superuser:
+        return projects
+    roles = [role for role, actions in PROJECT_ACTIONS_BY_ROLE.items() if action in actions]
+    return projects.filter(team__memberships__user=user, team__memberships__role__in=roles)
+
+
+def get_run_for_user(user, pk: int, action: str = "view", share_token: str | None = None) -> Run:
+    """The run ``pk`` if ``user`` may ``action`` it; 404 otherwise (a stranger cannot tell it exists)."""
+    try:
+        run = Run.objects.select_related("agent", "dataset", "reward", "backend", "owner", "project__team").get(pk=pk)
+    except Run.DoesNotExist:
+        raise Http404("No such run.") from None
+    if not can(user, run, action, share_token):
+        raise Http404("No such run.")
+    return run

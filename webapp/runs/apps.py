@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class RunsConfig(AppConfig):
+    name = "webapp.runs"
+    label = "runs"
+    verbose_name = "Runs"

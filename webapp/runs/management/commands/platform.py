@@ -1,0 +1,136 @@
+"""``python manage.py platform``: the whole platform in one command, nothing external needed.
+
+Migrates, seeds the registry, creates a demo login, starts the web server (daphne) and a Celery
+worker, queues a demo run, prints the URL and login, and runs until Ctrl-C.
+
+Without REDIS_URL the worker and the web server talk through kombu's filesystem transport
+(messages are files under var/broker/), so no broker server is needed; with REDIS_URL set they
+use Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.registry.seed import DEMO_RUN
+from webapp.runs.forms import RunForm
+from webapp.runs.models import Run
+
+
+class Command(BaseCommand):
+    help = "Run the whole platform (web server + worker) on this machine until Ctrl-C."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--username", default="demo")
+        parser.add_argument("--password", default="demo")
+        parser.add_argument("--queues", default=None, help="Queues the worker takes (default: cpu, plus gpu with a GPU).")
+        parser.add_argument("--no-demo-run", action="store_true", help="Do not queue the demo run.")
+        parser.add_argument("--no-worker", action="store_true", help="Start no worker (start your own).")
+
+    def handle(self, *args, **options):
+        for folder in (settings.VAR_DIR, settings.RUNS_DIR, settings.BROKER_DIR / "messages", settings.BROKER_DIR / "control"):
+            os.makedirs(folder, exist_ok=True)
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("seed_registry", enable_gpu_backends=self._gpu_count() > 0)
+        user = self._demo_user(options["username"], options["password"])
+
+        children: list[subprocess.Popen] = []
+        signal.signal(signal.SIGTERM, _interrupt)  # docker stop / kill: shut down like Ctrl-C
+        try:
+            if not options["no_worker"]:
+                children.append(self._start_worker(options["queues"]))
+            children.append(self._start_web(options["host"], options["port"]))
+            if not options["no_demo_run"]:
+                self._queue_demo_run(user)
+            url = f"http://{options['host']}:{options['port']}/"
+            broker = "Redis" if settings.REDIS_URL else f"files under {settings.BROKER_DIR}"
+            self.stdout.write(self.style.SUCCESS(
+                f"\nPlatform running at {url}\n  login: {options['username']} / {options['password']}\n"
+                f"  broker: {broker}\n  database: {settings.DATABASES['default']['NAME']}\nCtrl-C to stop.\n"
+            ))
+            while all(child.poll() is None for child in children):
+                time.sleep(1)
+            self.stderr.write("A platform process exited; stopping the others.")
+        except KeyboardInterrupt:
+            self.stdout.write("\nStopping…")
+        finally:
+            self._stop(children)
+
+    # -- parts -----------------------------------------------------------------------------------
+    def _gpu_count(self) -> int:
+        from training.utils import cuda_device_count
+
+        return cuda_device_count()
+
+    def _demo_user(self, username: str, password: str):
+        User = get_user_model()
+        user, created = User.objects.get_or_create(username=username, defaults={"is_staff": True, "is_superuser": True})
+        if created or not user.check_password(password):
+            user.set_password(password)
+            user.save()
+        return user
+
+    def _start_worker(self, queues: str | None) -> subprocess.Popen:
+        queues = queues or ("cpu,gpu" if self._gpu_count() else "cpu")
+        command = [
+            sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues, "--concurrency", "1",
+            "--loglevel", "INFO", "-n", "embedded@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]
+        self.stdout.write(f"Starting worker: {' '.join(command[1:])}")
+        return subprocess.Popen(command, cwd=settings.BASE_DIR)
+
+    def _start_web(self, host: str, port: int) -> subprocess.Popen:
+        command = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "webapp.asgi:application"]
+        self.stdout.write(f"Starting web server: {' '.join(command[1:])}")
+        return subprocess.Popen(command, cwd=settings.BASE_DIR)
+
+    def _queue_demo_run(self, user) -> None:
+        demo = DEMO_RUN
+        form = RunForm(data={
+            "name": "demo", "agent": _pk(Agent, demo["agent"]), "dataset": _pk(Dataset, demo["dataset"]),
+            "reward": _pk(RewardFunction, demo["reward"]), "backend": _pk(Backend, demo["backend"]),
+            "model": demo["model"], "overrides": demo["overrides"],
+        })
+        if not form.is_valid():
+            problems = "; ".join(f"{field or 'form'}: {' '.join(errors)}" for field, errors in form.errors.items())
+            self.stderr.write(f"The demo run is not valid, so it is not queued: {problems}")
+            return
+        data = form.cleaned_data
+        run = Run.objects.create(
+            owner=user, name="demo", agent=data["agent"], dataset=data["dataset"], reward=data["reward"],
+            backend=data["backend"], model=data["model"], config_overrides=data["overrides"],
+        )
+        run.enqueue()
+        self.stdout.write(f"Queued demo run {run.pk}.")
+
+    def _stop(self, children: list[subprocess.Popen]) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for child in children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _pk(model, name: str) -> str:
+    row = model.objects.filter(name=name).first()
+    return str(row.pk) if row else ""

@@ -1,0 +1,131 @@
+"""Views check access, validate a form, save; the run's behaviour lives on the model."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Q
+from django.http import JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from webapp.runs.access import can, get_run_for_user
+from webapp.runs.forms import RunEditForm, RunForm
+from webapp.runs.models import Run
+
+
+@login_required
+def run_list(request):
+    """``?q=`` searches name, agent, dataset, backend and model; ``?status=``, ``?tag=`` and ``?project=`` filter."""
+    runs = Run.objects.visible_to(request.user).select_related("agent", "dataset", "backend", "owner", "project__team")
+    query, status = request.GET.get("q", "").strip(), request.GET.get("status", "")
+    tag, project = request.GET.get("tag", "").strip(), request.GET.get("project", "")
+    if tag:
+        runs = runs.with_tag(tag)
+    if project.isdigit():
+        runs = runs.filter(project_id=int(project))
+    if query:
+        match = Q(name__icontains=query) | Q(agent__name__icontains=query) | Q(dataset__name__icontains=query) \
+            | Q(backend__name__icontains=query) | Q(model__icontains=query)
+        if query.lstrip("#").isdigit():
+            match |= Q(pk=int(query.lstrip("#")))
+        runs = runs.filter(match)
+    if status in Run.Status.values:
+        runs = runs.filter(status=status)
+    return render(request, "runs/run_list.html", {
+        "runs": runs[:500], "q": query, "status": status, "statuses": Run.Status.values, "tag": tag,
+    })
+
+
+@login_required
+def run_create(request):
+    """``?clone=<id>`` starts from a copy of that run's choices and config."""
+    if request.method == "POST":
+        form = RunForm(request.POST, user=request.user)
+        if form.is_valid():
+            run = form.save(owner=request.user)
+            messages.success(request, f"Run {run.pk} is queued on the '{run.backend.queue}' queue.")
+            return redirect(run)
+    else:
+        clone = _int(request.GET.get("clone"))
+        initial = RunForm.initial_from(get_run_for_user(request.user, clone, "run")) if clone else None
+        form = RunForm(initial=initial, user=request.user)
+    return render(request, "runs/run_form.html", {"form": form})
+
+
+@login_required
+def run_detail(request, pk: int):
+    run = get_run_for_user(request.user, pk, "view")
+    logs = run.log_tail(200)
+    return render(request, "runs/run_detail.html", {
+        "run": run,
+        "logs": logs,
+        "last_log_id": logs[-1].id if logs else 0,
+        "metrics": sorted(run.latest_metrics().items()),
+        "checkpoints": run.checkpoints.all(),
+        "may": {action: can(request.user, run, action) for action in ("edit", "run", "cancel", "delete")},
+        "edit_form": RunEditForm(instance=run),
+        "share_links": run.share_links.active(),
+    })
+
+
+@login_required
+@require_POST
+def run_edit(request, pk: int):
+    """Tags, notes and visibility."""
+    run = get_run_for_user(request.user, pk, "edit")
+    form = RunEditForm(request.POST, instance=run)
+    if form.is_valid():
+        form.save()
+        messages.success(request, "Saved.")
+    else:
+        messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
+    return redirect(run)
+
+
+@login_required
+@require_POST
+def run_delete(request, pk: int):
+    run = get_run_for_user(request.user, pk, "delete")
+    if not run.is_final:
+        messages.error(request, "Cancel the run first; only ended runs can be deleted.")
+        return redirect(run)
+    run.delete()
+    messages.success(request, f"Run {pk} deleted.")
+    return redirect("runs:list")
+
+
+@login_required
+@require_POST
+def run_cancel(request, pk: int):
+    run = get_run_for_user(request.user, pk, "cancel")
+    if run.request_cancel():
+        messages.info(request, "Cancelled." if run.status == Run.Status.CANCELLED else "Stopping the run at its next step.")
+    else:
+        messages.warning(request, f"The run has already ended ({run.status}).")
+    return redirect(run)
+
+
+@login_required
+def run_updates(request, pk: int):
+    """What changed since the client's last poll: status, new metric points and log lines.
+
+    The live dashboard pushes the same over a websocket when a channel layer is shared; this
+    endpoint keeps pages live in every mode (embedded mode has no shared channel layer).
+    """
+    run = get_run_for_user(request.user, pk, "view")
+    after_log = _int(request.GET.get("after_log"))
+    after_metric = _int(request.GET.get("after_metric"))
+    logs = list(run.logs.filter(id__gt=after_log).order_by("id").values("id", "time", "level", "message")[:500])
+    points = list(run.metrics.filter(id__gt=after_metric).order_by("id").values("id", "key", "step", "value")[:5000])
+    return JsonResponse({
+        "status": run.status, "is_final": run.is_final, "steps": run.steps, "error": run.error,
+        "logs": logs, "metrics": points,
+    })
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
