@@ -11,9 +11,38 @@ import pytest
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
-requires_redis = pytest.mark.skipif(
-    not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a Redis server) for a real Celery worker"
-)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.redis`` tests need a Redis server (REDIS_URL); ``@pytest.mark.browser`` tests
+    need Chromium and Playwright; ``@pytest.mark.gpu`` tests need CUDA. Each is skipped, with the
+    reason, where that is missing."""
+    missing = {
+        "redis": None if os.environ.get("REDIS_URL") else "needs REDIS_URL (a Redis server)",
+        "browser": _browser_missing(),
+        "gpu": _gpu_missing(),
+    }
+    for item in items:
+        for marker, reason in missing.items():
+            if reason and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _browser_missing() -> str | None:
+    import importlib.util
+    import shutil
+
+    if not (os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")):
+        return "needs Chromium (apt-get install chromium chromium-driver)"
+    if importlib.util.find_spec("playwright") is None:
+        return "needs the playwright package"
+    return None
+
+
+def _gpu_missing() -> str | None:
+    import torch
+
+    return None if torch.cuda.is_available() else "needs a CUDA GPU"
 
 # Small enough to train in seconds on one CPU core.
 TINY_OVERRIDES = "trainer.total_training_steps=3\ndata.train_batch_size=2\nactor_rollout_ref.rollout.n=2\ndata.max_response_length=4\n"

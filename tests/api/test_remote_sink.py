@@ -4,7 +4,6 @@ from ``training.remote`` and the ``training.platform_cli`` commands."""
 from __future__ import annotations
 
 import io
-import logging
 import tempfile
 
 import pytest

@@ -12,7 +12,6 @@ import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -21,22 +20,6 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def _playwright_available() -> bool:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-requires_browser = pytest.mark.skipif(
-    not CHROMIUM or not _playwright_available(),
-    reason="needs Chromium (apt-get install chromium chromium-driver) and the playwright package",
-)
-requires_redis = pytest.mark.skipif(
-    not os.environ.get("REDIS_URL"),
-    reason="needs REDIS_URL: the worker's live pushes reach the web server through the Redis channel layer",
-)
 QUEUE = f"test-browser-{uuid.uuid4().hex[:8]}"
 
 
@@ -105,15 +88,3 @@ def browser():
         context.close()
         shutil.rmtree(user_data, ignore_errors=True)
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-
-
-def log_in(page, base_url: str, username: str, password: str) -> None:
-    page.goto(base_url + "/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("button[type=submit], input[type=submit]")
-    page.wait_for_url(lambda url: "/login/" not in url)
-
-
-def tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:] if path.exists() else ""

@@ -3,13 +3,14 @@ gain points while it trains, open an episode, cancel the run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from conftest import live_platform, log_in, requires_browser, requires_redis, tail  # noqa: F401
 
 from webapp.registry.models import Backend
 from webapp.runs.models import Run
 
-pytestmark = [pytest.mark.browser, requires_browser, requires_redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 OVERRIDES = ("trainer.total_training_steps=500\ndata.train_batch_size=2\nactor_rollout_ref.rollout.n=2\n"
              "data.max_response_length=4\n")
@@ -54,3 +55,15 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
         raise
     finally:
         page.close()
+
+
+def log_in(page, base_url: str, username: str, password: str) -> None:
+    page.goto(base_url + "/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit], input[type=submit]")
+    page.wait_for_url(lambda url: "/login/" not in url)
+
+
+def tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:] if path.exists() else ""

@@ -11,7 +11,6 @@ import time
 import uuid
 
 import pytest
-from conftest import requires_redis
 from django.conf import settings
 from django.db import connection
 
@@ -19,7 +18,7 @@ from webapp.registry.models import Backend
 from webapp.runs.models import MetricPoint, Run, RunLog
 from workers.execute import database_url
 
-pytestmark = [requires_redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 QUEUE = f"test-e2e-{uuid.uuid4().hex[:8]}"  # no other worker listens here, so nothing else takes our runs
 
