@@ -107,3 +107,22 @@ async def test_without_a_shared_layer_new_points_come_from_the_database(ws_conne
         await communicator.disconnect()
     finally:
         channel_layers.backends.clear()
+
+
+async def test_viewers_of_a_run_share_one_subscription(ws_connect, make_run, owner, store):
+    """One group member per run per process, however many viewers; each still gets every event once."""
+    run = await _sync(make_run)
+    await _sync(store, run, {"reward": [(1, 0.1)]})
+    first, _ = await ws_connect(owner, run.pk, "after=0")
+    second, _ = await ws_connect(owner, run.pk, "after=0")
+    for communicator in (first, second):
+        assert (await _receive_until(communicator, "metrics"))["points"] == {"reward": [[1, 0.1]]}
+    hubs = [hub for hub in consumers.RunHub._hubs.values() if hub.run_id == run.pk]
+    assert len(hubs) == 1 and len(hubs[0].viewers) == 2
+    await get_channel_layer().group_send(group_name(run.pk), {"type": "run.metrics", "steps": [[2, {"reward": 0.2}]]})
+    for communicator in (first, second):
+        assert (await _receive_until(communicator, "metrics"))["points"] == {"reward": [[2, 0.2]]}
+        assert await communicator.receive_nothing(timeout=0.2)
+    await first.disconnect()
+    await second.disconnect()
+    assert not [hub for hub in consumers.RunHub._hubs.values() if hub.run_id == run.pk]

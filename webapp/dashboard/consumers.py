@@ -18,13 +18,15 @@ viewers of a run cost Redis one message per event, not five hundred.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
+from typing import ClassVar
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
-from channels.layers import InMemoryChannelLayer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import InMemoryChannelLayer
 
 from webapp.dashboard import live, series
 from webapp.runs.access import can
@@ -35,6 +37,8 @@ BACKLOG_LIMIT = 20000
 CATCH_UP_SECONDS = 1.5
 LOG_BACKLOG_LINES = 500
 POLL_SECONDS = 1.0
+# Viewers sent an event between two yields to the event loop.
+FAN_OUT_SLICE = 10
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")
 
 logger = logging.getLogger(__name__)
@@ -49,7 +53,7 @@ class Event:
         steps = [step for step, _ in message["steps"]] if message["type"] == "run.metrics" else []
         # Strictly increasing steps: a viewer that has none of them gets the shared text.
         self.first_step = steps[0] if steps else None
-        self.shareable = all(a < b for a, b in zip(steps, steps[1:]))
+        self.shareable = all(a < b for a, b in itertools.pairwise(steps))
 
     @property
     def text(self) -> str:
@@ -76,7 +80,7 @@ class Event:
 class RunHub:
     """This process's subscription to one run's group, relaying each event to the local viewers."""
 
-    _hubs: dict[tuple[int, int], RunHub] = {}
+    _hubs: ClassVar[dict[tuple[int, int], RunHub]] = {}
 
     @classmethod
     async def join(cls, layer, run_id: int, viewer: RunConsumer) -> RunHub:
@@ -86,7 +90,13 @@ class RunHub:
         if hub is None or hub.layer is not layer or hub.loop is not asyncio.get_running_loop():
             hub = cls._hubs[key] = cls(layer, run_id)
         hub.viewers.add(viewer)
-        await asyncio.shield(hub.joined)
+        try:
+            await asyncio.shield(hub.joined)
+        except Exception:  # the broker refused: the next viewer tries again with a new hub
+            hub.viewers.discard(viewer)
+            if cls._hubs.get(key) is hub:
+                del cls._hubs[key]
+            raise
         return hub
 
     def __init__(self, layer, run_id: int) -> None:
@@ -110,11 +120,15 @@ class RunHub:
                 logger.exception("receiving run %s's events failed", self.run_id)
                 await asyncio.sleep(1)
                 continue
-            for viewer in list(self.viewers):
+            for position, viewer in enumerate(list(self.viewers), 1):
                 try:
                     await viewer.deliver(event)
                 except Exception:
                     logger.exception("relaying an event of run %s failed", self.run_id)
+                if position % FAN_OUT_SLICE == 0:
+                    # A send only queues the frame; the server writes it when the loop runs. Yielding
+                    # now and then lets the first viewers' frames leave while the rest are queued.
+                    await asyncio.sleep(0)
 
     async def leave(self, viewer: RunConsumer) -> None:
         self.viewers.discard(viewer)
@@ -124,7 +138,7 @@ class RunHub:
             del self._hubs[(id(self.layer), self.run_id)]
         try:
             await self.joined
-        except Exception:
+        except Exception:  # noqa: BLE001 (never joined: nothing to leave)
             return
         self.relay.cancel()
         await self.layer.group_discard(live.group_name(self.run_id), self.channel)
@@ -142,6 +156,15 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         # Join before reading the backlog: what is published meanwhile waits in ``pending``.
         self.pending: list[Event] | None = []
         self.hub = await RunHub.join(self.channel_layer, self.run_id, self)
+        try:
+            await self._start(after, after_log)
+        except BaseException:
+            await self.hub.leave(self)
+            del self.hub
+            raise
+
+    async def _start(self, after: int, after_log: int) -> None:
+        """Accept, send the backlog, then what the hub relayed meanwhile; start the catch-up (or polling)."""
         await self.accept()
         backlog = await database_sync_to_async(_backlog)(self.run_id, after, after_log)
         self.sent_through = max(after, backlog["last_step"])

@@ -241,7 +241,8 @@ def _from_summaries(key: str, rows: list[dict], points: int) -> dict:
 
 def _series(key: str, steps: np.ndarray, values: np.ndarray, total: int, raw: bool) -> dict:
     return {
-        "key": key, "x": steps.tolist(), "y": [_finite_or_none(v) for v in values.tolist()],
+        "key": key, "x": steps.tolist(),
+        "y": values.tolist() if np.isfinite(values).all() else [_finite_or_none(v) for v in values.tolist()],
         "raw": raw, "count": int(total), "last_step": int(steps[-1]) if len(steps) else -1,
     }
 
