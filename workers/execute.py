@@ -24,7 +24,7 @@ from webapp.dashboard.recording import DashboardSink
 from webapp.registry.models import Backend
 from webapp.runs.models import Run, RunLog
 from webapp.runs.trainer_args import run_trainer_kwargs
-from workers.recording import DatabaseSink, RunLogHandler, RunRecorder
+from webapp.runs.recording import DatabaseSink, RunLogHandler, RunRecorder
 
 logger = logging.getLogger(__name__)
 

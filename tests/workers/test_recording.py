@@ -4,7 +4,7 @@ import logging
 import math
 
 from webapp.runs.models import MetricPoint, Run, RunLog
-from workers.recording import DatabaseSink, RunLogHandler, RunRecorder
+from webapp.runs.recording import DatabaseSink, RunLogHandler, RunRecorder
 
 
 def test_points_are_batched_and_upserted(make_run):

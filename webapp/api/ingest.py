@@ -9,7 +9,7 @@ from typing import Any
 from webapp.dashboard import live
 from webapp.dashboard.series import SeriesWriter
 from webapp.runs.models import Run
-from workers.recording import RunRecorder
+from webapp.runs.recording import RunRecorder
 
 
 def record_metrics(run: Run, steps: list[dict[str, Any]]) -> int:

@@ -7,38 +7,31 @@ buffers every ``flush_seconds`` with its own database connection.
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
 from typing import Any
 
-from django.db import close_old_connections, connection
-
+from webapp.batching import BackgroundFlusher
 from webapp.dashboard import live
 from webapp.dashboard.models import EpisodeSample
 from webapp.dashboard.series import SeriesWriter
 
-logger = logging.getLogger(__name__)
 
 # Token-level fields: large, and nothing a person reads in the episode viewer.
 _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "logprobs")
 
 
-class DashboardSink:
+class DashboardSink(BackgroundFlusher):
     """A ``training.sinks.MetricSink`` for one run: series blocks + episodes + live push."""
 
     def __init__(self, run_id: int, flush_seconds: float = 0.5, publish: bool = True) -> None:
+        super().__init__(f"run-{run_id}-dashboard", flush_seconds)
         self.run_id = run_id
-        self.flush_seconds = flush_seconds
         self.publish = publish
         self.writer = SeriesWriter(run_id)
         self._points: list[tuple[str, int, float | None]] = []
         self._episodes: list[EpisodeSample] = []
         self._positions: dict[int, int] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._flush_loop, name=f"run-{run_id}-dashboard", daemon=True)
-        self._thread.start()
+        self.start()
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (float(v) if v is not None and math.isfinite(v) else None) for k, v in metrics.items()}
@@ -69,21 +62,8 @@ class DashboardSink:
             )
         return len(points)
 
-    def _flush_loop(self) -> None:
-        try:
-            while not self._stop.wait(self.flush_seconds):
-                try:
-                    self.flush()
-                except Exception:  # a database hiccup must not end training; the next flush retries
-                    logger.exception("storing run %s series failed", self.run_id)
-                    close_old_connections()
-        finally:
-            connection.close()
-
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        self.flush()
+        super().close()
         if self.publish:
             live.publisher().flush()
 

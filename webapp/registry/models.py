@@ -27,35 +27,38 @@ class RegistryQuerySet(models.QuerySet):
         return self.filter(models.Q(project__isnull=True) | models.Q(project__team__in=teams_of(user)))
 
 
-def _project_field() -> models.ForeignKey:
-    return models.ForeignKey(
-        "teams.Project", on_delete=models.PROTECT, related_name="+", null=True, blank=True,
-        help_text="Empty: shared with everyone on the platform.",
-    )
-
-
-class Agent(models.Model):
-    """An agent given as a workflow class, or as an agent class plus an environment class, by
-    dotted import path. All paths empty means a single-turn task (prompt in, answer out)."""
+class RegistryEntry(models.Model):
+    """What agents, datasets and rewards share: a unique name, and the project that owns the
+    entry (none: shared with everyone on the platform)."""
 
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
+    project = models.ForeignKey(
+        "teams.Project", on_delete=models.PROTECT, related_name="+", null=True, blank=True,
+        help_text="Empty: shared with everyone on the platform.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = RegistryQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Agent(RegistryEntry):
+    """An agent given as a workflow class, or as an agent class plus an environment class, by
+    dotted import path. All paths empty means a single-turn task (prompt in, answer out)."""
+
     workflow_class = models.CharField(max_length=300, blank=True, help_text="e.g. examples.countdown_workflow.CountdownWorkflow")
     workflow_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
     agent_class = models.CharField(max_length=300, blank=True, help_text="e.g. examples.frozenlake.FrozenLakeAgent")
     env_class = models.CharField(max_length=300, blank=True, help_text="e.g. examples.frozenlake.FrozenLakeEnv")
     agent_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
     env_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
-    project = _project_field()
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    objects = RegistryQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
 
     @property
     def kind(self) -> str:
@@ -81,7 +84,7 @@ class Agent(models.Model):
         }
 
 
-class Dataset(models.Model):
+class Dataset(RegistryEntry):
     """A dataset registered with the training library by name (``frozenlake``), a Hugging Face hub
     id, an uploaded file, or a path on the workers' disk."""
 
@@ -94,8 +97,6 @@ class Dataset(models.Model):
     # The roles a column can play; the mapping's values are this dataset's column names.
     COLUMN_ROLES = {"prompt": "data.prompt_key", "ground_truth": "data.answer_key"}
 
-    name = models.SlugField(max_length=100, unique=True)
-    description = models.TextField(blank=True)
     source = models.CharField(max_length=20, choices=Source.choices, default=Source.REGISTERED)
     identifier = models.CharField(
         max_length=500, blank=True,
@@ -108,16 +109,6 @@ class Dataset(models.Model):
         default=dict, blank=True, validators=[_dict_only],
         help_text='Role to column, e.g. {"prompt": "question", "ground_truth": "answer"}.',
     )
-    project = _project_field()
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    objects = RegistryQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
 
     def clean(self) -> None:
         if self.source == self.Source.UPLOAD and not self.file:
@@ -147,22 +138,10 @@ class Dataset(models.Model):
         return {self.COLUMN_ROLES[role]: column for role, column in (self.column_mapping or {}).items()}
 
 
-class RewardFunction(models.Model):
+class RewardFunction(RegistryEntry):
     """A reward built into the library (``exact_match``) or any function by dotted path."""
 
-    name = models.SlugField(max_length=100, unique=True)
-    description = models.TextField(blank=True)
     path = models.CharField(max_length=300, help_text="Built-in name (exact_match) or dotted path (pkg.mod.fn).")
-    project = _project_field()
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    objects = RegistryQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
 
 
 class Backend(models.Model):

@@ -9,31 +9,28 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from webapp.batching import BackgroundFlusher
 from webapp.dashboard.live import publish_logs
 from webapp.runs.models import MetricPoint, Run, RunLog
 
 
-class RunRecorder:
-    """Buffers metric points and log lines of one run and writes them in batches."""
+class RunRecorder(BackgroundFlusher):
+    """Buffers metric points and log lines of one run and writes them in batches (``start()``
+    the background writer, or call ``flush()``)."""
 
     def __init__(self, run_id: int, flush_seconds: float = 1.0, max_log_lines: int | None = None) -> None:
+        super().__init__(f"run-{run_id}-recorder", flush_seconds)
         self.run_id = run_id
-        self.flush_seconds = flush_seconds
         self.max_log_lines = max_log_lines or settings.RUN_LOG_MAX_LINES
         self._points: dict[tuple[str, int], MetricPoint] = {}
         self._logs: list[RunLog] = []
         self._log_count = RunLog.objects.filter(run_id=run_id).count()
         self._max_step = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._flush_loop, name=f"run-{run_id}-recorder", daemon=True)
 
     # -- producers (any thread) --------------------------------------------------------------
     def add_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -55,10 +52,6 @@ class RunRecorder:
             self._logs.append(RunLog(run_id=self.run_id, level=level, message=message, time=timezone.now()))
 
     # -- the writer ---------------------------------------------------------------------------
-    def start(self) -> "RunRecorder":
-        self._thread.start()
-        return self
-
     def flush(self) -> None:
         with self._lock:
             points, self._points = list(self._points.values()), {}
@@ -74,24 +67,6 @@ class RunRecorder:
             publish_logs(self.run_id, [
                 {"id": line.pk, "time": line.time.isoformat(), "level": line.level, "message": line.message} for line in logs
             ])
-
-    def _flush_loop(self) -> None:
-        try:
-            while not self._stop.wait(self.flush_seconds):
-                try:
-                    self.flush()
-                except Exception:  # a database hiccup must not end training; the next flush retries
-                    logging.getLogger(__name__).exception("writing run %s reports failed", self.run_id)
-                    close_old_connections()
-        finally:
-            connection.close()
-
-    def close(self) -> None:
-        """Stop the flusher and write what is left (from the calling thread)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
-        self.flush()
 
 
 class DatabaseSink:
