@@ -1,11 +1,17 @@
-# One image for the web server and the workers (they differ only in their command).
-FROM python:3.11-slim
+# One image for the web server and the CPU workers (they differ only in their command), and a
+# `gpu` target for GPU workers that adds what the verl backend needs (vLLM).
+FROM python:3.11-slim AS base
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 DJANGO_SETTINGS_MODULE=webapp.settings
 WORKDIR /app
 RUN apt-get update && apt-get install -y --no-install-recommends curl && rm -rf /var/lib/apt/lists/*
 COPY requirements.txt .
-RUN pip install -r requirements.txt
+RUN pip install torch==2.13.0 && pip install -r requirements.txt
 COPY . .
 RUN SECRET_KEY=build-only DEBUG=0 python manage.py collectstatic --noinput
 EXPOSE 8000
 CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "webapp.asgi:application"]
+
+# GPU workers: verl's vLLM extra brings the vLLM build (and the torch it pins) that verl's
+# rollouts run on. Ray comes with verl; see docs/verl.md to join a Ray cluster.
+FROM base AS gpu
+RUN pip install "verl[vllm]==0.9.1"
