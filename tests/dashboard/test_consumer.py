@@ -126,3 +126,28 @@ async def test_viewers_of_a_run_share_one_subscription(ws_connect, make_run, own
     await first.disconnect()
     await second.disconnect()
     assert not [hub for hub in consumers.RunHub._hubs.values() if hub.run_id == run.pk]
+
+
+async def test_after_the_catch_up_live_steps_are_not_kept_per_viewer(ws_connect, make_run, owner, store, monkeypatch):
+    """A long run must not grow a set of sent steps in every viewer: once caught up, only the
+    highest sent step is kept, and a re-sent step is still dropped."""
+    monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 0.1)
+    monkeypatch.setattr(consumers, "POLL_SECONDS", 0.1)
+    run = await _sync(make_run)
+    await _sync(store, run, {"reward": [(1, 0.1)]})
+    communicator, _ = await ws_connect(owner, run.pk)
+    await _receive_until(communicator, "metrics")
+    await communicator.receive_nothing(timeout=0.4)  # the catch-up read has run
+    layer = get_channel_layer()
+    for step in range(2, 50):
+        await layer.group_send(group_name(run.pk), {"type": "run.metrics", "steps": [[step, {"reward": step / 100}]]})
+    received = []
+    while len(received) < 48:
+        message = await _receive_until(communicator, "metrics")
+        received.extend(step for step, _ in message["points"]["reward"])
+    assert received == list(range(2, 50))
+    await layer.group_send(group_name(run.pk), {"type": "run.metrics", "steps": [[30, {"reward": 9.9}]]})
+    assert await communicator.receive_nothing(timeout=0.4)
+    viewers = [viewer for (_, run_id), hub in consumers.RunHub._hubs.items() if run_id == run.pk for viewer in hub.viewers]
+    assert viewers and all(not viewer.live_steps and viewer.sent_through == 49 for viewer in viewers)
+    await communicator.disconnect()

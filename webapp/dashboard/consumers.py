@@ -168,7 +168,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         backlog = await database_sync_to_async(_backlog)(self.run_id, after, after_log)
         self.sent_through = max(after, backlog["last_step"])
+        # Steps the live stream carried before the catch-up read; after it, sent_through alone
+        # tracks what was sent (so a long run does not grow a set per viewer).
         self.live_steps: set[int] = set()
+        self.caught_up = False
         await self.send_json(backlog["status"])
         if backlog["logs"]:
             await self.send_json({"type": "logs", "lines": backlog["logs"]})
@@ -217,18 +220,26 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         steps = event.message["steps"]
         if event.shareable and event.first_step is not None and event.first_step > self.sent_through \
                 and not any(step in self.live_steps for step, _ in steps):
-            self.live_steps.update(step for step, _ in steps)
+            self._mark_sent([step for step, _ in steps])
             await self.send(text_data=event.text)
             return
         points: dict[str, list[list]] = {}
+        fresh = [step for step, _ in steps if step > self.sent_through and step not in self.live_steps]
         for step, metrics in steps:
-            if step <= self.sent_through or step in self.live_steps:
-                continue
-            self.live_steps.add(step)
-            for key, value in metrics.items():
-                points.setdefault(key, []).append([step, value])
+            if step in fresh:
+                for key, value in metrics.items():
+                    points.setdefault(key, []).append([step, value])
+        self._mark_sent(fresh)
         if points:
             await self.send_json({"type": "metrics", "points": points})
+
+    def _mark_sent(self, steps: list[int]) -> None:
+        if not steps:
+            return
+        if self.caught_up:
+            self.sent_through = max(self.sent_through, max(steps))
+        else:
+            self.live_steps.update(steps)
 
     async def _catch_up(self, backlog_step: int) -> None:
         await asyncio.sleep(CATCH_UP_SECONDS)
@@ -247,6 +258,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         last_stored = max((pairs[-1][0] for pairs in stored.values()), default=-1)
         self.live_steps = {s for s in self.live_steps if s > last_stored}
         self.sent_through = max(self.sent_through, last_stored)
+        self.caught_up = True
 
     async def _poll_database(self) -> None:
         """Send what the database holds beyond what this viewer has, once a second, until the run ends."""
