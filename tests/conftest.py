@@ -169,3 +169,31 @@ def make_run(registry, owner):
         return Run.objects.create(**values)
 
     return make
+
+
+@pytest.fixture
+def ws_connect():
+    """Open the run websocket ``/ws/runs/<id>/?query`` as ``user`` (None: anonymous), with a session
+    cookie, through the same middleware stack as ``webapp.asgi``. Returns (communicator, connected)."""
+    from channels.auth import AuthMiddlewareStack
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+    from django.test import Client
+
+    from webapp.dashboard.routing import websocket_urlpatterns
+
+    application = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+
+    async def connect(user, run_id: int, query: str = ""):
+        from channels.db import database_sync_to_async
+
+        headers = []
+        if user is not None:
+            client = Client()
+            await database_sync_to_async(client.force_login)(user)
+            headers = [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+        communicator = WebsocketCommunicator(application, f"/ws/runs/{run_id}/?{query}", headers=headers)
+        connected, _ = await communicator.connect(timeout=5)
+        return communicator, connected
+
+    return connect

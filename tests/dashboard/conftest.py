@@ -16,35 +16,6 @@ def store():
     return write
 
 
-@pytest.fixture
-def ws_connect():
-    """Open ``/ws/runs/<id>/?query`` as ``user`` (None: anonymous). Returns (communicator, connected)."""
-    from channels.auth import AuthMiddlewareStack
-    from channels.routing import URLRouter
-    from channels.testing import WebsocketCommunicator
-    from django.test import Client
-
-    from webapp.dashboard.routing import websocket_urlpatterns
-
-    application = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-    opened = []
-
-    async def connect(user, run_id: int, query: str = ""):
-        from channels.db import database_sync_to_async
-
-        headers = []
-        if user is not None:
-            client = Client()
-            await database_sync_to_async(client.force_login)(user)
-            headers = [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
-        communicator = WebsocketCommunicator(application, f"/ws/runs/{run_id}/?{query}", headers=headers)
-        connected, _ = await communicator.connect(timeout=5)
-        opened.append(communicator)
-        return communicator, connected
-
-    return connect
-
-
 EPISODE = {
     "id": "e1", "task": {"map": "SFFG"}, "reward": 1.0, "num_turns": 2, "termination_reason": "env_done",
     "prompt_ids": [1, 2, 3], "response_ids": [4], "response_mask": [1],

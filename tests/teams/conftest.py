@@ -51,33 +51,6 @@ def api_client():
     return make
 
 
-@pytest.fixture
-def ws_connect():
-    """Open the run websocket as ``user`` (None: anonymous), session cookie and all, through the
-    same middleware stack as ``webapp.asgi``. Returns (communicator, connected)."""
-    from channels.auth import AuthMiddlewareStack
-    from channels.db import database_sync_to_async
-    from channels.routing import URLRouter
-    from channels.testing import WebsocketCommunicator
-    from django.test import Client
-
-    from webapp.dashboard.routing import websocket_urlpatterns
-
-    application = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-
-    async def connect(user, run_id: int):
-        headers = []
-        if user is not None:
-            client = Client()
-            await database_sync_to_async(client.force_login)(user)
-            headers = [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
-        communicator = WebsocketCommunicator(application, f"/ws/runs/{run_id}/", headers=headers)
-        connected, _ = await communicator.connect(timeout=5)
-        return communicator, connected
-
-    return connect
-
-
 @pytest.fixture(autouse=True)
 def _fast_passwords(settings):
     """Personas are created per test; the production hasher's million rounds would dominate the run time."""
