@@ -37,6 +37,9 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
         page.wait_for_function("() => (dashboardState.series.get('reward') || {x: []}).x.length >= 2", timeout=90_000)
         seen = page.evaluate("() => dashboardState.series.get('reward').x.length")
         page.wait_for_function(f"() => dashboardState.series.get('reward').x.length > {seen}", timeout=60_000)
+        # The chart redraws on the next animation frame after the state grows: wait for the drawing.
+        page.wait_for_function("() => Number(document.getElementById('chart-reward').dataset.points || 0) >= 2",
+                               timeout=10_000)
         assert int(page.get_attribute("#chart-reward", "data-points") or 0) >= 2
         assert page.text_content("#run-status") == "running"
 
