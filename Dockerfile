@@ -9,7 +9,7 @@ RUN pip install torch==2.13.0 && pip install -r requirements.txt
 COPY . .
 RUN SECRET_KEY=build-only DEBUG=0 python manage.py collectstatic --noinput
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "webapp.asgi:application"]
+CMD ["python", "-m", "webapp.server", "--host", "0.0.0.0", "--port", "8000"]
 
 # GPU workers: verl's vLLM extra brings the vLLM build (and the torch it pins) that verl's
 # rollouts run on. Ray comes with verl; see docs/verl.md to join a Ray cluster.

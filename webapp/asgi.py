@@ -1,4 +1,4 @@
-"""ASGI entry point (daphne): HTTP, and the dashboard's websockets (session-authenticated)."""
+"""ASGI entry point (served by webapp/server.py): HTTP, and the dashboard's websockets (session-authenticated)."""
 
 import os
 

@@ -72,7 +72,6 @@ VAR_DIR = Path(os.environ.get("PLATFORM_VAR_DIR", "").strip() or BASE_DIR / "var
 RUNS_DIR = VAR_DIR / "runs"
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -1,4 +1,4 @@
-"""A live platform for the browser: daphne + a Celery worker on the test database, and headless
+"""A live platform for the browser: the web server + a Celery worker on the test database, and headless
 Chromium (the system's, driven by Playwright) logged in as the owner persona."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import time
 import uuid
 
 import pytest
+
+from webapp import server
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -39,7 +41,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def live_platform(django_db_setup, django_db_blocker, tmp_path_factory):
-    """The base URL of daphne serving webapp.asgi, with a worker taking runs of the ``QUEUE`` queue."""
+    """The base URL of the web server (webapp/server.py), with a worker taking runs of the ``QUEUE`` queue."""
     from django.conf import settings
     from django.db import connection
 
@@ -52,7 +54,7 @@ def live_platform(django_db_setup, django_db_blocker, tmp_path_factory):
     env = {**os.environ, "DATABASE_URL": db_url, "RUN_HEARTBEAT_SECONDS": "1", "RUN_CANCEL_GRACE_SECONDS": "20",
            "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "DJANGO_SETTINGS_MODULE": "webapp.settings"}
     processes = [
-        subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "webapp.asgi:application"],
+        subprocess.Popen(server.command("127.0.0.1", port),
                          cwd=settings.BASE_DIR, env=env, stdout=open(logs / "web.log", "wb"), stderr=subprocess.STDOUT),
         subprocess.Popen([sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", QUEUE, "--concurrency", "1",
                           "-n", f"{QUEUE}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"],
@@ -66,7 +68,7 @@ def live_platform(django_db_setup, django_db_blocker, tmp_path_factory):
         except OSError:
             time.sleep(0.2)
     else:
-        pytest.fail("daphne did not start:\n" + (logs / "web.log").read_text()[-3000:])
+        pytest.fail("the web server did not start:\n" + (logs / "web.log").read_text()[-3000:])
     yield {"url": f"http://127.0.0.1:{port}", "queue": QUEUE, "logs": logs}
     for process in processes:
         _stop(process)

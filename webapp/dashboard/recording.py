@@ -31,6 +31,10 @@ class DashboardSink(BackgroundFlusher):
         self._points: list[tuple[str, int, float | None]] = []
         self._episodes: list[EpisodeSample] = []
         self._positions: dict[int, int] = {}
+        if publish:
+            # Start the publisher thread now: it loads the channel layer (~70 ms of imports) while
+            # the run starts up, instead of delaying the first logged step's push.
+            live.publisher()
         self.start()
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:

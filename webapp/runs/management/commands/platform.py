@@ -1,6 +1,6 @@
 """``python manage.py platform``: the whole platform in one command, nothing external needed.
 
-Migrates, seeds the registry, creates a demo login, starts the web server (daphne) and a Celery
+Migrates, seeds the registry, creates a demo login, starts the web server (uvicorn, webapp/server.py) and a Celery
 worker, queues a demo run, prints the URL and login, and runs until Ctrl-C.
 
 Without REDIS_URL the worker and the web server talk through kombu's filesystem transport
@@ -21,6 +21,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from webapp import server
 from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
 from webapp.registry.seed import DEMO_RUN
 from webapp.runs.forms import RunForm
@@ -92,7 +93,7 @@ class Command(BaseCommand):
         return subprocess.Popen(command, cwd=settings.BASE_DIR)
 
     def _start_web(self, host: str, port: int) -> subprocess.Popen:
-        command = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "webapp.asgi:application"]
+        command = server.command(host, port)
         self.stdout.write(f"Starting web server: {' '.join(command[1:])}")
         return subprocess.Popen(command, cwd=settings.BASE_DIR)
 
