@@ -168,7 +168,10 @@ else:
         "control_folder": str(BROKER_DIR / "control"),
         "store_processed": False,
     }
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # The web server and the worker are separate processes: they share channels through files.
+    CHANNEL_LAYERS = {"default": {
+        "BACKEND": "webapp.dashboard.filelayer.FileChannelLayer", "CONFIG": {"path": str(VAR_DIR / "channels")},
+    }}
 
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a worker that dies mid-run does not lose the message silently

@@ -90,3 +90,22 @@ def browser():
         context.close()
         shutil.rmtree(user_data, ignore_errors=True)
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+@pytest.fixture
+def log_in():
+    """``log_in(page, base_url, username, password)`` through the login form."""
+    def log_in(page, base_url: str, username: str, password: str) -> None:
+        page.goto(base_url + "/login/")
+        page.fill("input[name=username]", username)
+        page.fill("input[name=password]", password)
+        page.click("button[type=submit], input[type=submit]")
+        page.wait_for_url(lambda url: "/login/" not in url)
+
+    return log_in
+
+
+@pytest.fixture
+def tail():
+    """``tail(path)``: the end of a log file, for a failing test's report."""
+    return lambda path: path.read_text(errors="replace")[-3000:] if path.exists() else ""

@@ -3,8 +3,6 @@ gain points while it trains, open an episode, cancel the run."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from webapp.registry.models import Backend
@@ -16,7 +14,7 @@ OVERRIDES = ("trainer.total_training_steps=500\ndata.train_batch_size=2\nactor_r
              "data.max_response_length=4\n")
 
 
-def test_create_watch_open_episode_cancel(live_platform, browser, owner, registry):
+def test_create_watch_open_episode_cancel(live_platform, browser, owner, registry, log_in, tail):
     Backend.objects.filter(name="trl").update(queue=live_platform["queue"])
     page = browser.new_page()
     page.set_default_timeout(60_000)
@@ -58,15 +56,3 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
         raise
     finally:
         page.close()
-
-
-def log_in(page, base_url: str, username: str, password: str) -> None:
-    page.goto(base_url + "/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("button[type=submit], input[type=submit]")
-    page.wait_for_url(lambda url: "/login/" not in url)
-
-
-def tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:] if path.exists() else ""

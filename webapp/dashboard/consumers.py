@@ -6,9 +6,10 @@ carried are dropped from the live stream, and one catch-up read after the worker
 interval fills in points that were published before this viewer joined but stored after its
 backlog read: a reconnect leaves no gap and no duplicate.
 
-Without a channel layer shared between processes (the embedded mode's in-memory layer, where the
-worker's publishes never reach the web process), the consumer reads the database for what is new
-every ``POLL_SECONDS`` instead: the same messages, a second later at most.
+With Channels' in-memory layer, which is not shared between processes (a worker's publishes never
+reach the web process), the consumer reads the database for what is new every ``POLL_SECONDS``
+instead: the same messages, a second later at most. The embedded mode does not need this: its
+layer (``webapp.dashboard.filelayer``) is shared through files.
 
 Viewers do not join the run's group one by one: a ``RunHub`` holds one channel-layer subscription
 per run per process and hands each event to that process's viewers, serialized once. Five hundred
