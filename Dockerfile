@@ -5,7 +5,9 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 DJANGO_SETTINGS_MODULE=webapp.settings
 WORKDIR /app
 RUN apt-get update && apt-get install -y --no-install-recommends curl && rm -rf /var/lib/apt/lists/*
 COPY requirements.txt .
-RUN pip install torch==2.13.0 && pip install -r requirements.txt
+# The CPU build of torch (PyPI's default is the CUDA one, several GB the web server and the CPU
+# workers never use); the gpu target below replaces it with the CUDA build vLLM pins.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install -r requirements.txt
 COPY . .
 RUN SECRET_KEY=build-only DEBUG=0 python manage.py collectstatic --noinput
 EXPOSE 8000
