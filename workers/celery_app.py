@@ -4,6 +4,7 @@ import os
 
 from celery import Celery
 from celery.signals import worker_ready
+from celery.worker.control import inspect_command
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
@@ -16,3 +17,11 @@ def _fail_runs_of_dead_workers(**kwargs) -> None:
     from webapp.runs.models import Run
 
     Run.objects.mark_stale_failed()
+
+
+@inspect_command()
+def gpus(state) -> list[dict]:
+    """``celery inspect gpus``: the GPUs this worker owns (the workers page shows them)."""
+    from workers.gpus import inventory
+
+    return inventory()

@@ -34,6 +34,12 @@ class FakeControl:
 
         return Inspect()
 
+    def broadcast(self, command, reply=False, timeout=1.0):
+        assert command == "gpus"
+        return [{"gpu@box": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
+                              "memory_used_mib": 1200, "utilization_percent": 37}]},
+                {"cpu@box": []}]
+
     def cancel_consumer(self, queue, destination=None, reply=False):
         self.calls.append(("cancel", queue, destination))
         self.queues[destination[0]].remove(queue)
@@ -71,8 +77,9 @@ def test_page_shows_workers_queues_gpus_and_runs(admin_client_, control, make_ru
     gpu = workers["gpu@box"]
     assert gpu.online and gpu.queues == ["gpu"] and gpu.slots == 2 and gpu.gpu and gpu.runs == [run]
     assert gpu.last_heartbeat == beat and not workers["cpu@box"].gpu
+    assert [g["name"] for g in gpu.gpus] == ["NVIDIA H100 80GB HBM3"] and workers["cpu@box"].gpus == []
     html = page.content.decode()
-    assert "on the gpu" in html and "2 GPUs" in html
+    assert "on the gpu" in html and "2 GPUs" in html and "0: NVIDIA H100 80GB HBM3, 1200 / 81559 MiB, 37%" in html
 
 
 def test_drain_then_resume(admin_client_, control):

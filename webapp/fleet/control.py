@@ -28,6 +28,7 @@ class WorkerInfo:
     queues: list[str] = field(default_factory=list)
     slots: int = 0  # pool processes: one run each (one GPU each on a GPU worker)
     gpu: bool = False
+    gpus: list[dict] = field(default_factory=list)  # what the worker reports (workers.gpus.inventory)
     drained: bool = False
     runs: list[Run] = field(default_factory=list)
     last_heartbeat: datetime | None = None
@@ -42,6 +43,20 @@ def _reply(method: str, destination: list[str] | None = None) -> dict:
         return {}
 
 
+def _gpus() -> dict[str, list[dict]]:
+    """Each online worker's GPUs, from the ``gpus`` inspect command that workers/celery_app.py adds."""
+    try:
+        replies = celery_app.control.broadcast("gpus", reply=True, timeout=INSPECT_TIMEOUT)
+    except Exception:  # broker down: no GPU details
+        logger.exception("celery inspect gpus failed")
+        return {}
+    merged: dict[str, list[dict]] = {}
+    for reply in replies or []:
+        for name, gpus in reply.items():
+            merged[name] = gpus if isinstance(gpus, list) else []  # an older worker answers with an error
+    return merged
+
+
 def list_workers() -> list[WorkerInfo]:
     """Online workers (Celery inspect) plus any that hold a running run or were drained."""
     from webapp.registry.models import Backend
@@ -49,6 +64,7 @@ def list_workers() -> list[WorkerInfo]:
     gpu_queues = set(Backend.objects.filter(needs_gpu=True).values_list("queue", flat=True))
     queues_by_worker = {name: [q["name"] for q in queues] for name, queues in _reply("active_queues").items()}
     stats = _reply("stats")
+    gpus = _gpus()
     states = {s.name: s for s in WorkerState.objects.all()}
     running = Run.objects.filter(status=Run.Status.RUNNING).exclude(worker="").select_related("backend").order_by("started_at")
     runs_by_worker: dict[str, list[Run]] = {}
@@ -63,7 +79,7 @@ def list_workers() -> list[WorkerInfo]:
         workers.append(WorkerInfo(
             name=name, online=name in queues_by_worker or name in stats, queues=queues,
             slots=int((stats.get(name) or {}).get("pool", {}).get("max-concurrency") or 0),
-            gpu=bool(gpu_queues & set(queues)), drained=bool(state and state.drained), runs=runs,
+            gpu=bool(gpu_queues & set(queues)), gpus=gpus.get(name, []), drained=bool(state and state.drained), runs=runs,
             last_heartbeat=max((r.heartbeat_at for r in runs if r.heartbeat_at), default=None),
         ))
     return workers
