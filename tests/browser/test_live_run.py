@@ -1,5 +1,6 @@
 """The whole loop in a real browser: log in, create a run from the form, watch the reward chart
-gain points while it trains, open an episode, cancel the run."""
+gain points while it trains, open an episode, watch it through a share link without a login,
+cancel the run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from webapp.registry.models import Backend
 from webapp.runs.models import Run
+from webapp.teams.models import ShareLink
 
 pytestmark = [pytest.mark.browser, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -45,6 +47,21 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
         page.click("tr.dash-episode")
         detail = page.text_content("#dash-episode-detail")
         assert "Model response" in detail and "Environment observation" in detail and "Turn 1" in detail
+
+        # A share link's page, opened without a login: the same chart, live over the token's websocket.
+        link = ShareLink.objects.create(run=run, created_by=owner)
+        browser.clear_cookies()
+        shared = browser.new_page()
+        try:
+            shared.goto(f"{live_platform['url']}/share/{link.token}/")
+            shared.wait_for_selector("#dash-live.on")
+            seen = shared.evaluate("() => (dashboardState.series.get('reward') || {x: []}).x.length")
+            shared.wait_for_function(f"() => (dashboardState.series.get('reward') || {{x: []}}).x.length > {max(seen, 1)}",
+                                     timeout=60_000)
+        finally:
+            shared.close()
+        log_in(page, live_platform["url"], "owner", "owner-password")
+        page.goto(f"{live_platform['url']}/runs/{run.pk}/")
 
         page.click("#run-cancel button")
         page.wait_for_function("() => document.getElementById('run-status').textContent === 'cancelled'", timeout=60_000)

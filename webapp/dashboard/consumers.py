@@ -1,4 +1,4 @@
-"""The run websocket: ``/ws/runs/<id>/?after=<step>&after_log=<log id>``.
+"""The run websocket: ``/ws/runs/<id>/?after=<step>&after_log=<log id>[&share=<share link token>]``.
 
 On connect it sends what the browser lacks (points after ``after``, log lines after
 ``after_log``, the status), then relays what the worker publishes. Points the backlog already
@@ -148,10 +148,11 @@ class RunHub:
 class RunConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
-        if not await database_sync_to_async(_may_view)(self.scope.get("user"), self.run_id):
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        share_token = query.get("share", [None])[0]
+        if not await database_sync_to_async(_may_view)(self.scope.get("user"), self.run_id, share_token):
             await self.close(code=4403)
             return
-        query = parse_qs(self.scope.get("query_string", b"").decode())
         after = _int(query.get("after", ["-1"])[0], -1)
         after_log = _int(query.get("after_log", ["0"])[0], 0)
         # Join before reading the backlog: what is published meanwhile waits in ``pending``.
@@ -290,9 +291,12 @@ def _news(run_id: int, after: int, after_log: int) -> dict:
     }
 
 
-def _may_view(user, run_id: int) -> bool:
+def _may_view(user, run_id: int, share_token: str | None = None) -> bool:
+    """The session's user may see the run, or the request holds an active share link of it."""
+    from django.contrib.auth.models import AnonymousUser
+
     run = Run.objects.filter(pk=run_id).first()
-    return run is not None and user is not None and can(user, run, "view")
+    return run is not None and can(user or AnonymousUser(), run, "view", share_token)
 
 
 def _backlog(run_id: int, after: int, after_log: int) -> dict:

@@ -28,11 +28,28 @@ MAX_COMPARE_RUNS = 500
 MAX_KEYS_PER_REQUEST = 40
 
 
-@login_required
+def login_or_share_link_required(view):
+    """``login_required``, except for a request carrying a share link's token (``?share=``): the
+    read-only page a link opens fetches its charts and episodes with it. Whether the token opens
+    this run is for ``get_run_for_user`` to say (404 otherwise)."""
+    protected = login_required(view)
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs):
+        return (view if request.GET.get("share") else protected)(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _share_token(request: HttpRequest) -> str | None:
+    return request.GET.get("share") or None
+
+
+@login_or_share_link_required
 @require_GET
 def run_series(request: HttpRequest, pk: int) -> JsonResponse:
     """``?keys=a,b`` (default: the headline charts) ``&start=&end=`` (a zoomed range) ``&points=``."""
-    run = get_run_for_user(request.user, pk, "view")
+    run = get_run_for_user(request.user, pk, "view", share_token=_share_token(request))
     all_keys = series.keys_of(run.pk)
     wanted = _list(request.GET.get("keys")) or [
         k for k in all_keys if k in HEADLINE_KEYS or k.startswith(TERMINATION_PREFIX)
@@ -45,11 +62,11 @@ def run_series(request: HttpRequest, pk: int) -> JsonResponse:
     })
 
 
-@login_required
+@login_or_share_link_required
 @require_GET
 def run_episodes(request: HttpRequest, pk: int) -> JsonResponse:
     """Steps that have sampled episodes, and the samples of ``?step=`` (default: the latest)."""
-    run = get_run_for_user(request.user, pk, "view")
+    run = get_run_for_user(request.user, pk, "view", share_token=_share_token(request))
     samples = EpisodeSample.objects.filter(run=run)
     steps = sorted(set(samples.values_list("step", flat=True)))
     step = _optional_int(request.GET.get("step"))

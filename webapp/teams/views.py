@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
@@ -13,13 +15,14 @@ from webapp.teams.models import Membership, ShareLink
 
 
 def shared_run(request, token: str):
-    """The read-only page a share link opens; 404 once the link is revoked."""
+    """The read-only page a share link opens, with the run's live dashboard (its charts, episodes
+    and websocket ask with the same token); 404 once the link is revoked."""
     link = ShareLink.objects.active().filter(token=token).values("run_id").first()
     if link is None:
         raise Http404("This link does not exist or was revoked.")
     run = get_run_for_user(request.user, link["run_id"], "view", share_token=token)
     return render(request, "teams/shared_run.html", {
-        "run": run, "logs": run.log_tail(200), "metrics": sorted(run.latest_metrics().items()),
+        "run": run, "metrics": sorted(run.latest_metrics().items()), "share_query": "?" + urlencode({"share": token}),
     })
 
 

@@ -20,6 +20,8 @@
     logScale: false,
   };
   window.dashboardState = state;  // for the browser tests and benchmarks
+  // The data-*-url attributes may carry a query already (a share link's token).
+  const withQuery = (url, query) => query ? url + (url.includes("?") ? "&" : "?") + query : url;
   const chartsBox = document.getElementById("dash-charts");
 
   function addChart(id, title, match) {
@@ -79,8 +81,8 @@
     if (x0 === undefined || x1 === undefined) return;
     const keys = keysOf(chart);
     if (!keys.length) return;
-    const url = root.dataset.seriesUrl + "?keys=" + encodeURIComponent(keys.join(",")) +
-      "&start=" + Math.floor(x0) + "&end=" + Math.ceil(x1);
+    const url = withQuery(root.dataset.seriesUrl, "keys=" + encodeURIComponent(keys.join(",")) +
+      "&start=" + Math.floor(x0) + "&end=" + Math.ceil(x1));
     const data = await (await fetch(url)).json();
     const zoomed = new Map();
     for (const [key, s] of Object.entries(data.series)) zoomed.set(key, { x: s.x, y: s.y });
@@ -89,7 +91,7 @@
   }
 
   async function loadSeries(keys) {
-    const url = root.dataset.seriesUrl + (keys ? "?keys=" + encodeURIComponent(keys.join(",")) : "");
+    const url = withQuery(root.dataset.seriesUrl, keys ? "keys=" + encodeURIComponent(keys.join(",")) : "");
     const data = await (await fetch(url)).json();
     for (const [key, s] of Object.entries(data.series)) {
       state.series.set(key, { x: s.x, y: s.y, live: 0 });
@@ -137,7 +139,7 @@
   const liveBadge = document.getElementById("dash-live");
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    const url = scheme + location.host + root.dataset.wsUrl + "?after=" + state.lastStep + "&after_log=" + state.lastLogId;
+    const url = scheme + location.host + withQuery(root.dataset.wsUrl, "after=" + state.lastStep + "&after_log=" + state.lastLogId);
     socket = new WebSocket(url);
     socket.onopen = () => { retry = 500; liveBadge.textContent = "● live"; liveBadge.classList.add("on"); };
     socket.onmessage = ev => onMessage(JSON.parse(ev.data));
@@ -196,7 +198,7 @@
     episodesTimer = setTimeout(() => { episodesTimer = null; loadEpisodes(stepSelect.dataset.pinned ? stepSelect.value : null); }, 1000);
   }
   async function loadEpisodes(step) {
-    const url = root.dataset.episodesUrl + (step !== null && step !== "" ? "?step=" + step : "");
+    const url = withQuery(root.dataset.episodesUrl, step !== null && step !== "" ? "step=" + step : "");
     const data = await (await fetch(url)).json();
     document.getElementById("dash-episode-empty").style.display = data.steps.length ? "none" : "";
     stepSelect.innerHTML = "";
