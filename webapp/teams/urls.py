@@ -5,6 +5,12 @@ from webapp.teams import views
 app_name = "teams"
 urlpatterns = [
     path("teams/", views.my_teams, name="mine"),
+    path("teams/new/", views.create_team, name="create"),
+    path("teams/<slug:slug>/", views.team_detail, name="detail"),
+    path("teams/<slug:slug>/members/", views.add_member, name="add_member"),
+    path("teams/<slug:slug>/members/<int:user_id>/role/", views.change_role, name="change_role"),
+    path("teams/<slug:slug>/members/<int:user_id>/remove/", views.remove_member, name="remove_member"),
+    path("teams/<slug:slug>/projects/", views.add_project, name="add_project"),
     path("share/<str:token>/", views.shared_run, name="shared_run"),
     path("runs/<int:pk>/share/", views.create_share, name="create_share"),
     path("share-links/<int:pk>/revoke/", views.revoke_share, name="revoke_share"),

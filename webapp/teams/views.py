@@ -1,4 +1,5 @@
-"""Share links (create, revoke, the read-only page they open) and the user's teams."""
+"""Share links (create, revoke, the read-only page they open), and teams: members, roles, projects
+(the rules live in ``webapp.teams.roster``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from webapp.runs.access import get_run_for_user
-from webapp.teams.models import Membership, ShareLink
+from webapp.teams import roster
+from webapp.teams.forms import MemberForm, ProjectForm, RoleForm, TeamForm
+from webapp.teams.models import Membership, ShareLink, Team, role_in
 
 
 def shared_run(request, token: str):
@@ -48,4 +51,100 @@ def revoke_share(request, pk: int):
 @login_required
 def my_teams(request):
     memberships = Membership.objects.filter(user=request.user).select_related("team").prefetch_related("team__projects")
-    return render(request, "teams/my_teams.html", {"memberships": memberships})
+    return render(request, "teams/my_teams.html", {"memberships": memberships, "form": TeamForm()})
+
+
+@login_required
+@require_POST
+def create_team(request):
+    form = TeamForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _errors(form))
+        return redirect("teams:mine")
+    team = roster.create_team(request.user, form.cleaned_data["name"])
+    messages.success(request, f"Team {team} created; you are its owner.")
+    return redirect("teams:detail", slug=team.slug)
+
+
+@login_required
+def team_detail(request, slug: str):
+    """Members and projects; owners and admins also get the forms that change them."""
+    team = _team_of_member(request.user, slug)
+    return render(request, "teams/team_detail.html", {
+        "team": team, "role": role_in(request.user, team.pk), "may_manage": roster.may_manage(request.user, team),
+        "memberships": team.memberships.select_related("user").order_by("user__username"),
+        "projects": team.projects.all(), "roles": Membership.Role.choices,
+        "member_form": MemberForm(), "project_form": ProjectForm(),
+    })
+
+
+@login_required
+@require_POST
+def add_member(request, slug: str):
+    team = _team_of_member(request.user, slug)
+    form = MemberForm(request.POST)
+    _apply(request, form, lambda data: roster.add_member(request.user, team, data["username"], data["role"]),
+           lambda m: f"{m.user} joined {team} as {m.role}.")
+    return redirect("teams:detail", slug=slug)
+
+
+@login_required
+@require_POST
+def change_role(request, slug: str, user_id: int):
+    team = _team_of_member(request.user, slug)
+    form = RoleForm(request.POST)
+    _apply(request, form, lambda data: roster.set_role(request.user, team, user_id, data["role"]),
+           lambda m: f"{m.user} is now {m.role}.")
+    return redirect("teams:detail", slug=slug)
+
+
+@login_required
+@require_POST
+def remove_member(request, slug: str, user_id: int):
+    team = _team_of_member(request.user, slug)
+    try:
+        roster.remove_member(request.user, team, user_id)
+    except roster.RosterError as error:
+        messages.error(request, str(error))
+        return redirect("teams:detail", slug=slug)
+    if user_id == request.user.pk:
+        messages.info(request, f"You left {team}.")
+        return redirect("teams:mine")
+    messages.info(request, "Removed from the team.")
+    return redirect("teams:detail", slug=slug)
+
+
+@login_required
+@require_POST
+def add_project(request, slug: str):
+    team = _team_of_member(request.user, slug)
+    form = ProjectForm(request.POST)
+    _apply(request, form, lambda data: roster.add_project(request.user, team, data["name"], data["description"]),
+           lambda p: f"Project {p} added.")
+    return redirect("teams:detail", slug=slug)
+
+
+def _team_of_member(user, slug: str) -> Team:
+    """The team, for its members; 404 for everyone else (as with runs, a stranger learns nothing)."""
+    team = get_object_or_404(Team, slug=slug)
+    if role_in(user, team.pk) is None:
+        raise Http404("No such team.")
+    return team
+
+
+def _apply(request, form, change, success) -> None:
+    """Validate ``form``, make the roster ``change``, and say how it went (refusals by the rules included)."""
+    if not form.is_valid():
+        messages.error(request, _errors(form))
+        return
+    try:
+        done = change(form.cleaned_data)
+    except roster.RosterError as error:
+        messages.error(request, str(error))
+        return
+    messages.success(request, success(done))
+
+
+def _errors(form) -> str:
+    return " ".join(f"{field}: {' '.join(errors)}" if field != "__all__" else " ".join(errors)
+                    for field, errors in form.errors.items())

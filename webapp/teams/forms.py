@@ -1,0 +1,27 @@
+"""Forms of the teams pages: raw input to names and roles, with what is wrong said next to it."""
+
+from __future__ import annotations
+
+from django import forms
+
+from webapp.teams.models import Membership, Project
+
+
+class TeamForm(forms.Form):
+    name = forms.CharField(max_length=100)
+
+
+class MemberForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Membership.Role.choices)
+
+
+class ProjectForm(forms.ModelForm):
+    class Meta:
+        model = Project
+        fields = ["name", "description"]
+        help_texts = {"name": "Letters, digits, hyphens and underscores."}
