@@ -151,3 +151,19 @@ async def test_after_the_catch_up_live_steps_are_not_kept_per_viewer(ws_connect,
     viewers = [viewer for (_, run_id), hub in consumers.RunHub._hubs.items() if run_id == run.pk for viewer in hub.viewers]
     assert viewers and all(not viewer.live_steps and viewer.sent_through == 49 for viewer in viewers)
     await communicator.disconnect()
+
+
+async def test_a_share_links_token_opens_its_runs_websocket_until_revoked(make_run, owner, ws_connect):
+    from webapp.teams.models import ShareLink
+
+    run, other = (await _sync(make_run, name="shared"), await _sync(make_run, name="not shared"))
+    link = await _sync(ShareLink.objects.create, run=run, created_by=owner)
+    communicator, connected = await ws_connect(None, run.pk, f"share={link.token}")
+    assert connected and (await communicator.receive_json_from(timeout=3))["type"] == "status"
+    await communicator.disconnect()
+    for run_id, query in ((other.pk, f"share={link.token}"), (run.pk, "share=not-a-token"), (run.pk, "")):
+        _, connected = await ws_connect(None, run_id, query)
+        assert not connected, (run_id, query)
+    await _sync(link.revoke)
+    _, connected = await ws_connect(None, run.pk, f"share={link.token}")
+    assert not connected

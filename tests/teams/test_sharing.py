@@ -47,23 +47,6 @@ def test_a_share_links_page_has_the_live_dashboard_its_token_opens(make_run, own
     assert anonymous.get(f"/dashboard/runs/{run.pk}/episodes.json", {"share": link.token}).status_code == 404
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_a_share_links_token_opens_its_runs_websocket_until_revoked(make_run, owner, ws_connect):
-    from channels.db import database_sync_to_async
-
-    run, other = await database_sync_to_async(lambda: (make_run(name="shared"), make_run(name="not shared")))()
-    link = await database_sync_to_async(ShareLink.objects.create)(run=run, created_by=owner)
-    communicator, connected = await ws_connect(None, run.pk, f"share={link.token}")
-    assert connected and (await communicator.receive_json_from(timeout=3))["type"] == "status"
-    await communicator.disconnect()
-    for run_id, query in ((other.pk, f"share={link.token}"), (run.pk, "share=not-a-token"), (run.pk, "")):
-        _, connected = await ws_connect(None, run_id, query)
-        assert not connected, (run_id, query)
-    await database_sync_to_async(link.revoke)()
-    _, connected = await ws_connect(None, run.pk, f"share={link.token}")
-    assert not connected
-
-
 def test_only_those_who_may_edit_make_or_revoke_links(make_run, owner, stranger, page_client):
     run = make_run()
     assert page_client(stranger).post(f"/runs/{run.pk}/share/").status_code == 404
