@@ -77,7 +77,7 @@ class FileChannelLayer(BaseChannelLayer):
             names = sorted(os.listdir(folder))
         except FileNotFoundError:
             return None
-        oldest_kept = time.time_ns() - self.expiry * 1_000_000_000
+        oldest_kept = self._oldest_kept()
         for name in names:
             claimed = self.root / "tmp" / f"taken-{secrets.token_hex(8)}-{name}"
             try:
@@ -133,7 +133,11 @@ class FileChannelLayer(BaseChannelLayer):
             names = os.listdir(self.root / "channels" / channel)
         except FileNotFoundError:
             return False
-        return bool(names) and _sent_at(min(names)) < time.time_ns() - self.expiry * 1_000_000_000
+        return bool(names) and _sent_at(min(names)) < self._oldest_kept()
+
+    def _oldest_kept(self) -> int:
+        """The send time (ns) before which a message has expired."""
+        return time.time_ns() - self.expiry * 1_000_000_000
 
     def _leave_all_groups(self, channel: str) -> None:
         for members in (self.root / "groups").iterdir():
