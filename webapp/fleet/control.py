@@ -8,6 +8,7 @@ again. Resume = ``add_consumer`` for the recorded queues.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -62,9 +63,11 @@ def list_workers() -> list[WorkerInfo]:
     from webapp.registry.models import Backend
 
     gpu_queues = set(Backend.objects.filter(needs_gpu=True).values_list("queue", flat=True))
-    queues_by_worker = {name: [q["name"] for q in queues] for name, queues in _reply("active_queues").items()}
-    stats = _reply("stats")
-    gpus = _gpus()
+    # Each request waits out INSPECT_TIMEOUT for replies: asked together, the page waits once.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        asked = pool.submit(_reply, "active_queues"), pool.submit(_reply, "stats"), pool.submit(_gpus)
+    active_queues, stats, gpus = (future.result() for future in asked)
+    queues_by_worker = {name: [q["name"] for q in queues] for name, queues in active_queues.items()}
     states = {s.name: s for s in WorkerState.objects.all()}
     running = Run.objects.filter(status=Run.Status.RUNNING).exclude(worker="").select_related("backend").order_by("started_at")
     runs_by_worker: dict[str, list[Run]] = {}
