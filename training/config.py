@@ -182,6 +182,11 @@ class TrainerConfig:
         "shared cores run several times faster with 1.",
         0,
     )
+    max_episode_error_rate: float = _doc(
+        "Fail the run when more than this share of one step's episodes end with termination "
+        "'error' (the error names the count and shows the first episode's traceback). 1 never fails.",
+        0.5,
+    )
 
     def __post_init__(self) -> None:
         _check(self.total_training_steps >= 1, "trainer.total_training_steps", "must be at least 1.")
@@ -190,6 +195,11 @@ class TrainerConfig:
         _check(self.resume_mode in ("auto", "disable"), "trainer.resume_mode", "must be 'auto' or 'disable'.")
         _check(self.device in ("auto", "cpu", "cuda"), "trainer.device", "must be auto, cpu or cuda.")
         _check(self.cpu_threads >= 0, "trainer.cpu_threads", "must be 0 (torch's default) or more.")
+        _check(
+            0 <= self.max_episode_error_rate <= 1,
+            "trainer.max_episode_error_rate",
+            f"must be between 0 (no errors allowed) and 1 (never fail), got {self.max_episode_error_rate}.",
+        )
         unknown = [name for name in self.logger if name not in ("console", "jsonl")]
         _check(not unknown, "trainer.logger", f"unknown sink(s) {unknown}; choose from console, jsonl.")
 

@@ -19,6 +19,7 @@ from training.agents import AgentSpec
 from training.config import Config
 from training.generation import GenerationOutput, ModelClient, TokenGenerator, continuation, encode, render_messages
 from training.log import logger
+from training.outcomes import TrainingFailed
 from training.types import Action, Episode, RewardOutput, Step, TerminationReason, Trajectory
 
 RewardFn = Callable[[dict, str], RewardOutput]
@@ -105,7 +106,7 @@ class RolloutEngine:
             try:
                 async with deadline:
                     episode = await self._attempt(episode, task, client)
-            except ModelCallError:
+            except (ModelCallError, TrainingFailed):  # a broken model or reward: retrying cannot help
                 raise
             except Exception as exc:  # user code (agent, env, workflow, reward) can raise anything
                 if isinstance(exc, TimeoutError) and deadline.expired():

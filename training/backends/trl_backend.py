@@ -23,6 +23,7 @@ from training.backends.base import BuiltinProcessor, TrainResult
 from training.config import Config
 from training.data import dataset_to_tasks
 from training.log import logger
+from training.outcomes import OutcomeMonitor, TooManyEpisodeErrors
 from training.types import RewardOutput
 
 # Stable metric names: what TRL logs -> what our sinks and the dashboard show.
@@ -43,6 +44,8 @@ TRL_METRIC_NAMES = {
     "dropped_groups": "dropped_groups",
 }
 SAMPLE_EPISODES_PER_STEP = 4
+# A column added to single-turn datasets so a failing reward can name its row.
+ROW_COLUMN = "__row__"
 
 
 class TRLProcessor(BuiltinProcessor):
@@ -88,6 +91,8 @@ class _TRLRun:
         self.tokenizer = tokenizer
         self.spec = processor.agent_spec
         self.tasks = dataset_to_tasks(processor.train_dataset)
+        self.outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate, self.tasks)
+        self.reward_fn = self.outcomes.watch_reward(processor.reward_fn, required=self.spec.kind == "single_turn")
         self.pending_episode_metrics: list[dict[str, float]] = []
         self.pending_samples: list[dict[str, Any]] = []
         self.last_metrics: dict[str, float] = {}
@@ -173,7 +178,7 @@ class _TRLRun:
             if "prompt" in dataset.column_names:
                 dataset = dataset.remove_columns("prompt")
             dataset = dataset.rename_column(key, "prompt")
-        return dataset
+        return dataset.add_column(ROW_COLUMN, list(range(len(dataset))))
 
     # -- training --------------------------------------------------------------------------
     def train(self) -> TrainResult:
@@ -193,11 +198,12 @@ class _TRLRun:
         )
         self.step_started = time.perf_counter()
         self.trainer.train(resume_from_checkpoint=resume)
+        stopped = self.processor.should_stop()
+        steps = self.trainer.state.global_step
+        self.outcomes.check_finished(steps, stopped, hint=self._steps_hint())
         final_dir = self.processor.path / "final_model"
         self.trainer.save_model(str(final_dir))
         self.tokenizer.save_pretrained(str(final_dir))
-        stopped = self.processor.should_stop()
-        steps = self.trainer.state.global_step
         logger.info("training %s after %d steps; model saved to %s", "stopped" if stopped else "finished", steps, final_dir)
         return TrainResult(
             run_path=self.processor.run_path, steps=steps, metrics=dict(self.last_metrics),
@@ -208,13 +214,16 @@ class _TRLRun:
     def single_turn_reward(self, prompts: list, completions: list, **columns: Any) -> list[float]:
         """TRL reward function: scores each completion with our reward on its dataset row."""
         key = self.config.data.prompt_key
-        skip = {"completion_ids", "trainer_state", "log_extra", "log_metric"}
+        skip = {"completion_ids", "trainer_state", "log_extra", "log_metric", ROW_COLUMN}
+        state = columns.get("trainer_state")
+        self.outcomes.step = state.global_step + 1 if state is not None else None
+        rows = columns.get(ROW_COLUMN) or [None] * len(prompts)
         rewards, samples = [], []
         for i, (prompt, completion) in enumerate(zip(prompts, completions)):
             task = {name: values[i] for name, values in columns.items() if name not in skip and isinstance(values, list)}
             task[key] = prompt
             text = completion if isinstance(completion, str) else completion[-1]["content"]
-            out: RewardOutput = self.processor.reward_fn(task, text)
+            out: RewardOutput = self.reward_fn(task, text, row=rows[i])
             rewards.append(out.reward)
             samples.append({"task": task, "response": text, "reward": out.reward, "is_correct": out.is_correct})
         self.last_rewards = rewards
@@ -237,10 +246,16 @@ class _TRLRun:
             model, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
             seed=self.config.trainer.seed + trainer.state.global_step,
         )
-        engine = RolloutEngine(self.spec, generator, self.tokenizer, self.config, self.processor.reward_fn)
+        step = self.outcomes.step = trainer.state.global_step + 1
+        engine = RolloutEngine(self.spec, generator, self.tokenizer, self.config, self.reward_fn)
         episodes = asyncio.run(engine.run_episodes(tasks, n=1))
         self.pending_episode_metrics.append(summarize_episodes(episodes))
         self.pending_samples = [e.to_dict() for e in episodes[:SAMPLE_EPISODES_PER_STEP]]
+        try:
+            self.outcomes.check_episodes(episodes, step)
+        except TooManyEpisodeErrors:  # the failed episodes stay visible next to the error
+            self.processor.sinks.log_episodes(step, self.pending_samples)
+            raise
         eos = self.tokenizer.eos_token_id
         completion_ids, logprobs, env_mask = [], [], []
         for episode in episodes:
@@ -262,6 +277,13 @@ class _TRLRun:
         """The rollout already scored each episode; hand those rewards to TRL."""
         self.last_rewards = list(episode_reward)
         return list(episode_reward)
+
+    def _steps_hint(self) -> str:
+        rows, batch = len(self.tasks), self.config.data.train_batch_size
+        return (
+            f"The training set has {rows} row(s) for batches of data.train_batch_size={batch}, "
+            f"trainer.total_training_steps={self.config.trainer.total_training_steps}."
+        )
 
     # -- metrics ---------------------------------------------------------------------------
     def report(self, step: int, logs: dict[str, float]) -> None:

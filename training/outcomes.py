@@ -1,0 +1,194 @@
+"""Whether a run did what it claims: the checks every backend applies, the same way.
+
+A run is not a success when too many of one step's episodes ended with an error, when it trained
+no step, or when none of its episodes was ever scored; a reward function that raises during
+training stops the run. Each of these is a ``TrainingFailed`` whose message names the cause (the
+count, the reward, the row, the step) and carries the traceback of the user's code, so the
+library, the command line, the run page and the API all say the same thing.
+
+A backend keeps one ``OutcomeMonitor`` per run::
+
+    monitor = OutcomeMonitor(config.trainer.max_episode_error_rate, tasks)
+    reward_fn = monitor.watch_reward(reward_fn, required=...)  # give this to the rollouts instead
+    monitor.step = step                           # the step whose episodes are being made
+    monitor.check_episodes(episodes)              # after each step's rollouts
+    monitor.check_finished(steps, stopped)        # after training
+
+Episodes may be ``training.types.Episode`` objects or their ``to_dict()`` form.
+"""
+
+from __future__ import annotations
+
+import traceback as traceback_module
+from collections import Counter
+from typing import Any, Callable, Iterable
+
+from training.log import logger
+from training.types import RewardOutput, TerminationReason
+
+# Ends after which the episode's reward was computed (by the env, the workflow or the reward
+# function). error, timeout and max_prompt_length episodes get reward 0 without being scored.
+_UNSCORED = {TerminationReason.ERROR.value, TerminationReason.TIMEOUT.value, TerminationReason.MAX_PROMPT_LENGTH.value}
+
+
+class TrainingFailed(RuntimeError):
+    """A run that must not count as a success.
+
+    ``summary`` names the cause in a few lines; ``user_traceback`` is the traceback of the user's
+    code behind it (empty when there is none). ``str()`` gives both.
+    """
+
+    def __init__(self, summary: str, user_traceback: str = "") -> None:
+        self.summary = summary
+        self.user_traceback = user_traceback.rstrip()
+        super().__init__(f"{summary}\n\n{self.user_traceback}" if self.user_traceback else summary)
+
+
+class TooManyEpisodeErrors(TrainingFailed):
+    """More than ``trainer.max_episode_error_rate`` of one step's episodes ended with an error."""
+
+
+class RewardFailed(TrainingFailed):
+    """The reward function raised (or returned something unusable) during training."""
+
+
+class NoStepsTrained(TrainingFailed):
+    """Training ended without a single optimizer step."""
+
+
+class RewardNeverRan(TrainingFailed):
+    """Steps were trained, but no episode of the run was ever scored."""
+
+
+class OutcomeMonitor:
+    """Per-run bookkeeping that decides whether the run may end as a success.
+
+    ``tasks`` (the training rows, in dataset order) lets a failing reward name the row's index;
+    rows are recognised by identity, so hand the rollouts these same dicts.
+    """
+
+    def __init__(self, max_episode_error_rate: float, tasks: Iterable[dict] = ()) -> None:
+        self.max_episode_error_rate = max_episode_error_rate
+        self.step: int | None = None
+        self.terminations: Counter[str] = Counter()
+        self.scored = 0
+        self.reward: WatchedReward | None = None
+        self._reward_required = False
+        self._row_of = {id(task): index for index, task in enumerate(tasks)}
+
+    # -- during training ---------------------------------------------------------------------
+    def watch_reward(self, reward_fn: Callable[..., RewardOutput] | None, required: bool = True) -> "WatchedReward | None":
+        """``reward_fn`` counted, and stopping the run with ``RewardFailed`` when it raises.
+
+        ``required``: the run's only reward (single-turn tasks), so a run that never called it
+        fails; otherwise (a fallback for workflows that score themselves) never calling it is
+        only logged.
+        """
+        if reward_fn is None:
+            return None
+        self.reward, self._reward_required = WatchedReward(reward_fn, self), required
+        return self.reward
+
+    def row_index(self, task: Any) -> int | None:
+        return self._row_of.get(id(task))
+
+    def check_episodes(self, episodes: list[Any], step: int | None = None) -> None:
+        """Record one step's episodes; raise ``TooManyEpisodeErrors`` past the allowed error rate."""
+        step = self.step if step is None else step
+        ends = [termination_of(episode) for episode in episodes]
+        self.terminations.update(end or "unknown" for end in ends)
+        self.scored += sum(end not in _UNSCORED for end in ends)
+        failed = [episode for episode, end in zip(episodes, ends) if end == TerminationReason.ERROR.value]
+        if failed and len(failed) > self.max_episode_error_rate * len(episodes):
+            first = failed[0]
+            raise TooManyEpisodeErrors(
+                f"{len(failed)} of {len(episodes)} episodes{_in_step(step)} ended with an error (more than "
+                f"trainer.max_episode_error_rate={self.max_episode_error_rate:g} of them). "
+                f"The first failed episode raised {_field(first, 'error') or 'an exception'}.",
+                _info(first).get("traceback", ""),
+            )
+
+    # -- at the end ----------------------------------------------------------------------------
+    def check_finished(self, steps: int, stopped: bool = False, hint: str = "") -> None:
+        """Raise unless the run trained at least one step and scored at least one episode.
+
+        A run stopped on request is not judged here: it ends as cancelled, not as a success.
+        ``hint`` is added to the zero-steps message (e.g. how many batches the dataset holds).
+        """
+        if stopped:
+            return
+        if steps <= 0:
+            raise NoStepsTrained(
+                "training ended after 0 steps, so nothing was learned and the run is not a success."
+                + (f" {hint}" if hint else "")
+            )
+        if self.terminations and self.scored == 0:
+            ends = ", ".join(f"{end} {count}" for end, count in self.terminations.most_common())
+            raise RewardNeverRan(
+                f"the reward never ran: none of the episodes of {steps} step(s) was scored (their ends: {ends}), "
+                f"so every reward was 0 and nothing was learned. Check data.max_prompt_length, "
+                f"rllm.agent.trajectory_timeout and the episodes' errors."
+            )
+        if self.reward is not None and self.reward.calls == 0:
+            message = f"reward function {self.reward.name} was never called in {steps} step(s)"
+            if self._reward_required:
+                raise RewardNeverRan(f"{message}, so the run learned from no reward at all.")
+            logger.warning("%s: every episode brought its own reward.", message)
+
+
+class WatchedReward:
+    """A reward function behind the monitor: counts calls that scored, and turns a raise into
+    ``RewardFailed`` naming the reward, the row and the step. Other attributes pass through."""
+
+    def __init__(self, reward_fn: Callable[..., RewardOutput], monitor: OutcomeMonitor) -> None:
+        self.inner = reward_fn
+        self.monitor = monitor
+        self.name = getattr(reward_fn, "name", None) or getattr(reward_fn, "__name__", type(reward_fn).__name__)
+        self.calls = 0
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.inner, attribute)
+
+    def __call__(self, task: dict, response: str, row: int | None = None) -> RewardOutput:
+        try:
+            output = self.inner(task, response)
+        except Exception as exc:  # user code can raise anything; stop the run naming where
+            row = self.monitor.row_index(task) if row is None else row
+            where = f"row {row} of train_dataset" if row is not None else "the row"
+            raise RewardFailed(
+                f"reward function {self.name} raised {_one_line(exc)} on {where} {_short(task)}"
+                f"{_in_step(self.monitor.step)}, scoring the response {_short(response)}. Fix the function so "
+                f"that it handles every row and any response (an untrained model writes anything).",
+                "".join(traceback_module.format_exception(exc)),
+            ) from exc
+        self.calls += 1
+        self.monitor.scored += 1
+        return output
+
+
+def termination_of(episode: Any) -> str | None:
+    """An episode's termination reason as its string value (None when it has none)."""
+    reason = _field(episode, "termination_reason")
+    return reason.value if isinstance(reason, TerminationReason) else reason
+
+
+def _field(episode: Any, name: str) -> Any:
+    return episode.get(name) if isinstance(episode, dict) else getattr(episode, name, None)
+
+
+def _info(episode: Any) -> dict:
+    return _field(episode, "info") or {}
+
+
+def _in_step(step: int | None) -> str:
+    return f" in step {step}" if step is not None else ""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0][:500]
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
