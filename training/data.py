@@ -6,6 +6,8 @@ which argument is at fault.
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -70,12 +72,18 @@ def _from_rows(rows: list, what: str) -> datasets.Dataset:
 def _from_string(source: str, split: str, what: str) -> datasets.Dataset:
     suffix = Path(source).suffix.lower()
     if suffix in _FILE_BUILDERS:
-        if not Path(source).is_file():
+        path = Path(source)
+        if not path.is_file():
             raise ValueError(f"{what}: file {source} does not exist; check the path (relative to {Path.cwd()}).")
+        # Our own reading finds what the builders would swallow (pandas shifts a CSV row with an
+        # extra field into an index) or report without a reason (an empty file).
+        problem = _file_problem(path, suffix)
+        if problem:
+            raise ValueError(f"{what}: cannot use {source}: {problem}.")
         try:
             return datasets.load_dataset(_FILE_BUILDERS[suffix], data_files=source, split="train")
         except Exception as exc:  # a malformed file can fail in many ways inside the builder
-            raise ValueError(f"{what}: could not read {source}: {exc}") from exc
+            raise ValueError(f"{what}: could not read {source}: {_root_message(exc)}") from exc
     name, _, named_split = source.partition(":")
     if name in _BUILDERS:
         return _pick_split(_build(name), named_split or split, what, repr_of=f"dataset {name!r}")
@@ -88,6 +96,66 @@ def _from_string(source: str, split: str, what: str) -> datasets.Dataset:
             f"Offline machines need a local path (.csv, .jsonl, .json or .parquet); "
             f"registered datasets: {registered}."
         ) from exc
+
+
+def _file_problem(path: Path, suffix: str) -> str | None:
+    """What makes a data file unusable, in words (None: nothing found; the builder decides)."""
+    if path.stat().st_size == 0:
+        return "the file is empty (0 bytes)"
+    if suffix == ".csv":
+        return _csv_problem(path)
+    if suffix == ".jsonl":
+        return _jsonl_problem(path)
+    return None
+
+
+def _csv_problem(path: Path) -> str | None:
+    with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+        reader = csv.reader(handle, strict=True)
+        try:
+            header = next(reader, None)
+            rows = 0
+            for row in reader:
+                if not row:
+                    continue  # a blank line is skipped by every CSV reader
+                rows += 1
+                if len(row) != len(header):
+                    return f"line {reader.line_num} has {len(row)} field(s) but the header has {len(header)} ({', '.join(header)})"
+        except csv.Error as exc:
+            return f"line {reader.line_num} is not valid CSV ({exc}; an unclosed quote?)"
+    if not header or not any(header):
+        return "it has no header line"
+    if rows == 0:
+        return f"it has a header ({', '.join(header)}) but no rows"
+    return None
+
+
+def _jsonl_problem(path: Path) -> str | None:
+    rows = 0
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as exc:
+                return f"line {number} is not valid JSON ({exc})"
+            if not isinstance(value, dict):
+                return f"line {number} is a JSON {type(value).__name__}, not an object (one {{...}} per line)"
+            rows += 1
+    return None if rows else "it has no rows (only blank lines)"
+
+
+def _root_message(exc: BaseException) -> str:
+    """The innermost non-empty message of an exception chain (the builders wrap the cause)."""
+    message = f"{type(exc).__name__}: {exc}"
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if str(exc).strip():
+            message = f"{type(exc).__name__}: {str(exc).strip()}"
+        exc = exc.__cause__ or exc.__context__
+    return message
 
 
 def _build(name: str) -> dict[str, datasets.Dataset]:
@@ -119,6 +187,24 @@ def require_columns(dataset: datasets.Dataset, columns: list[str], what: str, hi
             f"it has: {', '.join(dataset.column_names)}."
         )
         raise ValueError(f"{message} {hint}" if hint else message)
+
+
+def describe_source(source: Any) -> str:
+    """How to name a dataset argument in a message: the path or name, else its kind and size."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    if isinstance(source, list):
+        return "the list of rows"
+    return f"the {type(source).__name__}"
+
+
+def require_rows(dataset: datasets.Dataset, rows: int, what: str, source: Any, key: str) -> None:
+    """Raise ValueError when ``dataset`` has fewer than ``rows`` rows (``key`` is the config key that asks for them)."""
+    if len(dataset) < rows:
+        raise ValueError(
+            f"{what}: {describe_source(source)} has {len(dataset)} row(s), fewer than one batch ({key}={rows}), "
+            f"so not one training step could run. Add rows or lower {key}."
+        )
 
 
 def dataset_to_tasks(dataset: datasets.Dataset) -> list[dict]:

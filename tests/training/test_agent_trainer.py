@@ -67,7 +67,7 @@ def test_dataset_without_the_answer_column(tmp_path):
 
 def test_column_mapping_through_config(tmp_path):
     trainer = build(tmp_path, train_dataset=[{"question": "2+2=", "answer": "4"}], reward_func="exact_match",
-                    config={**TINY, "data.prompt_key": "question", "data.answer_key": "answer"})
+                    config={**TINY, "data.prompt_key": "question", "data.answer_key": "answer", "data.train_batch_size": 1})
     assert trainer.train_processor.reward_fn({"answer": "4"}, "4").reward == 1.0
 
 
@@ -91,6 +91,24 @@ def test_agent_class_of_the_wrong_kind(tmp_path):
 def test_env_that_cannot_be_built_from_the_dataset(tmp_path):
     with pytest.raises(ValueError, match="env_class FrozenLakeEnv could not be built .* first row of train_dataset"):
         build(tmp_path, **{k: v for k, v in FROZENLAKE.items()}, train_dataset=[{"prompt": "no start cell here"}])
+
+
+def test_misspelt_agent_args_key_fails_at_construction(tmp_path):
+    with pytest.raises(ValueError, match=r"agent_class FrozenLakeAgent could not be built with agent_args \{'max_stepz': 3\} "
+                                         r"and reset: TypeError: .*unexpected keyword argument 'max_stepz'"):
+        build(tmp_path, **FROZENLAKE, agent_args={"max_stepz": 3}, train_dataset="frozenlake:train")
+
+
+def test_dataset_smaller_than_one_batch_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "one.jsonl"
+    path.write_text('{"prompt": "x=", "ground_truth": "x"}\n')
+    with pytest.raises(ValueError, match=f"train_dataset: {path} has 1 row\\(s\\), fewer than one batch \\(data.train_batch_size=2\\)"):
+        build(tmp_path, train_dataset=str(path), reward_func="exact_match", config={**TINY, "data.train_batch_size": 2})
+
+
+def test_a_reward_an_agent_env_run_would_never_call_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="reward_func: .* reward function exact_match would never be called"):
+        build(tmp_path, **FROZENLAKE, train_dataset="frozenlake:train", reward_func="exact_match")
 
 
 def test_reward_that_raises(tmp_path):

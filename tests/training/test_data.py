@@ -84,8 +84,23 @@ def test_missing_file_is_named(tmp_path):
 def test_malformed_file_is_named(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"prompt": "a"}\n{not json\n')
-    with pytest.raises(ValueError, match=f"train_dataset: could not read {path}"):
+    with pytest.raises(ValueError, match=f"train_dataset: cannot use {path}: line 2 is not valid JSON"):
         load_dataset(str(path))
+
+
+@pytest.mark.parametrize("name, text, reason", [
+    ("empty.jsonl", "", "the file is empty (0 bytes)"),
+    ("blank.jsonl", "\n\n", "it has no rows (only blank lines)"),
+    ("header.csv", "prompt,ground_truth\n", "it has a header (prompt, ground_truth) but no rows"),
+    ("extra_field.csv", "prompt,ground_truth\nab,ab\ncd,cd,ef\n", "line 3 has 3 field(s) but the header has 2"),
+    ("open_quote.csv", 'prompt,ground_truth\n"ab,ab\ncd,cd\n', "line 3 is not valid CSV"),
+])
+def test_unusable_files_are_refused_with_the_reason(tmp_path, name, text, reason):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError) as refused:
+        load_dataset(str(path))
+    assert str(refused.value).startswith(f"train_dataset: cannot use {path}: {reason}")
 
 
 def test_hub_failure_says_offline_machines_need_a_local_path(monkeypatch, registry):

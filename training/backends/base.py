@@ -15,7 +15,7 @@ import yaml
 
 from training.agents import AgentSpec
 from training.config import Config
-from training.data import dataset_to_tasks, load_dataset, require_columns
+from training.data import dataset_to_tasks, load_dataset, require_columns, require_rows
 from training.processor import TrainerProcessor
 from training.rewards import RewardFunction, load_reward
 from training.sinks import ConsoleSink, JsonlSink
@@ -43,6 +43,7 @@ class BuiltinProcessor(TrainerProcessor):
         super().__init__(run_path)
         self.agent_spec: AgentSpec | None = None
         self.train_dataset = None
+        self.train_source: Any = None
         self.test_dataset = None
         self.reward_spec: Any = None
         self.reward_fn: RewardFunction | None = None
@@ -53,12 +54,13 @@ class BuiltinProcessor(TrainerProcessor):
         self.agent_spec = AgentSpec.coerce(agent).validate()
 
     def check_dataset(self, dataset: Any = None, test_dataset: Any = None) -> None:
+        self.train_source = dataset
         self.train_dataset = load_dataset(dataset, split="train", what="train_dataset")
         if self.train_dataset is None:
             raise ValueError("train_dataset: a training dataset is needed (a Dataset, a list of dicts, a file path or a registered name).")
         self.test_dataset = load_dataset(test_dataset, split="test", what="test_dataset")
         if self.agent_spec is not None and self.agent_spec.kind == "agent_env":
-            self._probe_env(dataset_to_tasks(self.train_dataset.select(range(1)))[0])
+            self._probe_agent_and_env(dataset_to_tasks(self.train_dataset.select(range(1)))[0])
 
     def check_reward(self, reward_func: Any = None) -> None:
         self.reward_spec = reward_func
@@ -67,6 +69,12 @@ class BuiltinProcessor(TrainerProcessor):
             raise ValueError(
                 "reward_func: a single-turn task needs a reward function (a callable, an import path, "
                 "or a built-in name such as 'exact_match')."
+            )
+        if self.reward_fn is not None and self.agent_spec is not None and self.agent_spec.kind == "agent_env":
+            raise ValueError(
+                f"reward_func: an agent_class/env_class run is scored by its environment's step rewards, so "
+                f"reward function {self.reward_fn.name} would never be called. Leave reward_func out, or have "
+                f"the environment call it (e.g. through env_args)."
             )
 
     def check_config(self, config: Any = None) -> Config:
@@ -89,6 +97,7 @@ class BuiltinProcessor(TrainerProcessor):
                     hint="Rename the column or set data.answer_key=<column>.",
                 )
                 raise
+        require_rows(self.train_dataset, data.train_batch_size, "train_dataset", self.train_source, "data.train_batch_size")
         self.check_backend(self.config)
         self.write_config()
         return self.config
@@ -123,15 +132,24 @@ class BuiltinProcessor(TrainerProcessor):
         target.write_text(yaml.safe_dump(document, sort_keys=False))
         return target
 
-    def _probe_env(self, task: dict) -> None:
-        """Build and reset one environment from the first row, so a broken env fails before training."""
-        env_class = self.agent_spec.env_class
+    def _probe_agent_and_env(self, task: dict) -> None:
+        """Build and reset one agent and one environment from the first row, as the rollouts will,
+        so that a misspelt ``agent_args`` key or a broken env fails before training."""
+        spec = self.agent_spec
         try:
-            env = env_class.from_dict({**task, **self.agent_spec.env_args})
+            spec.agent_class(**spec.agent_args).reset()
+        except Exception as exc:
+            raise ValueError(
+                f"agent_class {spec.agent_class.__name__} could not be built with agent_args {spec.agent_args} "
+                f"and reset: {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            env = spec.env_class.from_dict({**task, **spec.env_args})
             env.reset()
             env.close()
         except Exception as exc:
             raise ValueError(
-                f"env_class {env_class.__name__} could not be built and reset from the first row of "
-                f"train_dataset ({sorted(task)}) with env_args {self.agent_spec.env_args}: {exc!r}"
+                f"env_class {spec.env_class.__name__} could not be built and reset from the first row of "
+                f"train_dataset (fields {', '.join(map(str, task))}) with env_args {spec.env_args}: "
+                f"{type(exc).__name__}: {exc}"
             ) from exc
