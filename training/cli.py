@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("training").setLevel(logging.INFO)
     run_file = DEMO_RUN_FILE if args.command == "demo" else args.run_file
+    sinks: list = []
     try:
         run = load_run_file(run_file, args.overrides + ["trainer.logger=[jsonl]"])
         if getattr(args, "run_path", None):
@@ -132,10 +133,21 @@ def main(argv: list[str] | None = None) -> int:
         sinks = [ProgressSink(total)] + ([target] if target else [])
         trainer = build_trainer(run, sinks, should_stop=target.reached if target else None)
     except ValueError as exc:
+        for sink in sinks:  # the progress bar goes before the message
+            sink.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from training.outcomes import TrainingFailed
+
     started = time.perf_counter()
-    result = trainer.train()
+    try:
+        result = trainer.train()
+    except TrainingFailed as exc:  # the run did not succeed; its message names why
+        print(f"error: the run failed: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # bad input found only once training started (e.g. the model)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     elapsed = time.perf_counter() - started
     reward = result.metrics.get("reward", float("nan"))
     print(f"done: {result.steps} steps in {elapsed:.1f}s, last reward {reward:.3f}, run directory {result.run_path}")

@@ -27,3 +27,32 @@ def test_bad_key_is_reported_without_a_traceback():
     assert result.returncode == 2
     assert "error: data.train_batchsize: unknown config key. Did you mean 'data.train_batch_size'?" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_every_episode_raising_exits_non_zero_with_the_count_and_the_agents_traceback(tmp_path):
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(
+        "agent:\n  agent_class: tests/fixtures/misported_agent.py:MisportedAgent\n"
+        "  env_class: examples.frozenlake.FrozenLakeEnv\n"
+        "train_dataset: frozenlake:train\nbackend: trl\n"
+        "config:\n  actor_rollout_ref.model.path: tiny-char\n  actor_rollout_ref.rollout.n: 2\n"
+        "  data.train_batch_size: 2\n  rllm.agent.max_tokens_per_turn: 1\n  trainer.total_training_steps: 2\n"
+    )
+    result = run_cli("train", str(run_file), "--run-path", str(tmp_path / "run"))
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "error: the run failed: 4 of 4 episodes in step 1 ended with an error" in result.stderr
+    assert "unexpected keyword argument 'confidence_score'" in result.stderr
+    assert 'misported_agent.py", line' in result.stderr  # the agent's own traceback ...
+    assert "site-packages" not in result.stderr  # ... and none of the library's or TRL's frames
+    assert "done:" not in result.stdout
+
+
+def test_header_only_csv_is_refused_before_training(tmp_path):
+    path = tmp_path / "tasks.csv"
+    path.write_text("prompt,ground_truth\n")
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(f"train_dataset: {path}\nreward_func: exact_match\nbackend: trl\n")
+    result = run_cli("train", str(run_file))
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith(f"error: train_dataset: cannot use {path}: it has a header (prompt, ground_truth) but no rows.")
+    assert "Traceback" not in result.stderr
