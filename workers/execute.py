@@ -241,7 +241,9 @@ def train_run(run_id: int) -> str:
         recorder.close()
         training_logger.removeHandler(handler)
         status = Run.Status.CANCELLED if should_stop._cancelled else Run.Status.FAILED
-        run.finish(status, error=f"{exc.__class__.__name__}: {exc}", traceback=traceback_module.format_exc())
+        # The library's own outcome failures carry their cause and the user code's traceback.
+        error = getattr(exc, "summary", None) or f"{exc.__class__.__name__}: {exc}"
+        run.finish(status, error=error, traceback=getattr(exc, "user_traceback", None) or traceback_module.format_exc())
         if not isinstance(exc, Exception):
             raise
         return status
@@ -259,6 +261,9 @@ def train_run(run_id: int) -> str:
         Checkpoint.objects.update_or_create(run=run, step=steps, defaults={"path": str(checkpoint)})
     status = Run.Status.CANCELLED if stopped or should_stop._cancelled else Run.Status.SUCCEEDED
     fields = {"final_metrics": metrics, "checkpoint": str(checkpoint)}
+    if status == Run.Status.SUCCEEDED and not steps:  # never a success without a trained step
+        fields["error"] = f"The {run.backend.processor} backend ended after 0 training steps; nothing was learned."
+        status = Run.Status.FAILED
     if steps:
         fields["steps"] = max(steps, Run.objects.get(pk=run.pk).steps)
     run.finish(status, **fields)

@@ -2,10 +2,13 @@
 
 import subprocess
 import time
+from pathlib import Path
 
 
 import pytest
 
+from training.backends.base import BuiltinProcessor, TrainResult
+from training.processor import register_processor, unregister_processor
 from webapp.registry.models import Agent, Backend
 from webapp.runs.models import MetricPoint, Run, RunLog
 from workers import execute
@@ -64,6 +67,53 @@ def test_train_run_stops_when_cancelled(make_run, tmp_path, settings):
     assert train_run(run.pk) == Run.Status.CANCELLED
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLED and run.steps < 500
+
+
+MISPORTED_AGENT = str(Path(__file__).resolve().parents[1] / "fixtures" / "misported_agent.py") + ":MisportedAgent"
+
+
+# The recorder writes from its own thread and connection: the rows must be committed.
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_every_episode_raised_fails_with_the_count_and_traceback_on_its_page_and_api(
+    make_run, tmp_path, settings, registry, owner_client
+):
+    settings.RUNS_DIR = tmp_path
+    agent = Agent.objects.create(name="misported", agent_class=MISPORTED_AGENT, env_class="examples.frozenlake.FrozenLakeEnv")
+    run = make_run(agent=agent, dataset=registry["datasets"]["frozenlake"], reward=None, config_overrides={
+        "trainer.total_training_steps": 2, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
+        "rllm.agent.max_tokens_per_turn": 1,
+    })
+    claim(run.pk, "w")
+    assert train_run(run.pk) == Run.Status.FAILED
+    run.refresh_from_db()
+    headline = "4 of 4 episodes in step 1 ended with an error"
+    assert run.error.startswith(headline) and "unexpected keyword argument 'confidence_score'" in run.error
+    assert 'misported_agent.py", line' in run.traceback and run.steps == 0
+    page = owner_client.get(run.get_absolute_url()).content.decode()
+    assert headline in page and "misported_agent.py" in page
+    shown = owner_client.get(f"/api/runs/{run.pk}/").json()
+    assert shown["status"] == "failed" and shown["error"] == run.error and shown["traceback"] == run.traceback
+
+
+class ZeroStepProcessor(BuiltinProcessor):
+    """A backend that returns without training: the worker must not call that a success."""
+
+    def train(self) -> TrainResult:
+        return TrainResult(run_path=self.run_path, steps=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_backend_that_trained_zero_steps_fails_the_run(make_run, tmp_path, settings):
+    settings.RUNS_DIR = tmp_path
+    register_processor("zero-steps", ZeroStepProcessor)
+    try:
+        run = make_run(backend=Backend.objects.create(name="zero-steps", processor="zero-steps"))
+        claim(run.pk, "w")
+        assert train_run(run.pk) == Run.Status.FAILED
+    finally:
+        unregister_processor("zero-steps")
+    run.refresh_from_db()
+    assert run.error == "The zero-steps backend ended after 0 training steps; nothing was learned."
 
 
 def _alive(pid: int) -> bool:

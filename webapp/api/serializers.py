@@ -69,7 +69,7 @@ class RunSerializer(serializers.ModelSerializer):
             "id", "url", "name", "owner", "project", "visibility", "kind", "status", "tags", "notes",
             "agent", "dataset", "reward", "backend", "model", "config_overrides",
             "created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at",
-            "worker", "steps", "error", "final_metrics",
+            "worker", "steps", "error", "traceback", "final_metrics",
         ]
         read_only_fields = [f for f in fields if f not in ("visibility", "tags", "notes")]
 
