@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import traceback as traceback_module
 from collections import Counter
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from training.log import logger
 from training.types import RewardOutput, TerminationReason
@@ -63,18 +63,20 @@ class RewardNeverRan(TrainingFailed):
 class OutcomeMonitor:
     """Per-run bookkeeping that decides whether the run may end as a success.
 
-    ``tasks`` (the training rows, in dataset order) lets a failing reward name the row's index;
-    rows are recognised by identity, so hand the rollouts these same dicts.
+    ``tasks`` (the training rows in dataset order, or a mapping of row index to row) lets a
+    failing reward name the row's index; rows are recognised by identity, so hand the rollouts
+    these same dicts.
     """
 
-    def __init__(self, max_episode_error_rate: float, tasks: Iterable[dict] = ()) -> None:
+    def __init__(self, max_episode_error_rate: float, tasks: Iterable[dict] | Mapping[int, dict] = ()) -> None:
         self.max_episode_error_rate = max_episode_error_rate
         self.step: int | None = None
         self.terminations: Counter[str] = Counter()
         self.scored = 0
         self.reward: WatchedReward | None = None
         self._reward_required = False
-        self._row_of = {id(task): index for index, task in enumerate(tasks)}
+        indexed = tasks.items() if isinstance(tasks, Mapping) else enumerate(tasks)
+        self._row_of = {id(task): index for index, task in indexed}
 
     # -- during training ---------------------------------------------------------------------
     def watch_reward(self, reward_fn: Callable[..., RewardOutput] | None, required: bool = True) -> "WatchedReward | None":

@@ -113,11 +113,11 @@ def base_verl_config():
     return compose_verl_config(config, agent_kind="agent_env", agent_payload="unset", validate=False)
 
 
-def run_loop(base_verl_config, spec: AgentSpec, task: dict, replies: list[str], **overrides):
+def run_loop(base_verl_config, spec: AgentSpec, task: dict, replies: list[str], reward_fn=None, **overrides):
     """One episode of ``task`` through AgentTrainerLoop.run, as verl's AgentLoopWorker would call it."""
     config = Config.build({"actor_rollout_ref.model.path": "tiny-char", **overrides})
     verl = OmegaConf.create(OmegaConf.to_container(base_verl_config))
-    verl.agent_trainer.payload = encode_object({"spec": spec.validate(), "reward_fn": None, "config": config})
+    verl.agent_trainer.payload = encode_object({"spec": spec.validate(), "reward_fn": reward_fn, "config": config})
     verl.data.max_prompt_length = config.data.max_prompt_length
     verl.data.max_response_length = config.data.max_response_length
     server = ScriptedServer(replies)
@@ -129,7 +129,7 @@ def run_loop(base_verl_config, spec: AgentSpec, task: dict, replies: list[str], 
         dataset_cls=RLHFDataset,
         data_config=DictConfigWrap(verl.data),
     )
-    row = task_to_verl_row(task, 0, split="train", agent_name=AGENT_LOOP_NAME)
+    row = task_to_verl_row(task, 3, split="train", agent_name=AGENT_LOOP_NAME)
     output = asyncio.run(loop.run(dict(SAMPLING), raw_prompt=row["prompt"], **row))
     return output, server
 
@@ -153,7 +153,7 @@ def test_turns_masks_and_reward_until_env_done(base_verl_config):
     assert output.num_turns == 2
     assert output.extra_fields["termination_reason"] == "env_done"
     assert output.extra_fields["turn_scores"] == [0.0, 1.0]
-    assert output.extra_fields["reward_extra_info"] == {"acc": 1.0}
+    assert output.extra_fields["reward_extra_info"] == {"acc": 1.0, "termination_reason": "env_done", "error": "", "traceback": ""}
     # Tokens in, tokens out: the second call continues from the episode's own ids, on one sticky request id.
     assert server.calls[1]["prompt_ids"] == output.prompt_ids + output.response_ids[:5]
     assert server.calls[0]["request_id"] == server.calls[1]["request_id"]
@@ -184,6 +184,22 @@ def test_env_error_ends_the_episode_with_reward_zero(base_verl_config):
     assert output.extra_fields["termination_reason"] == "error"
     assert output.reward_score == 0.0
     assert output.response_ids == ids("a") + [EOS]  # the tokens gathered before the error are kept
+    # verl's rollout dump carries the error to the driver, which checks each step's error rate.
+    dumped = output.extra_fields["reward_extra_info"]
+    assert dumped["termination_reason"] == "error" and dumped["error"] == "RuntimeError: environment broke"
+    assert dumped["traceback"].rstrip().endswith("RuntimeError: environment broke")
+
+
+def test_a_reward_that_raises_stops_the_run_naming_the_reward_and_the_row(base_verl_config):
+    from training.outcomes import RewardFailed
+    from training.rewards import load_reward
+
+    def strict(task, response):
+        raise ValueError("no answer field")
+
+    spec = AgentSpec(agent_run_func=lambda task, model: None)  # no reward of its own: reward_fn scores it
+    with pytest.raises(RewardFailed, match=r"reward function strict raised ValueError: no answer field on row 3 of train_dataset"):
+        run_loop(base_verl_config, spec, {"target": "a"}, ["a"], reward_fn=load_reward(strict))
 
 
 def test_timeout(base_verl_config):

@@ -118,3 +118,24 @@ def test_metrics_bridge_reads_verls_tracking_file(tmp_path, monkeypatch, sink):
     assert episodes[0]["trajectories"][0]["steps"][0]["model_response"] == "5"
     assert bridge.poll() == 0  # nothing new, nothing sent twice
     assert len(sink.metrics) == 1 + 1 and len(sink.episodes) == 1
+
+
+def test_metrics_bridge_fails_a_step_whose_dumped_episodes_mostly_errored(tmp_path, sink):
+    from training.outcomes import OutcomeMonitor, TooManyEpisodeErrors
+
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    metrics_path = tmp_path / "verl_metrics.jsonl"
+    metrics_path.write_text(json.dumps({"step": 1, "data": {"critic/score/mean": 0.0}}) + "\n")
+    trace = "Traceback (most recent call last):\n  File \"agent.py\", line 9, in step\nTypeError: bad\n"
+    rows = [{"input": "go>", "output": "a", "gts": "", "score": 0.0, "step": 1, "acc": 0.0,
+             "termination_reason": end, "error": "TypeError: bad" if end == "error" else "",
+             "traceback": trace if end == "error" else ""} for end in ("error", "error", "error", "env_done")]
+    (rollouts / "1.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    bridge = VerlMetricsBridge(MultiSink([sink]), metrics_path, rollout_dir=rollouts, outcomes=OutcomeMonitor(0.5))
+
+    bridge.poll()
+    assert isinstance(bridge.failure, TooManyEpisodeErrors)
+    assert bridge.failure.summary.startswith("3 of 4 episodes in step 1 ended with an error")
+    assert bridge.failure.user_traceback.endswith("TypeError: bad")
+    assert sink.episodes[0]["termination_reason"] == "error" and sink.episodes[0]["error"] == "TypeError: bad"

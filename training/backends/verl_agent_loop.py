@@ -24,6 +24,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from training.backends.verl_backend import AGENT_LOOP_NAME, decode_object, task_from_extra_info
 from training.generation import GenerationOutput
+from training.outcomes import OutcomeMonitor
 from training.rollout import RolloutEngine
 from training.types import Episode, TerminationReason
 
@@ -76,9 +77,14 @@ class AgentTrainerLoop(AgentLoopBase):
         self.response_length = self.rollout_config.response_length
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        task = task_from_extra_info(kwargs.get("extra_info"))
+        extra_info = kwargs.get("extra_info") or {}
+        task = task_from_extra_info(extra_info)
+        # A reward that raises stops the run naming the reward and the row (the step is verl's).
+        row = extra_info.get("index")
+        outcomes = OutcomeMonitor(self.run_config.trainer.max_episode_error_rate, {} if row is None else {int(row): task})
+        reward_fn = outcomes.watch_reward(self.reward_fn, required=False)
         generator = ServerManagerGenerator(self.server_manager, self.tokenizer, sampling_params, uuid4().hex)
-        engine = RolloutEngine(self.spec, generator, self.tokenizer, self.run_config, self.reward_fn)
+        engine = RolloutEngine(self.spec, generator, self.tokenizer, self.run_config, reward_fn)
         started = time.perf_counter()
         (episode,) = await engine.run_episodes([task], n=1)
         elapsed = time.perf_counter() - started
@@ -96,6 +102,9 @@ def episode_to_output(
 ) -> AgentLoopOutput:
     """An Episode as verl's ``AgentLoopOutput``; the episode reward becomes ``reward_score``, so
     verl uses it instead of calling a reward function.
+
+    The termination reason, error and traceback travel in ``reward_extra_info``, so verl's rollout
+    dump carries them to the driver, where ``VerlMetricsBridge`` checks each step's error rate.
 
     verl needs at least one prompt and one response token per sample (it writes the reward on the
     last response token), so an episode without tokens (a too-long first prompt) gets one filler
@@ -122,6 +131,11 @@ def episode_to_output(
             "termination_reason": reason.value,
             "turn_scores": step_rewards,
             "tool_rewards": [],
-            "reward_extra_info": {"acc": float(episode.is_correct)},
+            "reward_extra_info": {
+                "acc": float(episode.is_correct),
+                "termination_reason": reason.value,
+                "error": episode.error or "",
+                "traceback": episode.info.get("traceback", ""),
+            },
         },
     )

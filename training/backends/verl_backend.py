@@ -30,9 +30,10 @@ from typing import Any, Callable
 from training.backends.base import BuiltinProcessor, TrainResult
 from training.config import Config, ConfigError, ConfigInput, flatten, parse_overrides, valid_keys
 from training.log import logger
+from training.outcomes import OutcomeMonitor, TrainingFailed
 from training.rewards import RewardFunction, load_reward
 from training.sinks import MultiSink
-from training.types import Episode, Step, Trajectory
+from training.types import Episode, Step, TerminationReason, Trajectory
 from training.utils import cuda_device_count, is_verl_available
 
 NO_GPU_MESSAGE = (
@@ -458,7 +459,8 @@ class VerlMetricsBridge:
     (``<step>.jsonl``), and sends them to our sinks, so a verl run shows like any other.
 
     ``poll`` reads what is new; ``start`` polls on a thread until ``stop``. ``on_poll`` runs after
-    each poll (the processor uses it to honour stop requests).
+    each poll (the processor uses it to honour stop requests). With an ``outcomes`` monitor, each
+    dumped step's episodes are checked; a step past the error limit is kept in ``failure``.
     """
 
     def __init__(
@@ -468,12 +470,15 @@ class VerlMetricsBridge:
         rollout_dir: str | Path | None = None,
         interval_s: float = 1.0,
         on_poll: Callable[[], None] | None = None,
+        outcomes: OutcomeMonitor | None = None,
     ) -> None:
         self.sinks = sinks
         self.metrics_path = Path(metrics_path)
         self.rollout_dir = Path(rollout_dir) if rollout_dir else None
         self.interval_s = interval_s
         self.on_poll = on_poll
+        self.outcomes = outcomes
+        self.failure: TrainingFailed | None = None
         self.last_step = 0
         self.last_metrics: dict[str, float] = {}
         self._offset = 0
@@ -520,9 +525,16 @@ class VerlMetricsBridge:
             step = int(path.stem)
             if step > self.last_step:  # verl writes the dump in the background; wait for its step
                 continue
-            rows = [json.loads(line) for line in path.read_text().splitlines()[:SAMPLE_EPISODES_PER_STEP] if line.strip()]
-            self.sinks.log_episodes(step, [rollout_row_to_episode(row) for row in rows])
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            episodes = [rollout_row_to_episode(row) for row in rows]
+            self.sinks.log_episodes(step, episodes[:SAMPLE_EPISODES_PER_STEP])
             self._episode_steps_done.add(step)
+            judged = [episode for episode in episodes if episode["termination_reason"]]  # our agent loop's rows
+            if self.outcomes is not None and judged and self.failure is None:
+                try:
+                    self.outcomes.check_episodes(judged, step)
+                except TrainingFailed as exc:
+                    self.failure = exc
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="verl-metrics-bridge", daemon=True)
@@ -545,13 +557,18 @@ class VerlMetricsBridge:
 
 
 def rollout_row_to_episode(row: dict[str, Any]) -> dict[str, Any]:
-    """One line of verl's rollout dump (input, output, gts, score, step) as an ``Episode.to_dict()``."""
+    """One line of verl's rollout dump (input, output, gts, score, step, and from our agent loop
+    termination_reason, error, traceback) as an ``Episode.to_dict()``."""
     score = float(row.get("score") or 0.0)
     step = Step(model_response=str(row.get("output", "")), reward=score, done=True)
+    reason = row.get("termination_reason")
     episode = Episode(
         task={"prompt": row.get("input"), "ground_truth": row.get("gts")},
         trajectories=[Trajectory(steps=[step], reward=score)],
         is_correct=bool(row.get("acc", score >= 1.0)),
+        termination_reason=TerminationReason(reason) if reason else None,
+        error=row.get("error") or None,
+        info={"traceback": row["traceback"]} if row.get("traceback") else {},
     )
     return episode.to_dict()
 
@@ -681,15 +698,19 @@ class VerlProcessor(BuiltinProcessor):
         stopped = threading.Event()
 
         def honour_stop() -> None:
-            if self.should_stop() and not stopped.is_set() and runner.handle is not None:
+            failed = bridge.failure is not None
+            if (failed or self.should_stop()) and not stopped.is_set() and runner.handle is not None:
                 import ray
 
                 stopped.set()
-                logger.info("stop requested: ending the verl job (checkpoints so far are kept)")
+                logger.info("%s: ending the verl job (checkpoints so far are kept)", "the run failed" if failed else "stop requested")
                 ray.kill(runner.handle)
 
         self.attach_default_sinks()
-        bridge = VerlMetricsBridge(self.sinks, metrics_path, verl.trainer.rollout_data_dir, on_poll=honour_stop)
+        outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate)
+        bridge = VerlMetricsBridge(
+            self.sinks, metrics_path, verl.trainer.rollout_data_dir, on_poll=honour_stop, outcomes=outcomes
+        )
         bridge.start()
         try:
             run_ppo(OmegaConf.create(OmegaConf.to_container(verl)), task_runner_class=runner)
@@ -699,6 +720,9 @@ class VerlProcessor(BuiltinProcessor):
         finally:
             bridge.stop()
             self.sinks.close()
+        if bridge.failure is not None:
+            raise bridge.failure
+        outcomes.check_finished(bridge.last_step, stopped.is_set())
         return TrainResult(
             run_path=self.run_path,
             steps=bridge.last_step,
