@@ -17,17 +17,7 @@ def import_object(path: str, what: str = "object") -> Any:
     """
     if ":" in path and path.split(":", 1)[0].endswith(".py"):
         file_part, attr = path.split(":", 1)
-        file_path = Path(file_part)
-        if not file_path.is_file():
-            raise ValueError(f"Cannot load {what} {path!r}: file {file_part} does not exist.")
-        module_name = f"_user_{file_path.stem}_{abs(hash(str(file_path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(module_name, file_path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:  # user code can raise anything while importing
-            raise ValueError(f"Cannot load {what} {path!r}: importing {file_part} raised {exc!r}.") from exc
+        module = import_file(file_part, what=f"{what} {path!r}")
     else:
         module_path, _, attr = path.replace(":", ".").rpartition(".")
         if not module_path:
@@ -40,6 +30,25 @@ def import_object(path: str, what: str = "object") -> Any:
         return getattr(module, attr)
     except AttributeError:
         raise ValueError(f"Cannot load {what} {path!r}: module has no attribute {attr!r}.") from None
+
+
+def import_file(file_path: str | Path, what: str = "module") -> Any:
+    """Import a Python file as a module (the same file, resolved, is the same module name).
+
+    Raises ValueError naming ``what`` when the file is missing or raises while importing.
+    """
+    file_path = Path(file_path)
+    if not file_path.is_file():
+        raise ValueError(f"Cannot load {what}: file {file_path} does not exist.")
+    module_name = f"_user_{file_path.stem}_{abs(hash(str(file_path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, file_path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # user code can raise anything while importing
+        raise ValueError(f"Cannot load {what}: importing {file_path} raised {exc!r}.") from exc
+    return module
 
 
 @lru_cache(maxsize=None)
