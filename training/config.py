@@ -115,6 +115,24 @@ class ActorConfig:
 
 
 @dataclass(frozen=True)
+class ValKwargsConfig:
+    temperature: float = _doc("Validation sampling temperature (used when do_sample is true).", 0.0)
+    top_p: float = _doc("Validation nucleus sampling threshold (used when do_sample is true).", 1.0)
+    n: int = _doc("Episodes per validation task; pass@n is reported beside pass@1.", 1)
+    do_sample: bool = _doc("Sample during validation; false decodes greedily (verl's default).", False)
+
+    def __post_init__(self) -> None:
+        key = "actor_rollout_ref.rollout.val_kwargs"
+        _check(self.n >= 1, f"{key}.n", "must be at least 1.")
+        _check(0 < self.top_p <= 1, f"{key}.top_p", "must be in (0, 1].")
+        _check(self.temperature >= 0, f"{key}.temperature", "must not be negative.")
+        _check(
+            not self.do_sample or self.temperature > 0, f"{key}.temperature",
+            "must be greater than 0 when do_sample is true (or set do_sample=false for greedy decoding).",
+        )
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     n: int = _doc("Episodes sampled per prompt (the group size of GRPO).", 8)
     temperature: float = _doc("Sampling temperature.", 1.0)
@@ -122,6 +140,7 @@ class RolloutConfig:
     name: str = _doc("Rollout engine of verl: vllm or sglang (ignored by trl).", "vllm")
     gpu_memory_utilization: float = _doc("Share of GPU memory the rollout engine may take (verl).", 0.5)
     tensor_model_parallel_size: int = _doc("Tensor-parallel size of the rollout engine (verl).", 1)
+    val_kwargs: ValKwargsConfig = _doc("Sampling when scoring the test dataset (verl's names).", factory=ValKwargsConfig)
 
     def __post_init__(self) -> None:
         _check(self.n >= 1, "actor_rollout_ref.rollout.n", "must be at least 1 (2 or more for GRPO).")
@@ -164,7 +183,10 @@ class TrainerConfig:
     total_training_steps: int = _doc("Optimizer steps to run.", 100)
     total_epochs: int = _doc("Upper bound on passes over the training set.", 1000)
     save_freq: int = _doc("Save a checkpoint every N steps (-1: only at the end).", -1)
-    test_freq: int = _doc("Validate every N steps (-1: never).", -1)
+    test_freq: int = _doc(
+        "Score the test dataset every N steps and after the last (-1 or 0: never); metrics val/<data_source>/...", -1
+    )
+    val_before_train: bool = _doc("Score the test dataset before the first step (when there is one).", True)
     log_freq: int = _doc("Report metrics every N steps.", 1)
     resume_mode: str = _doc("auto (resume from the latest checkpoint if any) or disable.", "auto")
     project_name: str = _doc("Project name, for grouping runs.", "agent-trainer")
@@ -192,6 +214,7 @@ class TrainerConfig:
         _check(self.total_training_steps >= 1, "trainer.total_training_steps", "must be at least 1.")
         _check(self.log_freq >= 1, "trainer.log_freq", "must be at least 1.")
         _check(self.save_freq == -1 or self.save_freq >= 1, "trainer.save_freq", "must be -1 or at least 1.")
+        _check(self.test_freq >= -1, "trainer.test_freq", "must be -1 or 0 (never) or a number of steps.")
         _check(self.resume_mode in ("auto", "disable"), "trainer.resume_mode", "must be 'auto' or 'disable'.")
         _check(self.device in ("auto", "cpu", "cuda"), "trainer.device", "must be auto, cpu or cuda.")
         _check(self.cpu_threads >= 0, "trainer.cpu_threads", "must be 0 (torch's default) or more.")
@@ -248,10 +271,21 @@ class Config:
     def build(cls, overrides: "ConfigInput" = None, base: dict[str, Any] | None = None) -> "Config":
         """Defaults, then ``base`` (e.g. a backend's or platform's defaults), then ``overrides``."""
         merged = to_dict(cls())
+        trl_origin: dict[str, str] = {}  # our key -> the TRL GRPOConfig name that set it
         for layer in (base, overrides):
-            for key, value in parse_overrides(layer).items():
+            flat = parse_overrides(layer)
+            if any("." not in key for key in flat):
+                from training.trl_names import translate_trl_names
+
+                flat = translate_trl_names(flat, merged, trl_origin)
+            for key, value in flat.items():
                 _set_dotted(merged, key, value)
-        return from_dict(cls, merged, prefix="")
+        try:
+            return from_dict(cls, merged, prefix="")
+        except ConfigError as exc:
+            if exc.key in trl_origin:
+                raise ConfigError(trl_origin[exc.key], f"{exc.message} (TRL's {trl_origin[exc.key]} sets {exc.key})") from exc
+            raise
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
