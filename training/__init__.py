@@ -5,7 +5,8 @@
                  config={"actor_rollout_ref.model.path": "tiny-char"}).train()
 """
 
-from training.agents import Agent, AgentSpec, BaseAgent, BaseEnv, Workflow
+from training.agents import AgentSpec, BaseAgent, BaseEnv, Workflow
+from training.chat_agent import Agent, AgentConfig, ModelConfig
 from training.config import Config, ConfigError
 from training.processor import TrainerProcessor, register_processor, unregister_processor
 from training.sinks import ConsoleSink, JsonlSink, MetricSink
@@ -15,6 +16,7 @@ from training.types import Action, Episode, RewardOutput, Step, TerminationReaso
 __all__ = [
     "Action",
     "Agent",
+    "AgentConfig",
     "AgentSpec",
     "AgentTrainer",
     "BaseAgent",
@@ -25,6 +27,7 @@ __all__ = [
     "Episode",
     "JsonlSink",
     "MetricSink",
+    "ModelConfig",
     "RewardOutput",
     "Step",
     "TerminationReason",

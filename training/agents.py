@@ -214,10 +214,6 @@ class AgentSpec:
         raise ValueError(f"Cannot use {type(agent).__name__} as an agent; give an AgentSpec, a dict or a path.")
 
 
-# AWorld calls the agent description `Agent`; the same thing under that name.
-Agent = AgentSpec
-
-
 def _resolve_class(value: type | str, base: type, name: str) -> type:
     cls = import_object(value, what=name) if isinstance(value, str) else value
     if not isinstance(cls, type) or not issubclass(cls, base):
