@@ -69,10 +69,12 @@ class HFBatchGenerator:
         seed: int | None = None,
         max_batch_size: int | None = None,
         max_wait_s: float = 0.05,
+        do_sample: bool = True,
     ) -> None:
         """``seed`` fixes the sampling stream (None: torch's global RNG). ``max_batch_size`` splits
         larger batches to bound memory. ``max_wait_s`` bounds how long a batch waits for open
-        sessions that are still busy elsewhere (an environment step in a thread, a tool call)."""
+        sessions that are still busy elsewhere (an environment step in a thread, a tool call).
+        ``do_sample=False`` decodes greedily (the most likely token; ``top_p`` is unused)."""
         if temperature <= 0:
             raise ValueError(f"temperature must be greater than 0, got {temperature}.")
         if not 0 < top_p <= 1:
@@ -83,6 +85,7 @@ class HFBatchGenerator:
         self.top_p = top_p
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
+        self.do_sample = do_sample
         self._sessions = 0
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
@@ -214,7 +217,9 @@ class HFBatchGenerator:
         return completions, logprobs, ["stop" if s else "length" for s in stopped]
 
     def _pick(self, log_probs: torch.Tensor) -> torch.Tensor:
-        """Sample one token per row, with nucleus (top-p) truncation."""
+        """Sample one token per row, with nucleus (top-p) truncation; the argmax when not sampling."""
+        if not self.do_sample:
+            return log_probs.argmax(dim=-1)
         probs = log_probs.exp()
         if self.top_p < 1.0:
             sorted_probs, order = probs.sort(dim=-1, descending=True)

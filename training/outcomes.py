@@ -157,15 +157,34 @@ class WatchedReward:
         except Exception as exc:  # user code can raise anything; stop the run naming where
             row = self.monitor.row_index(task) if row is None else row
             where = f"row {row} of train_dataset" if row is not None else "the row"
-            raise RewardFailed(
-                f"reward function {self.name} raised {_one_line(exc)} on {where} {_short(task)}"
-                f"{_in_step(self.monitor.step)}, scoring the response {_short(response)}. Fix the function so "
-                f"that it handles every row and any response (an untrained model writes anything).",
-                "".join(traceback_module.format_exception(exc)),
-            ) from exc
+            raise self._failed(exc, f"{where} {_short(task)}", f"the response {_short(response)}") from exc
         self.calls += 1
         self.monitor.scored += 1
         return output
+
+    def score_batch(self, tasks: list[dict], responses: list[str], rows: list[int | None] | None = None) -> list[RewardOutput]:
+        """Score a batch: one call of a batch-form reward (TRL's ``fn(completions, prompts, **kwargs)``),
+        watched as one; any other reward row by row, each watched as ``__call__`` is."""
+        rows = rows or [None] * len(tasks)
+        if getattr(self.inner, "style", None) != "trl":
+            return [self(task, response, row) for task, response, row in zip(tasks, responses, rows)]
+        try:
+            outputs = self.inner.score_batch(tasks, responses)
+        except Exception as exc:  # user code can raise anything; stop the run naming the batch
+            indices = [self.monitor.row_index(task) if row is None else row for task, row in zip(tasks, rows)]
+            where = f"the batch of rows {sorted({i for i in indices if i is not None})} of train_dataset"
+            raise self._failed(exc, where, f"{len(responses)} responses") from exc
+        self.calls += 1
+        self.monitor.scored += len(outputs)
+        return outputs
+
+    def _failed(self, exc: Exception, where: str, scoring: str) -> RewardFailed:
+        return RewardFailed(
+            f"reward function {self.name} raised {_one_line(exc)} on {where}{_in_step(self.monitor.step)}, "
+            f"scoring {scoring}. Fix the function so that it handles every row and any response (an untrained "
+            f"model writes anything).",
+            "".join(traceback_module.format_exception(exc)),
+        )
 
 
 def termination_of(episode: Any) -> str | None:

@@ -46,6 +46,14 @@ class TrainerProcessor(ABC):
     def check_config(self, config: Any = None) -> Any:
         """Validate the config, fill in defaults, and return the final config."""
 
+    def inference(self, dataset: Any = None) -> Any:
+        """Run the agent on ``dataset`` (default: the test dataset); return predictions and metrics.
+
+        Optional, as in AWorld: a backend without it raises NotImplementedError. It may be a
+        coroutine function; ``AgentTrainer.inference()`` awaits either kind.
+        """
+        raise NotImplementedError(f"the {type(self).__name__} training processor does not implement inference().")
+
     def mark_initialized(self) -> None:
         self._initialized = True
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from typing import Any, Callable
 
 from training.agents import AgentSpec, Workflow
@@ -116,6 +118,31 @@ class AgentTrainer:
         if not self.train_processor.initialized:
             raise ValueError("The training processor is not initialized; construction must finish before train().")
         return self.train_processor.train()
+
+    async def inference(self, dataset: Any = None) -> Any:
+        """The agent on ``dataset`` (default: the test dataset), as AWorld's ``await trainer.inference()``.
+
+        For the built-in backends: an ``EvalResult`` with one row per task (responses, rewards,
+        verdicts) and metrics per data source (``test/<source>/reward``, ``pass@1``, ``pass@n``),
+        using the run's newest weights (the base model before training). ``evaluate()`` is the
+        same without ``await``.
+        """
+        self._require_initialized()
+        if inspect.iscoroutinefunction(self.train_processor.inference):
+            return await self.train_processor.inference(dataset)
+        # A worker thread, so the processor may run its own event loop.
+        return await asyncio.to_thread(self.train_processor.inference, dataset)
+
+    def evaluate(self, dataset: Any = None) -> Any:
+        """``inference()`` for code that is not async."""
+        self._require_initialized()
+        if inspect.iscoroutinefunction(self.train_processor.inference):
+            return asyncio.run(self.train_processor.inference(dataset))
+        return self.train_processor.inference(dataset)
+
+    def _require_initialized(self) -> None:
+        if not self.train_processor.initialized:
+            raise ValueError("The training processor is not initialized; construction must finish first.")
 
     def request_stop(self) -> None:
         """Stop after the current step (from another thread, e.g. a cancel request)."""

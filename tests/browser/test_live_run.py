@@ -1,5 +1,5 @@
 """The whole loop in a real browser: log in, create a run from the form, watch the reward chart
-gain points while it trains, open an episode, watch it through a share link without a login,
+gain points while it trains (and the test split's validation chart), open an episode, watch it through a share link without a login,
 cancel the run."""
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
                                timeout=10_000)
         assert int(page.get_attribute("#chart-reward", "data-points") or 0) >= 2
         assert page.text_content("#run-status") == "running"
+        # The dataset's test split was scored before the first step: its chart, per data source.
+        page.wait_for_function("() => Number((document.getElementById('chart-val_') || {dataset: {}}).dataset.points || 0) >= 1",
+                               timeout=10_000)
+        assert "val/frozenlake/reward" in page.evaluate("() => [...dashboardState.series.keys()]")
 
         # An episode: its turns with the model's response and the environment's observation.
         page.click("tr.dash-episode")

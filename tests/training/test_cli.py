@@ -19,7 +19,9 @@ def test_train_from_a_run_file(tmp_path):
     assert "done: 2 steps" in result.stdout and str(tmp_path) in result.stdout
     assert "step 2/2 reward=" in result.stderr + result.stdout  # the one-line summary per log step
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [0, 1, 2]  # step 0: the test split, scored before training
+    assert "val/copy/reward" in records[0] and "reward" in records[1]
 
 
 def test_bad_key_is_reported_without_a_traceback():

@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 from training.agents import AgentSpec
+from training.chat_agent import Agent as ChatAgent
+from training.chat_agent import chat_agent_from
 from training.config import Config
 from training.data import dataset_to_tasks, load_dataset, require_columns, require_rows
 from training.processor import TrainerProcessor
@@ -42,6 +44,7 @@ class BuiltinProcessor(TrainerProcessor):
     def __init__(self, run_path: str) -> None:
         super().__init__(run_path)
         self.agent_spec: AgentSpec | None = None
+        self.chat_agent: ChatAgent | None = None  # an AWorld-style chat agent, when given one
         self.train_dataset = None
         self.train_source: Any = None
         self.test_dataset = None
@@ -51,7 +54,9 @@ class BuiltinProcessor(TrainerProcessor):
 
     # -- the four checks -------------------------------------------------------------------
     def check_agent(self, agent: Any) -> None:
-        self.agent_spec = AgentSpec.coerce(agent).validate()
+        self.chat_agent = chat_agent_from(agent)
+        spec = self.chat_agent.to_spec() if self.chat_agent is not None else AgentSpec.coerce(agent)
+        self.agent_spec = spec.validate()
 
     def check_dataset(self, dataset: Any = None, test_dataset: Any = None) -> None:
         self.train_source = dataset
@@ -59,7 +64,8 @@ class BuiltinProcessor(TrainerProcessor):
         if self.train_dataset is None:
             raise ValueError("train_dataset: a training dataset is needed (a Dataset, a list of dicts, a file path or a registered name).")
         self.test_dataset = load_dataset(test_dataset, split="test", what="test_dataset")
-        if self.agent_spec is not None and self.agent_spec.kind == "agent_env":
+        # A chat agent's environment needs the config's prompt key: it is probed in check_config.
+        if self.agent_spec is not None and self.agent_spec.kind == "agent_env" and self.chat_agent is None:
             self._probe_agent_and_env(dataset_to_tasks(self.train_dataset.select(range(1)))[0])
 
     def check_reward(self, reward_func: Any = None) -> None:
@@ -70,7 +76,12 @@ class BuiltinProcessor(TrainerProcessor):
                 "reward_func: a single-turn task needs a reward function (a callable, an import path, "
                 "or a built-in name such as 'exact_match')."
             )
-        if self.reward_fn is not None and self.agent_spec is not None and self.agent_spec.kind == "agent_env":
+        if self.reward_fn is None and self.chat_agent is not None:
+            raise ValueError(
+                f"reward_func: the chat agent {self.chat_agent.name!r} needs a reward function to score its "
+                "answers (a callable, an import path, a file path such as 'reward/score.py', or a built-in name)."
+            )
+        if self.reward_fn is not None and self.agent_spec is not None and self.agent_spec.kind == "agent_env" and self.chat_agent is None:
             raise ValueError(
                 f"reward_func: an agent_class/env_class run is scored by its environment's step rewards, so "
                 f"reward function {self.reward_fn.name} would never be called. Leave reward_func out, or have "
@@ -78,20 +89,25 @@ class BuiltinProcessor(TrainerProcessor):
             )
 
     def check_config(self, config: Any = None) -> Config:
-        self.config = Config.build(config, base=self.default_overrides())
+        self.config = Config.build(config, base={**self.default_overrides(), **self._chat_agent_keys()})
         data = self.config.data
-        if data.answer_key != "ground_truth" and self.reward_spec is not None:
-            self.reward_fn = load_reward(self.reward_spec, answer_key=data.answer_key)
+        if (data.answer_key, data.prompt_key) != ("ground_truth", "prompt") and self.reward_spec is not None:
+            self.reward_fn = load_reward(self.reward_spec, answer_key=data.answer_key, prompt_key=data.prompt_key)
         first_task = dataset_to_tasks(self.train_dataset.select(range(1)))[0]
+        if self.chat_agent is not None:
+            self.agent_spec = self.chat_agent.to_spec(self.reward_fn, data.prompt_key).validate()
+            self._probe_agent_and_env(first_task)
         if self.agent_spec.kind == "single_turn":
             require_columns(
                 self.train_dataset, [data.prompt_key], "train_dataset",
                 hint="Rename the column or set data.prompt_key=<column>.",
             )
-        if self.reward_fn is not None and self.agent_spec.kind == "single_turn":
+        if self.reward_fn is not None and (self.agent_spec.kind == "single_turn" or self.chat_agent is not None):
             try:
                 self.reward_fn.probe(first_task)
             except ValueError:
+                if self.reward_fn.style != "verl":  # only verl's form reads the answer column itself
+                    raise
                 require_columns(
                     self.train_dataset, [data.answer_key], "train_dataset",
                     hint="Rename the column or set data.answer_key=<column>.",
@@ -102,6 +118,13 @@ class BuiltinProcessor(TrainerProcessor):
         self.write_config()
         return self.config
 
+    def inference(self, dataset: Any = None):
+        """The agent on ``dataset`` (default: the test dataset) with the run's newest weights:
+        an ``EvalResult`` of per-row results and per-data-source metrics (``test/<source>/...``)."""
+        from training.validation import run_inference
+
+        return run_inference(self, dataset)
+
     # -- hooks for backends ----------------------------------------------------------------
     def default_overrides(self) -> dict[str, Any]:
         """Backend defaults layered under the user's overrides."""
@@ -109,6 +132,13 @@ class BuiltinProcessor(TrainerProcessor):
 
     def check_backend(self, config: Config) -> None:
         """Backend-specific checks of the final config (e.g. hardware)."""
+
+    def _chat_agent_keys(self) -> dict[str, Any]:
+        """What a chat agent's model config sets (model, temperature, turns), logged as applied."""
+        keys = self.chat_agent.training_keys() if self.chat_agent is not None else {}
+        for key, value in keys.items():
+            logger.info("agent %s sets %s=%r (the run's config wins where it sets the key too)", self.chat_agent.name, key, value)
+        return keys
 
     # -- helpers ---------------------------------------------------------------------------
     def attach_default_sinks(self) -> None:
@@ -124,7 +154,7 @@ class BuiltinProcessor(TrainerProcessor):
         self.path.mkdir(parents=True, exist_ok=True)
         document = {
             "backend": self.name,
-            "agent": self.agent_spec.describe(),
+            "agent": self.chat_agent.describe() if self.chat_agent is not None else self.agent_spec.describe(),
             "reward": getattr(self.reward_fn, "name", None),
             **self.config.to_dict(),
         }

@@ -25,6 +25,7 @@ from training.data import dataset_to_tasks
 from training.log import logger
 from training.outcomes import OutcomeMonitor, TooManyEpisodeErrors
 from training.types import RewardOutput
+from training.validation import evaluate, validation_tasks
 
 # Stable metric names: what TRL logs -> what our sinks and the dashboard show.
 TRL_METRIC_NAMES = {
@@ -60,6 +61,11 @@ class TRLProcessor(BuiltinProcessor):
             raise ValueError("actor_rollout_ref.rollout.n: GRPO compares episodes of one prompt; use 2 or more.")
         if config.trainer.nnodes != 1:
             raise ValueError("trainer.nnodes: the trl backend runs on one machine; use the verl backend to scale out.")
+        if config.trainer.test_freq > 0 and self.test_dataset is None:
+            raise ValueError(
+                f"trainer.test_freq: scoring every {config.trainer.test_freq} steps needs a test dataset; "
+                "give test_dataset (or val_dataset), or set trainer.test_freq=-1."
+            )
 
     def train(self) -> TrainResult:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -98,6 +104,9 @@ class _TRLRun:
         self.last_metrics: dict[str, float] = {}
         self.last_rewards: list[float] = []
         self.step_started = time.perf_counter()
+        test = processor.test_dataset
+        self.val_tasks = validation_tasks(test, self.config) if test is not None else []
+        self.pending_val_metrics: dict[str, float] = {}  # reported with the step's training metrics
 
     # -- building the trainer ----------------------------------------------------------------
     def grpo_args(self):
@@ -218,14 +227,18 @@ class _TRLRun:
         state = columns.get("trainer_state")
         self.outcomes.step = state.global_step + 1 if state is not None else None
         rows = columns.get(ROW_COLUMN) or [None] * len(prompts)
-        rewards, samples = [], []
+        tasks, texts = [], []
         for i, (prompt, completion) in enumerate(zip(prompts, completions)):
             task = {name: values[i] for name, values in columns.items() if name not in skip and isinstance(values, list)}
             task[key] = prompt
-            text = completion if isinstance(completion, str) else completion[-1]["content"]
-            out: RewardOutput = self.reward_fn(task, text, row=rows[i])
-            rewards.append(out.reward)
-            samples.append({"task": task, "response": text, "reward": out.reward, "is_correct": out.is_correct})
+            tasks.append(task)
+            texts.append(completion if isinstance(completion, str) else completion[-1]["content"])
+        scored: list[RewardOutput] = self.reward_fn.score_batch(tasks, texts, rows=rows)
+        rewards = [out.reward for out in scored]
+        samples = [
+            {"task": task, "response": text, "reward": out.reward, "is_correct": out.is_correct}
+            for task, text, out in zip(tasks, texts, scored)
+        ]
         self.last_rewards = rewards
         self.pending_episode_metrics.append(
             {"solve_rate": sum(s["is_correct"] for s in samples) / max(len(samples), 1), "turns": 1.0}
@@ -285,9 +298,32 @@ class _TRLRun:
             f"trainer.total_training_steps={self.config.trainer.total_training_steps}."
         )
 
+    # -- validation ------------------------------------------------------------------------
+    def validation_due(self, step: int, last_step: int) -> bool:
+        """Every ``trainer.test_freq`` steps and after the last one, as verl schedules it."""
+        every = self.config.trainer.test_freq
+        return bool(self.val_tasks) and every > 0 and (step % every == 0 or step >= last_step)
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Score the test dataset with the current policy: ``val/<data_source>/...`` metrics."""
+        started = time.perf_counter()
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        result = evaluate(self.spec, model, self.tokenizer, self.config, self.processor.reward_fn, self.val_tasks, "val")
+        logger.info(
+            "validation at step %d (%d tasks, %.1f s): %s", step, len(self.val_tasks), time.perf_counter() - started,
+            " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()),
+        )
+        return result.metrics
+
+    def log_validation(self, step: int, metrics: dict[str, float]) -> None:
+        self.last_metrics.update(metrics)
+        self.processor.sinks.log_metrics(step, metrics)
+
     # -- metrics ---------------------------------------------------------------------------
     def report(self, step: int, logs: dict[str, float]) -> None:
         metrics = {TRL_METRIC_NAMES[k]: float(v) for k, v in logs.items() if k in TRL_METRIC_NAMES}
+        metrics.update(self.pending_val_metrics)
+        self.pending_val_metrics = {}
         if self.pending_episode_metrics:
             merged: dict[str, list[float]] = {}
             for summary in self.pending_episode_metrics:
@@ -380,10 +416,21 @@ def _make_sink_callback(run: _TRLRun):
     from transformers import TrainerCallback
 
     class SinkCallback(TrainerCallback):
-        """Routes TRL's logs to our sinks and polls the cooperative stop flag once per step."""
+        """Routes TRL's logs to our sinks, scores the test dataset on schedule, and polls the
+        cooperative stop flag once per step."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if run.val_tasks and run.config.trainer.val_before_train:
+                run.log_validation(state.global_step, run.validate(state.global_step))
 
         def on_step_end(self, args, state, control, **kwargs):
             self._poll(control)
+            if run.validation_due(state.global_step, state.max_steps) and not run.processor.should_stop():
+                metrics = run.validate(state.global_step)
+                if control.should_log:  # TRL logs this step next: one report with both
+                    run.pending_val_metrics = metrics
+                else:
+                    run.log_validation(state.global_step, metrics)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:

@@ -24,6 +24,7 @@ COMPARE_KEYS = ("reward", "loss", "kl", "response_length")
 # buckets per run lose nothing visible (spikes survive: each bucket keeps its min and its max).
 COMPARE_POINTS = 200
 TERMINATION_PREFIX = "termination/"
+VALIDATION_PREFIX = "val/"  # test-set scores on schedule: val/<data_source>/reward, pass@k
 MAX_COMPARE_RUNS = 500
 MAX_KEYS_PER_REQUEST = 40
 
@@ -52,7 +53,7 @@ def run_series(request: HttpRequest, pk: int) -> JsonResponse:
     run = get_run_for_user(request.user, pk, "view", share_token=_share_token(request))
     all_keys = series.keys_of(run.pk)
     wanted = _list(request.GET.get("keys")) or [
-        k for k in all_keys if k in HEADLINE_KEYS or k.startswith(TERMINATION_PREFIX)
+        k for k in all_keys if k in HEADLINE_KEYS or k.startswith((TERMINATION_PREFIX, VALIDATION_PREFIX))
     ]
     start, end = _optional_int(request.GET.get("start")), _optional_int(request.GET.get("end"))
     points = _optional_int(request.GET.get("points")) or series.DEFAULT_POINTS

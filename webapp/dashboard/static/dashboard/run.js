@@ -5,7 +5,7 @@
   const CHARTS = [
     ["reward", "Reward"], ["reward_std", "Reward std"], ["loss", "Loss"], ["kl", "KL"], ["entropy", "Entropy"],
     ["response_length", "Response length"], ["turns", "Turns per episode"], ["termination/", "Termination reasons"],
-    ["step_time", "Step time (s)"],
+    ["step_time", "Step time (s)"], ["val/", "Validation (test set, per data source)"],
   ];
   const LIVE_POINTS_BEFORE_REFETCH = 4000;
   const FINAL = ["succeeded", "failed", "cancelled"];
@@ -57,7 +57,9 @@
       if (state.smoothing > 0) {
         traces.push({ x: s.x, y: s.y, name: key + " (raw)", mode: "lines", line: { width: 1 }, opacity: 0.25, hoverinfo: "skip" });
       }
-      traces.push({ x: s.x, y: Dash.smooth(s.y, state.smoothing), name: key, mode: "lines", line: { width: 1.5 } });
+      // Validation is scored every few steps: markers show each score (one point draws no line).
+      const mode = key.startsWith("val/") ? "lines+markers" : "lines";
+      traces.push({ x: s.x, y: Dash.smooth(s.y, state.smoothing), name: key, mode, line: { width: 1.5 } });
     }
     chart.points = points;
     const layout = Dash.layout(chart.title, state.logScale);
