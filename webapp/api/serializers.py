@@ -32,9 +32,12 @@ class ProjectSerializer(serializers.ModelSerializer):
 
 
 class AgentSerializer(serializers.ModelSerializer):
+    tools = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+
     class Meta:
         model = Agent
-        fields = ["id", "name", "description", "kind", "workflow_class", "agent_class", "env_class", "project"]
+        fields = ["id", "name", "description", "kind", "workflow_class", "agent_class", "env_class",
+                  "system_prompt", "llm_config", "tools", "project"]
 
 
 class DatasetSerializer(serializers.ModelSerializer):

@@ -1,12 +1,39 @@
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 
-from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.registry.models import Agent, Backend, Dataset, RewardFunction, Tool
+
+
+class AgentAdminForm(forms.ModelForm):
+    class Meta:
+        model = Agent
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        if data.get("tools") and any(data.get(name) for name in ("workflow_class", "agent_class", "env_class")):
+            raise ValidationError("Tools belong to a chat agent, which has no workflow or agent class.")
+        return data
 
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
+    form = AgentAdminForm
     list_display = ("name", "kind", "workflow_class", "agent_class", "env_class")
-    search_fields = ("name", "workflow_class", "agent_class", "env_class")
+    search_fields = ("name", "workflow_class", "agent_class", "env_class", "system_prompt")
+    filter_horizontal = ("tools",)
+    fieldsets = (
+        (None, {"fields": ("name", "description", "project")}),
+        ("Chat agent, written without code (AWorld's agent YAML fields)", {"fields": ("system_prompt", "llm_config", "tools")}),
+        ("Agent as code (import paths)", {"fields": ("workflow_class", "workflow_args", "agent_class", "env_class", "agent_args", "env_args")}),
+    )
+
+
+@admin.register(Tool)
+class ToolAdmin(admin.ModelAdmin):
+    list_display = ("name", "path", "description")
+    search_fields = ("name", "path", "description")
 
 
 @admin.register(Dataset)

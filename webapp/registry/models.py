@@ -49,9 +49,35 @@ class RegistryEntry(models.Model):
         return self.name
 
 
+class Tool(models.Model):
+    """A Python function that chat agents may call, registered by an admin by import path (code
+    only ever comes from admins; people choose among these tools for their agents)."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    path = models.CharField(max_length=300, help_text="Import path of the function, e.g. examples.arithmetic.add.")
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        from training.tools import load_tool
+
+        try:
+            load_tool(self.path)
+        except ValueError as exc:  # not importable, or no schema the model could read
+            raise ValidationError({"path": str(exc)}) from exc
+
+
 class Agent(RegistryEntry):
     """An agent given as a workflow class, or as an agent class plus an environment class, by
-    dotted import path. All paths empty means a single-turn task (prompt in, answer out)."""
+    dotted import path; or, written without code, as a chat agent (AWorld's agent YAML fields):
+    a system prompt, a model config and tools chosen among the admin-registered ones. All empty
+    means a single-turn task (prompt in, answer out)."""
 
     workflow_class = models.CharField(max_length=300, blank=True, help_text="e.g. examples.countdown_workflow.CountdownWorkflow")
     workflow_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
@@ -59,6 +85,13 @@ class Agent(RegistryEntry):
     env_class = models.CharField(max_length=300, blank=True, help_text="e.g. examples.frozenlake.FrozenLakeEnv")
     agent_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
     env_args = models.JSONField(default=dict, blank=True, validators=[_dict_only])
+    system_prompt = models.TextField(blank=True, help_text="A chat agent's instructions (sent first in every episode).")
+    llm_config = models.JSONField(
+        default=dict, blank=True, validators=[_dict_only],
+        help_text='A chat agent\'s model config in AWorld\'s names, e.g. {"llm_temperature": 0.7}; '
+                  "llm_model_name is the model trained unless the run names one.",
+    )
+    tools = models.ManyToManyField(Tool, blank=True, related_name="agents", help_text="Tools the chat agent may call.")
 
     @property
     def kind(self) -> str:
@@ -66,16 +99,38 @@ class Agent(RegistryEntry):
             return "workflow"
         if self.agent_class or self.env_class:
             return "agent+env"
+        if self.is_chat:
+            return "chat"
         return "single-turn"
+
+    @property
+    def is_chat(self) -> bool:
+        return bool(self.system_prompt or self.llm_config or (self.pk and self.tools.exists()))
 
     def clean(self) -> None:
         if self.workflow_class and (self.agent_class or self.env_class):
             raise ValidationError("Give a workflow class or an agent and environment class, not both.")
+        if (self.system_prompt or self.llm_config) and (self.workflow_class or self.agent_class or self.env_class):
+            raise ValidationError("A chat agent (system prompt, model config, tools) has no workflow or agent class.")
+        if self.llm_config:
+            from training.chat_agent import ModelConfig
+
+            try:
+                ModelConfig.coerce(self.llm_config)
+            except ValueError as exc:
+                raise ValidationError({"llm_config": str(exc)}) from exc
 
     def trainer_kwargs(self) -> dict[str, Any]:
         """The agent part of ``AgentTrainer(...)``."""
         if self.workflow_class:
             return {"workflow_class": self.workflow_class, "workflow_args": dict(self.workflow_args)}
+        if self.kind == "chat":  # the mapping AWorld's agent YAML holds
+            fields = {
+                "system_prompt": self.system_prompt,
+                "llm_config": dict(self.llm_config),
+                "tool_names": [tool.path for tool in self.tools.order_by("name")],
+            }
+            return {"agent": {"agents": {self.name: fields}}}
         return {
             "agent_class": self.agent_class or None,
             "env_class": self.env_class or None,

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
-from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.registry.models import Agent, Backend, Dataset, RewardFunction, Tool
 
+TOOLS = [
+    {"name": "add", "path": "examples.arithmetic.add", "description": "Add two numbers."},
+    {"name": "multiply", "path": "examples.arithmetic.multiply", "description": "Multiply two numbers."},
+]
 AGENTS = [
     {"name": "frozenlake", "description": "Multi-turn grid world (examples.frozenlake).",
      "agent_class": "examples.frozenlake.FrozenLakeAgent", "env_class": "examples.frozenlake.FrozenLakeEnv"},
     {"name": "copy-task", "description": "Single-turn: copy the prompt (examples.copy_task)."},
     {"name": "countdown", "description": "A workflow agent (examples.countdown_workflow).",
      "workflow_class": "examples.countdown_workflow.CountdownWorkflow"},
+    {"name": "calculator", "description": "A chat agent with calculator tools, defined without code (examples/agents/calculator.yaml).",
+     "system_prompt": "You are a careful calculator. Use the tools, then answer with the number alone.",
+     "llm_config": {"llm_temperature": 1.0}, "tools": ["add", "multiply"]},
 ]
 DATASETS = [
     {"name": "frozenlake", "source": Dataset.Source.REGISTERED, "identifier": "frozenlake", "val_split": "test"},
     {"name": "copy", "source": Dataset.Source.REGISTERED, "identifier": "copy", "val_split": "test"},
     {"name": "countdown", "source": Dataset.Source.REGISTERED, "identifier": "countdown", "val_split": "test"},
+    {"name": "arithmetic", "source": Dataset.Source.REGISTERED, "identifier": "arithmetic", "val_split": "test"},
 ]
 REWARDS = [
     {"name": "exact-match", "path": "exact_match", "description": "1 when the answer equals ground_truth."},
     {"name": "char-accuracy", "path": "char_accuracy", "description": "Share of characters in the right place."},
     {"name": "countdown", "path": "countdown", "description": "Countdown score of an arithmetic expression."},
+    {"name": "math", "path": "math", "description": "1 when the answer's last number equals ground_truth."},
 ]
 BACKENDS = [
     {"name": "trl", "processor": "trl", "queue": "cpu", "needs_gpu": False, "enabled": True,
@@ -38,9 +47,12 @@ DEMO_RUN = {
 def seed_registry(enable_gpu_backends: bool = False) -> dict[str, int]:
     """Create or update the example rows. Backends keep an admin's later changes (only created here)."""
     counts = {}
-    for model, rows in ((Agent, AGENTS), (Dataset, DATASETS), (RewardFunction, REWARDS)):
+    for model, rows in ((Tool, TOOLS), (Agent, AGENTS), (Dataset, DATASETS), (RewardFunction, REWARDS)):
         for row in rows:
-            model.objects.update_or_create(name=row["name"], defaults={k: v for k, v in row.items() if k != "name"})
+            defaults = {k: v for k, v in row.items() if k not in ("name", "tools")}
+            entry, _ = model.objects.update_or_create(name=row["name"], defaults=defaults)
+            if "tools" in row:
+                entry.tools.set(Tool.objects.filter(name__in=row["tools"]))
         counts[model.__name__] = len(rows)
     for row in BACKENDS:
         defaults = {k: v for k, v in row.items() if k != "name"}
