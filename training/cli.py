@@ -37,7 +37,8 @@ class ProgressSink:
         if "reward" in metrics:
             self.bar.set_postfix(reward=f"{metrics['reward']:.3f}")
         shown = " ".join(f"{k}={metrics[k]:.4g}" for k in ConsoleSink.HEADLINE if k in metrics)
-        self.bar.write(f"step {step}/{self.line.total_steps} {shown}")
+        if shown:  # validation scores alone are logged by the backend itself
+            self.bar.write(f"step {step}/{self.line.total_steps} {shown}")
 
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
         pass

@@ -40,6 +40,8 @@ class ConsoleSink:
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         shown = [f"{k}={metrics[k]:.4g}" for k in self.HEADLINE if k in metrics]
+        if not shown:  # e.g. validation scores alone, which the backend logs itself
+            return
         of = f"/{self.total_steps}" if self.total_steps else ""
         logger.info("step %d%s %s", step, of, " ".join(shown))
 

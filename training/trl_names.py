@@ -44,7 +44,6 @@ DIRECT = {
     "logging_steps": "trainer.log_freq",
     "seed": "trainer.seed",
     "run_name": "trainer.experiment_name",
-    "model": "actor_rollout_ref.model.path",  # AWorld's TRL config names the model here
 }
 BATCH_NAMES = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size")
 # Names handled below with a rule of their own.
@@ -58,6 +57,8 @@ REFUSED_ALWAYS = {
     "output_dir": "the run writes under run_path (checkpoints in <run_path>/checkpoints); give run_path, or set "
                   "trainer.default_local_dir for the checkpoints",
     "trust_remote_code": "set actor_rollout_ref.model.trust_remote_code instead",
+    # AWorld's TRL config names the model 'model'; the model key stays one key, so checks on it hold.
+    "model": "name the model with actor_rollout_ref.model.path",
     "reward_model": "reward models are not supported; give reward_func",
 }
 # Why some values cannot be honoured (other names get a generic reason).
@@ -106,7 +107,7 @@ def translate_trl_names(flat: dict[str, Any], current: dict[str, Any], origin: d
         if name in DIRECT:
             put(name, DIRECT[name], value)
         elif name in REFUSED_ALWAYS:
-            raise ConfigError(name, f"TRL's {name} cannot be used here: {REFUSED_ALWAYS[name]}.")
+            raise ConfigError(name, f"{name} cannot be used here: {REFUSED_ALWAYS[name]}.")
         elif name in NO_EFFECT:
             logger.info("config: TRL's %s=%r has no effect here (the trainer sets it itself)", name, value)
         elif name in SPECIAL:

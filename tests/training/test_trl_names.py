@@ -26,7 +26,7 @@ def batch_reward(completions, prompts, **kwargs):
 
 
 def test_trl_names_map_onto_ours_and_back_to_trl_unchanged(tmp_path, caplog):
-    config = {"model": "tiny-char", "learning_rate": 3e-3, "num_generations": 4, "per_device_train_batch_size": 8,
+    config = {"actor_rollout_ref.model.path": "tiny-char", "learning_rate": 3e-3, "num_generations": 4, "per_device_train_batch_size": 8,
               "max_completion_length": 3, "beta": 0.04, "temperature": 0.9, "top_p": 0.95, "epsilon": 0.3,
               "num_iterations": 2, "max_steps": 2, "logging_steps": 1, "save_strategy": "no", "seed": 7,
               "lr_scheduler_type": "cosine", "warmup_steps": 1, "max_grad_norm": 0.5, "scale_rewards": "none"}
@@ -42,7 +42,7 @@ def test_trl_names_map_onto_ours_and_back_to_trl_unchanged(tmp_path, caplog):
 
     trl = _TRLRun(trainer.train_processor, model=None, tokenizer=None).grpo_args()
     for name, value in config.items():
-        if name == "model":
+        if "." in name:
             continue
         got = getattr(trl, name)
         assert (got.value if hasattr(got, "value") else got) == value, name
@@ -76,13 +76,15 @@ def test_eval_strategy_steps_is_validation_every_eval_steps():
 
 
 def test_aworlds_default_trl_config_is_refused_where_it_cannot_be_honoured(tmp_path):
-    with pytest.raises(ConfigError, match=r"^output_dir: TRL's output_dir cannot be used here: the run writes under run_path"):
+    with pytest.raises(ConfigError, match=r"^output_dir: output_dir cannot be used here: the run writes under run_path"):
         Config.build(AWORLD_TRL_DEFAULTS)
     rest = {k: v for k, v in AWORLD_TRL_DEFAULTS.items() if k != "output_dir"}
     with pytest.raises(ConfigError, match=r"^fp16: TRL's GRPOConfig option fp16=True cannot be honoured: mixed precision"):
         Config.build(rest)
     rest = {k: v for k, v in rest.items() if k != "fp16"}
-    config = Config.build({**rest, "model": "tiny-char"})
+    with pytest.raises(ConfigError, match=r"^model: model cannot be used here: name the model with actor_rollout_ref.model.path"):
+        Config.build({**rest, "model": "tiny-char"})
+    config = Config.build(rest)
     assert config.data.max_prompt_length == 12800 and config.data.train_batch_size == 1
     assert config.trainer.save_freq == 100 and config.trainer.total_training_steps == 2
 
@@ -92,7 +94,7 @@ def test_aworlds_default_trl_config_is_refused_where_it_cannot_be_honoured(tmp_p
     ({"loss_type": "grpo"}, "loss_type: TRL's GRPOConfig option loss_type='grpo' cannot be honoured"),
     ({"top_k": 50}, "top_k: TRL's GRPOConfig option top_k=50 cannot be honoured: top-k sampling is not available"),
     ({"use_vllm": True}, "use_vllm: TRL's GRPOConfig option use_vllm=True cannot be honoured: generation with vLLM belongs to the verl backend"),
-    ({"trust_remote_code": True}, "trust_remote_code: TRL's trust_remote_code cannot be used here: set actor_rollout_ref.model.trust_remote_code"),
+    ({"trust_remote_code": True}, "trust_remote_code: trust_remote_code cannot be used here: set actor_rollout_ref.model.trust_remote_code"),
     ({"num_generations": 3, "per_device_train_batch_size": 8}, "per_device_train_batch_size: per_device_train_batch_size x gradient_accumulation_steps = 8 completions must be a multiple of num_generations (3)"),
     ({"scale_rewards": "batch"}, "scale_rewards: 'batch' cannot be honoured"),
     ({"save_strategy": "epoch"}, "save_strategy: 'epoch' cannot be honoured"),
