@@ -78,10 +78,28 @@ AGENT_RUNTIME_ARGS = {
 }
 
 
-class ModelConfig:
+class _Coercible:
+    """``coerce``: an instance as it is, None as the defaults, a mapping as keyword arguments."""
+
+    _given_as = "a mapping of its fields"
+
+    @classmethod
+    def coerce(cls, value: Any) -> Any:
+        if isinstance(value, cls):
+            return value
+        if value is None:
+            return cls()
+        if isinstance(value, dict):
+            return cls(**value)
+        raise ValueError(f"{cls._given_as}, got {type(value).__name__}.")
+
+
+class ModelConfig(_Coercible):
     """AWorld's ``ModelConfig`` (the ``llm_config`` of an agent). ``llm_model_name`` and
     ``llm_temperature`` set the model and sampling temperature under the run's config; the API
     client fields (provider, URL, key) are accepted and do nothing, since the trained policy answers."""
+
+    _given_as = "llm_config must be a mapping of AWorld ModelConfig fields"
 
     def __init__(self, **fields: Any) -> None:
         unknown = sorted(set(fields) - set(MODEL_CONFIG_KEYS) - MODEL_CLIENT_FIELDS)
@@ -96,24 +114,16 @@ class ModelConfig:
         self.llm_model_name: str | None = name
         self.llm_temperature: float = float(temperature) if temperature is not None else 1.0
 
-    @classmethod
-    def coerce(cls, value: Any) -> "ModelConfig":
-        if isinstance(value, cls):
-            return value
-        if value is None:
-            return cls()
-        if isinstance(value, dict):
-            return cls(**value)
-        raise ValueError(f"llm_config must be a mapping of AWorld ModelConfig fields, got {type(value).__name__}.")
-
     def training_keys(self) -> dict[str, Any]:
         return {MODEL_CONFIG_KEYS[name]: value for name, value in self.fields.items() if name in MODEL_CONFIG_KEYS}
 
 
-class AgentConfig:
+class AgentConfig(_Coercible):
     """AWorld's ``AgentConfig``: ``llm_config`` (or its fields given directly, as AWorld allows),
     ``max_steps`` (turns per episode) and ``system_prompt``. AWorld's runtime settings (memory,
     recording, ...) are accepted and do nothing; any other field is refused, named."""
+
+    _given_as = "conf must be an AgentConfig or a mapping of its fields"
 
     def __init__(self, llm_config: Any = None, max_steps: int | None = None, system_prompt: str | None = None, **fields: Any) -> None:
         model_fields = {k: v for k, v in fields.items() if k in MODEL_CONFIG_KEYS or k in MODEL_CLIENT_FIELDS}
@@ -132,16 +142,6 @@ class AgentConfig:
             raise ValueError(f"agent config system_prompt must be text, got {type(system_prompt).__name__}.")
         self.max_steps = max_steps
         self.system_prompt = system_prompt
-
-    @classmethod
-    def coerce(cls, value: Any) -> "AgentConfig":
-        if isinstance(value, cls):
-            return value
-        if value is None:
-            return cls()
-        if isinstance(value, dict):
-            return cls(**value)
-        raise ValueError(f"conf must be an AgentConfig or a mapping of its fields, got {type(value).__name__}.")
 
     def training_keys(self) -> dict[str, Any]:
         keys = self.llm_config.training_keys()

@@ -149,6 +149,10 @@ def translate_trl_names(flat: dict[str, Any], current: dict[str, Any], origin: d
 
 
 def _same(value: Any, default: Any) -> bool:
+    """Whether ``value`` asks for what TRL's default does (a None default means off or automatic,
+    which False or 0 also ask for: ``bf16=False`` needs nothing)."""
+    if default is None and value in (False, 0):
+        return True
     try:
         return bool(value == default)
     except Exception:  # an odd value that cannot be compared is not the default

@@ -45,7 +45,8 @@ class ScriptedGenerator:
     async def generate(self, prompt_ids: list[int], max_new_tokens: int) -> GenerationOutput:
         self.prompts.append(TOKENIZER.decode(prompt_ids))
         ids = (encode(TOKENIZER, self.texts.pop(0)) + [TOKENIZER.eos_token_id])[:max_new_tokens]
-        return GenerationOutput(TOKENIZER.decode(ids, skip_special_tokens=True), list(prompt_ids), ids, [-0.5] * len(ids), "stop")
+        return GenerationOutput(text=TOKENIZER.decode(ids, skip_special_tokens=True), prompt_ids=list(prompt_ids),
+                                completion_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")
 
 
 def calculator_yaml(tmp_path: Path, **fields) -> Path:

@@ -65,7 +65,8 @@ def test_a_layer_with_batch_sizes_alone_uses_the_configs_group_size():
 
 def test_trls_defaults_ask_for_nothing_and_no_effect_names_are_accepted(caplog):
     with caplog.at_level(logging.INFO, logger="training"):
-        config = Config.build({"push_to_hub": False, "use_vllm": False, "remove_unused_columns": True, "report_to": "none"})
+        config = Config.build({"push_to_hub": False, "use_vllm": False, "remove_unused_columns": True, "report_to": "none",
+                               "bf16": False, "warmup_ratio": 0.0})
     assert config == Config.build(None)
     assert "TRL's push_to_hub=False is TRL's default; nothing to set" in caplog.text
 
