@@ -106,3 +106,17 @@ def test_reward_of_the_wrong_kind_fails_at_construction():
             raise AssertionError("a reward of the wrong kind was accepted")
     finally:
         AgentTrainer.unregister_processor('my_framework')
+
+
+def test_a_processor_without_inference_says_so(tmp_path):
+    AgentTrainer.register_processor('my_framework', MyFrameworkTrainer)
+    try:
+        trainer = AgentTrainer(agent="a.yaml", run_path=str(tmp_path), train_engine_name='my_framework')
+        try:
+            trainer.evaluate()
+        except NotImplementedError as error:
+            assert "MyFrameworkTrainer training processor does not implement inference()" in str(error)
+        else:
+            raise AssertionError("inference() of a processor without one did not raise")
+    finally:
+        AgentTrainer.unregister_processor('my_framework')
