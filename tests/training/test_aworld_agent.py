@@ -232,3 +232,20 @@ def test_a_dataset_without_the_prompt_is_named_at_construction(tmp_path):
     with pytest.raises(ValueError, match=r"the task has no 'question' field \(data.prompt_key\); its fields are \['data_source', 'ground_truth', 'prompt'\]"):
         AgentTrainer(agent=str(calculator_yaml(tmp_path)), train_dataset="arithmetic:train", reward_func="math",
                      run_path=str(tmp_path), config={"data.prompt_key": "question"})
+
+
+def test_a_reward_that_raises_mid_training_fails_the_chat_agents_run_naming_it(tmp_path):
+    from training.outcomes import RewardFailed
+
+    def picky(task, response):
+        if response:
+            raise ValueError("cannot parse the answer")
+        return 0.0
+
+    trainer = AgentTrainer(agent=str(AGENTS_YAML), train_dataset=[{"prompt": p} for p in "wxyz"], reward_func=picky,
+                           run_path=str(tmp_path), train_engine_name="trl",
+                           config={"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2,
+                                   "data.train_batch_size": 2, "data.max_response_length": 2,
+                                   "trainer.total_training_steps": 2, "trainer.logger": []})
+    with pytest.raises(RewardFailed, match=r"^reward function picky raised ValueError: cannot parse the answer on the row \{'prompt': '\w'\} in step 1"):
+        trainer.train()

@@ -113,3 +113,20 @@ def test_a_batch_reward_trains_single_turn_with_one_call_per_generation(tmp_path
     assert result.steps == 2
     assert sizes == [1, 16, 16]  # the construction probe, then one call per step with every completion
     assert all(0.0 <= m["reward"] <= 1.0 for m in sink.metrics)
+
+
+def test_a_batch_reward_that_raises_mid_training_is_named_with_its_rows_and_step(tmp_path):
+    from training.outcomes import RewardFailed
+
+    def batch(completions, prompts, **kwargs):
+        if len(completions) > 1:
+            raise KeyError("solution")
+        return [0.0]
+
+    trainer = AgentTrainer(
+        train_dataset=[{"prompt": p} for p in "wxyz"], reward_func=batch, run_path=str(tmp_path), train_engine_name="trl",
+        config={"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2, "data.train_batch_size": 2,
+                "data.max_response_length": 2, "trainer.total_training_steps": 2, "trainer.logger": []},
+    )
+    with pytest.raises(RewardFailed, match=r"reward function batch raised KeyError: 'solution' on the batch of rows \[\d, \d\] of train_dataset in step 1"):
+        trainer.train()

@@ -98,7 +98,11 @@ class _TRLRun:
         self.spec = processor.agent_spec
         self.tasks = dataset_to_tasks(processor.train_dataset)
         self.outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate, self.tasks)
-        self.reward_fn = self.outcomes.watch_reward(processor.reward_fn, required=self.spec.kind == "single_turn")
+        chat = processor.chat_agent
+        required = self.spec.kind == "single_turn" or chat is not None
+        self.reward_fn = self.outcomes.watch_reward(processor.reward_fn, required=required)
+        if chat is not None:  # its environment scores the answers: with the watched reward while training
+            self.spec = chat.to_spec(self.reward_fn, self.config.data.prompt_key).validate()
         self.pending_episode_metrics: list[dict[str, float]] = []
         self.pending_samples: list[dict[str, Any]] = []
         self.last_metrics: dict[str, float] = {}
@@ -308,7 +312,9 @@ class _TRLRun:
         """Score the test dataset with the current policy: ``val/<data_source>/...`` metrics."""
         started = time.perf_counter()
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        result = evaluate(self.spec, model, self.tokenizer, self.config, self.processor.reward_fn, self.val_tasks, "val")
+        # The processor's own spec and reward: validation is not training's to count or to fail.
+        processor = self.processor
+        result = evaluate(processor.agent_spec, model, self.tokenizer, self.config, processor.reward_fn, self.val_tasks, "val")
         logger.info(
             "validation at step %d (%d tasks, %.1f s): %s", step, len(self.val_tasks), time.perf_counter() - started,
             " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()),
