@@ -70,8 +70,14 @@ class ModelConfig:
     dtype: str = _doc("Weights dtype: float32, bfloat16 or float16.", "float32")
     tiny_layers: int = _doc("Layers of the 'tiny-char' model.", 2)
     tiny_hidden_size: int = _doc("Hidden size of the 'tiny-char' model.", 64)
+    lora_rank: int = _doc(
+        "LoRA rank of the trained adapter; 0 trains all weights where the backend can (tinker and "
+        "fireworks train LoRA adapters and default to 32).",
+        0,
+    )
 
     def __post_init__(self) -> None:
+        _check(self.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", "must be 0 (no LoRA) or more.")
         _check(
             self.dtype in ("float32", "bfloat16", "float16"),
             "actor_rollout_ref.model.dtype",
@@ -199,6 +205,11 @@ class TrainerConfig:
     device: str = _doc("auto, cpu or cuda.", "auto")
     ray_address: str | None = _doc("Join this Ray cluster (verl); None starts a local one.", None)
     max_checkpoints: int = _doc("Keep at most this many checkpoints (0: keep all).", 2)
+    python: str | None = _doc(
+        "Interpreter of the training process, for backends that train in an environment of their own "
+        "(swift); None: the backend's default.",
+        None,
+    )
     cpu_threads: int = _doc(
         "Torch threads when training on the CPU; 0 keeps torch's default. Tiny models on a few "
         "shared cores run several times faster with 1.",
@@ -248,6 +259,36 @@ class RllmConfig:
     agent: AgentLoopConfig = _doc("The agent loop.", factory=AgentLoopConfig)
 
 
+REMOTE_LOSSES = ("importance_sampling", "ppo")
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    base_url: str | None = _doc(
+        "URL of the remote training service (tinker, fireworks); None: the SDK's default "
+        "(TINKER_BASE_URL or Tinker's service; https://api.fireworks.ai).",
+        None,
+    )
+    loss_fn: str = _doc("Loss the service computes: importance_sampling or ppo (clipped by actor.clip_ratio).", "importance_sampling")
+    adam_beta1: float = _doc("Adam beta1 sent with each optimizer step.", 0.9)
+    adam_beta2: float = _doc("Adam beta2 sent with each optimizer step.", 0.95)
+    adam_eps: float = _doc("Adam epsilon sent with each optimizer step.", 1e-8)
+    region: str | None = _doc("Fireworks region of the trainer job and deployment; None: Fireworks chooses.", None)
+    training_shape: str | None = _doc(
+        "Fireworks training shape (accounts/<a>/trainingShapes/<s>); None: Fireworks selects one.", None
+    )
+    accelerator_type: str | None = _doc("Fireworks deployment accelerator when no deployment shape applies.", None)
+    poll_interval_s: float = _doc("Seconds between readiness polls of remote jobs and deployments.", 5.0)
+    ready_timeout_s: float = _doc("Seconds a remote trainer job or deployment may take to become ready.", 1800.0)
+
+    def __post_init__(self) -> None:
+        _check(self.loss_fn in REMOTE_LOSSES, "remote.loss_fn", f"must be one of {', '.join(REMOTE_LOSSES)}, not {self.loss_fn!r}.")
+        _check(0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "remote.adam_beta1", "betas must be in [0, 1).")
+        _check(self.adam_eps > 0, "remote.adam_eps", "must be greater than 0.")
+        _check(self.poll_interval_s > 0, "remote.poll_interval_s", "must be greater than 0 seconds.")
+        _check(self.ready_timeout_s > 0, "remote.ready_timeout_s", "must be greater than 0 seconds.")
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole training configuration. Build it with ``Config.build(overrides)``."""
@@ -257,6 +298,7 @@ class Config:
     algorithm: AlgorithmConfig = _doc("Advantages.", factory=AlgorithmConfig)
     trainer: TrainerConfig = _doc("The training loop.", factory=TrainerConfig)
     rllm: RllmConfig = _doc("Agent-loop settings (rLLM's names).", factory=RllmConfig)
+    remote: RemoteConfig = _doc("Remote training services (tinker, fireworks).", factory=RemoteConfig)
 
     def __post_init__(self) -> None:
         mini = self.actor_rollout_ref.actor.ppo_mini_batch_size

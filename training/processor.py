@@ -87,6 +87,9 @@ class TrainerProcessor(ABC):
 _BUILTIN_PROCESSORS: dict[str, str] = {
     "trl": "training.backends.trl_backend.TRLProcessor",
     "verl": "training.backends.verl_backend.VerlProcessor",
+    "tinker": "training.backends.tinker_backend.TinkerProcessor",
+    "fireworks": "training.backends.fireworks_backend.FireworksProcessor",
+    "swift": "training.backends.swift_backend.SwiftProcessor",
 }
 _PROCESSORS: dict[str, type[TrainerProcessor] | str] = dict(_BUILTIN_PROCESSORS)
 

@@ -152,6 +152,7 @@ def _our_keys_in_verl(config: Config, run_path: Path) -> dict[str, Any]:
         "actor_rollout_ref.model.path": model.path,
         "actor_rollout_ref.model.tokenizer_path": model.tokenizer_path,
         "actor_rollout_ref.model.trust_remote_code": model.trust_remote_code,
+        "actor_rollout_ref.model.lora_rank": model.lora_rank,
         "actor_rollout_ref.actor.optim.lr": actor.optim.lr,
         "actor_rollout_ref.actor.optim.weight_decay": actor.optim.weight_decay,
         "actor_rollout_ref.actor.optim.lr_warmup_steps": actor.optim.lr_warmup_steps,

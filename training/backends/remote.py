@@ -1,0 +1,466 @@
+"""What the tinker and fireworks backends share: a remote training service that speaks Tinker's
+protocol (``forward_backward`` / ``optim_step`` / weights saved for a sampler).
+
+The step is the same on both services, and is written once here (``RemoteTrainingLoop``):
+
+1. our rollout engine runs ``data.train_batch_size`` tasks x ``actor_rollout_ref.rollout.n``
+   episodes, sampling through the service (a ``TokenGenerator`` over the SDK's sampler);
+2. group advantages (``algorithm.adv_estimator``) turn each episode into one ``Datum``: the
+   episode's tokens, the sampling log-probabilities, and the advantage on the model's own tokens
+   (0 on the prompt and on environment tokens, which are therefore never trained on);
+3. ``forward_backward`` with the importance-sampling or PPO loss (``remote.loss_fn``), then
+   ``optim_step`` (one pair per ``actor.ppo_mini_batch_size`` prompts);
+4. the new weights are published for sampling, so the next step samples on-policy;
+5. every ``trainer.save_freq`` steps (and at the end) the training state is saved on the service
+   and its path recorded in ``<run>/checkpoints/step-N/checkpoint.json``, from which a re-run
+   resumes (``trainer.resume_mode=auto``).
+
+What differs between the services lives in a ``ServiceSession`` (how the session is opened, how
+the sampler follows new weights, what is provisioned and torn down) in ``tinker_backend.py`` and
+``fireworks_backend.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from training.backends.base import BuiltinProcessor, TrainResult
+from training.config import Config, ConfigError, ConfigInput, parse_overrides
+from training.data import dataset_to_tasks
+from training.generation import GenerationOutput
+from training.log import logger
+from training.types import Episode
+from training.utils import is_package_available
+
+SAMPLE_EPISODES_PER_STEP = 4
+CHECKPOINT_FILE = "checkpoint.json"
+
+# rLLM's tinker and fireworks config names (rllm/trainer/config/rllm/backend/*.yaml) -> ours.
+RLLM_REMOTE_ALIASES = {
+    "model.name": "actor_rollout_ref.model.path",
+    "model.tokenizer_model": "actor_rollout_ref.model.tokenizer_path",
+    "model.lora_rank": "actor_rollout_ref.model.lora_rank",
+    "training.group_size": "actor_rollout_ref.rollout.n",
+    "training.learning_rate": "actor_rollout_ref.actor.optim.lr",
+    "training.weight_decay": "actor_rollout_ref.actor.optim.weight_decay",
+    "training.grad_clip_norm": "actor_rollout_ref.actor.grad_clip",
+    "training.beta1": "remote.adam_beta1",
+    "training.beta2": "remote.adam_beta2",
+    "training.eps": "remote.adam_eps",
+    "training.default_local_dir": "trainer.default_local_dir",
+    "training.resume_mode": "trainer.resume_mode",
+    "sampling.temperature": "actor_rollout_ref.rollout.temperature",
+    "sampling.top_p": "actor_rollout_ref.rollout.top_p",
+    "tinker_base_url": "remote.base_url",
+    "fireworks_base_url": "remote.base_url",
+}
+
+
+def apply_aliases(config: ConfigInput, aliases: dict[str, str]) -> ConfigInput:
+    """Overrides with rLLM's names renamed to ours. Giving both names with different values is an error."""
+    if config is None or isinstance(config, Config):
+        return config
+    flat = parse_overrides(config)
+    renamed: dict[str, Any] = {}
+    for key, value in flat.items():
+        ours = aliases.get(key, key)
+        if ours in renamed and renamed[ours] != value:
+            raise ConfigError(key, f"is rLLM's name for {ours}, which is also set to {renamed[ours]!r}; give one.")
+        renamed[ours] = value
+    return renamed
+
+
+class RemoteCallError(RuntimeError):
+    """A call to the remote training service failed; the message names the service, call and step."""
+
+
+def remote_call(service: str, what: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except RemoteCallError:
+        raise
+    except Exception as exc:
+        raise RemoteCallError(f"{service} {what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+@dataclass
+class SampleResult:
+    completion_ids: list[int]
+    logprobs: list[float]
+    stopped: bool  # ended on a stop token (else: ran out of max_tokens)
+
+
+class RemoteGenerator:
+    """Our rollout engine's ``TokenGenerator`` over a service's sampler. ``sample`` is the
+    service-specific coroutine; every request is one episode's next turn."""
+
+    def __init__(self, sample: Callable[[list[int], int], Any], tokenizer: Any, service: str) -> None:
+        self._sample = sample
+        self.tokenizer = tokenizer
+        self.service = service
+
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int) -> GenerationOutput:
+        result: SampleResult = await self._sample(list(prompt_ids), int(max_new_tokens))
+        if len(result.logprobs) != len(result.completion_ids):
+            raise RemoteCallError(
+                f"{self.service} sampling returned {len(result.completion_ids)} tokens but "
+                f"{len(result.logprobs)} log-probabilities; training needs one per token."
+            )
+        return GenerationOutput(
+            text=self.tokenizer.decode(result.completion_ids, skip_special_tokens=True),
+            prompt_ids=list(prompt_ids),
+            completion_ids=list(result.completion_ids),
+            logprobs=[float(x) for x in result.logprobs],
+            finish_reason="stop" if result.stopped else "length",
+        )
+
+
+class ServiceSession(ABC):
+    """One run's connection to a training service. ``close`` releases every remote resource the
+    session created; it is called on success, failure and cancel alike."""
+
+    service: str = "remote"
+
+    def __init__(self) -> None:
+        self.remote_ids: dict[str, str] = {}  # shown on the run page: job, deployment, model ids
+        self.training_client: Any = None
+        self.types: Any = None  # the SDK's types module (Datum, ModelInput, TensorData, AdamParams)
+
+    @abstractmethod
+    def generator(self, tokenizer: Any) -> RemoteGenerator:
+        """The token generator sampling the latest published weights."""
+
+    @abstractmethod
+    def publish(self, name: str) -> str:
+        """Save the current weights for sampling and point the sampler at them; returns their path."""
+
+    @abstractmethod
+    def save_state(self, name: str) -> str:
+        """Save weights and optimizer state for resuming; returns the service's path."""
+
+    @abstractmethod
+    def close(self, outcome: str = "success") -> None:
+        """Release what the session holds (sessions, jobs, deployments). ``outcome`` is success,
+        errored or interrupted. Must not raise."""
+
+
+@dataclass
+class CheckpointRecord:
+    step: int
+    state_path: str
+    sampler_path: str
+    service: str
+    remote_ids: dict[str, str] = field(default_factory=dict)
+
+    def write(self, directory: Path) -> Path:
+        target = directory / f"step-{self.step}"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / CHECKPOINT_FILE).write_text(json.dumps(self.__dict__, indent=1))
+        return target
+
+    @staticmethod
+    def latest(directory: Path) -> "CheckpointRecord | None":
+        records = []
+        for path in directory.glob(f"step-*/{CHECKPOINT_FILE}"):
+            try:
+                records.append(CheckpointRecord(**json.loads(path.read_text())))
+            except (OSError, ValueError, TypeError) as exc:
+                logger.warning("ignoring unreadable checkpoint record %s: %s", path, exc)
+        return max(records, key=lambda r: r.step) if records else None
+
+
+class RemoteProcessor(BuiltinProcessor):
+    """A backend whose policy lives in a remote training service. Subclasses name the SDK and the
+    API-key variable and open a ``ServiceSession``."""
+
+    sdk_package: str = ""
+    sdk_install: str = ""
+    api_key_env: str = ""
+    aliases: dict[str, str] = RLLM_REMOTE_ALIASES
+
+    def __init__(self, run_path: str) -> None:
+        super().__init__(run_path)
+        self.session: ServiceSession | None = None
+        self.remote_ids_callback: Callable[[dict[str, str]], None] | None = None
+
+    def default_overrides(self) -> dict[str, Any]:
+        return {"actor_rollout_ref.model.lora_rank": 32, "trainer.cpu_threads": 1}
+
+    def check_config(self, config: ConfigInput = None) -> Config:
+        return super().check_config(apply_aliases(config, self.aliases))
+
+    def check_backend(self, config: Config) -> None:
+        problems = self.environment_problems()
+        if problems:
+            raise ValueError(f"backend: the {self.name} backend cannot run here: " + "; ".join(problems))
+        if config.actor_rollout_ref.model.lora_rank < 1:
+            raise ConfigError("actor_rollout_ref.model.lora_rank", f"the {self.name} service trains LoRA adapters; use a rank of 1 or more (32 is usual).")
+        if config.actor_rollout_ref.rollout.n < 2:
+            raise ConfigError("actor_rollout_ref.rollout.n", "group advantages compare episodes of one prompt; use 2 or more.")
+        if config.trainer.nnodes != 1:
+            raise ConfigError("trainer.nnodes", f"the {self.name} service places the job itself; leave trainer.nnodes at 1.")
+
+    @classmethod
+    def environment_problems(cls) -> list[str]:
+        """What stops this backend here: its SDK not installed, its API key not set (names each)."""
+        problems = []
+        if not is_package_available(cls.sdk_package):
+            problems.append(f"its SDK is not installed (pip install '{cls.sdk_install}')")
+        if not os.environ.get(cls.api_key_env):
+            problems.append(f"{cls.api_key_env} is not set (the {cls.name} API key, read from the environment)")
+        return problems
+
+    @abstractmethod
+    def open_session(self, resume: CheckpointRecord | None) -> ServiceSession:
+        """Connect (and provision), starting from ``resume``'s state when given."""
+
+    def checkpoint_dir(self) -> Path:
+        configured = self.config.trainer.default_local_dir
+        return Path(configured) if configured else self.path / "checkpoints"
+
+    def load_tokenizer(self) -> Any:
+        """The tokenizer of the service's base model, loaded here: episodes are tokenized locally."""
+        from training.models import TINY_MODEL
+
+        model = self.config.actor_rollout_ref.model
+        if (model.tokenizer_path or model.path) == TINY_MODEL:
+            from training.tiny import build_char_tokenizer
+
+            return build_char_tokenizer()
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code)
+        except OSError as exc:
+            raise ValueError(
+                f"actor_rollout_ref.model.tokenizer_path: could not load the tokenizer of {model.tokenizer_path or model.path!r} "
+                f"({exc}); episodes are tokenized locally, so set it to a hub id or directory with the base model's tokenizer."
+            ) from exc
+
+    def train(self) -> TrainResult:
+        self.attach_default_sinks()
+        try:
+            return RemoteTrainingLoop(self).run()
+        finally:
+            self.sinks.close()
+
+
+class RemoteTrainingLoop:
+    def __init__(self, processor: RemoteProcessor) -> None:
+        self.processor = processor
+        self.config = processor.config
+        self.spec = processor.agent_spec
+        self.tasks = dataset_to_tasks(processor.train_dataset)
+        self.service = processor.name
+        self.last_metrics: dict[str, float] = {}
+
+    def run(self) -> TrainResult:
+        processor, cfg = self.processor, self.config
+        random.seed(cfg.trainer.seed)
+        if cfg.trainer.cpu_threads:
+            import torch
+
+            torch.set_num_threads(cfg.trainer.cpu_threads)
+        tokenizer = processor.load_tokenizer()
+        checkpoints = processor.checkpoint_dir()
+        resume = CheckpointRecord.latest(checkpoints) if cfg.trainer.resume_mode == "auto" else None
+        if resume is not None:
+            logger.info("resuming from step %d: %s", resume.step, resume.state_path)
+        start = resume.step if resume else 0
+        total = cfg.trainer.total_training_steps
+        stopped, step, sampler_path = False, start, resume.sampler_path if resume else ""
+        session = processor.open_session(resume)
+        processor.session = session
+        outcome = "errored"
+        try:
+            if processor.remote_ids_callback is not None:
+                processor.remote_ids_callback(dict(session.remote_ids))
+            if start >= total:
+                logger.info("nothing to train: the latest checkpoint is at step %d of %d", start, total)
+            else:
+                sampler_path = remote_call(self.service, "publishing the starting weights", lambda: session.publish(f"step-{start:06d}"))
+            logger.info(
+                "training with %s: %d steps, %d prompts x %d episodes per step, agent kind %s",
+                self.service, total, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, self.spec.kind,
+            )
+            for step in range(start + 1, total + 1):
+                if processor.should_stop():
+                    stopped, step = True, step - 1
+                    break
+                sampler_path = self.train_step(step, session, tokenizer)
+                if self._save_due(step, total):
+                    self.save(step, session, sampler_path, checkpoints)
+                if processor.should_stop():
+                    stopped = step < total
+                    break
+            outcome = "interrupted" if stopped else "success"
+        except KeyboardInterrupt:
+            outcome = "interrupted"
+            raise
+        finally:
+            session.close(outcome)
+        logger.info("training %s after %d steps; weights at %s", "stopped" if stopped else "finished", step, sampler_path)
+        return TrainResult(
+            run_path=processor.run_path, steps=step, metrics=dict(self.last_metrics),
+            checkpoint=sampler_path or None, stopped=stopped,
+        )
+
+    # -- one step --------------------------------------------------------------------------
+    def train_step(self, step: int, session: ServiceSession, tokenizer: Any) -> str:
+        from training.rollout import RolloutEngine, summarize_episodes
+
+        cfg = self.config
+        started = time.perf_counter()
+        n = cfg.actor_rollout_ref.rollout.n
+        tasks = self._batch(step)
+        engine = RolloutEngine(self.spec, session.generator(tokenizer), tokenizer, cfg, self.processor.reward_fn)
+        episodes = asyncio.run(engine.run_episodes(tasks, n=n))
+        summary = summarize_episodes(episodes)
+        sampling_time = time.perf_counter() - started
+        advantages, dropped = self._advantages(episodes, n)
+        mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size or cfg.data.train_batch_size
+        per_update = mini * n
+        loss_sum, tokens, updates = 0.0, 0, 0
+        kl_terms: list[float] = []
+        for first in range(0, len(episodes), per_update):
+            chunk = list(zip(episodes[first : first + per_update], advantages[first : first + per_update]))
+            datums, sampled = self._datums(session, chunk)
+            if not datums:
+                continue
+            for _ in range(cfg.actor_rollout_ref.actor.ppo_epochs):
+                output = self._update(session, datums, step)
+                loss_sum += float(output.metrics.get("loss:sum", 0.0))
+                updates += 1
+            tokens += sum(len(lps) for lps in sampled)
+            kl_terms.extend(_sampler_trainer_gap(output, sampled))
+        sampler_path = remote_call(self.service, f"publishing the weights of step {step}", lambda: session.publish(f"step-{step:06d}"))
+        metrics = {
+            **summary,
+            "loss": loss_sum / max(tokens, 1),
+            "lr": cfg.actor_rollout_ref.actor.optim.lr,
+            "optimizer_steps": float(updates),
+            "dropped_groups": dropped,
+            "sampling_time": sampling_time,
+            "step_time": time.perf_counter() - started,
+        }
+        if kl_terms:
+            metrics["kl"] = sum(kl_terms) / len(kl_terms)  # E[log p_sampler - log p_trainer] on the trained tokens
+        self.last_metrics = metrics
+        if step % cfg.trainer.log_freq == 0 or step == cfg.trainer.total_training_steps:
+            self.processor.sinks.log_metrics(step, metrics)
+            self.processor.sinks.log_episodes(step, [e.to_dict() for e in episodes[:SAMPLE_EPISODES_PER_STEP]])
+        return sampler_path
+
+    def _batch(self, step: int) -> list[dict]:
+        """The tasks of ``step``: the dataset in one (seeded) shuffled order per epoch, so a resumed
+        run continues with the same tasks it would have seen."""
+        size, count = self.config.data.train_batch_size, len(self.tasks)
+        batch = []
+        for index in range((step - 1) * size, step * size):
+            epoch, position = divmod(index, count)
+            order = list(range(count))
+            if self.config.data.shuffle:
+                random.Random(self.config.trainer.seed + epoch).shuffle(order)
+            batch.append(self.tasks[order[position]])
+        return batch
+
+    def _advantages(self, episodes: list[Episode], n: int) -> tuple[list[float], float]:
+        import torch
+
+        from training.advantages import compute_advantages, equal_reward_groups
+
+        algorithm = self.config.algorithm
+        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)
+        advantages = compute_advantages(rewards, n, algorithm.adv_estimator, norm_by_std=algorithm.norm_adv_by_std_in_grpo)
+        dropped = 0.0
+        if algorithm.filter_groups.enable:
+            equal = equal_reward_groups(rewards, n)
+            advantages = advantages * (~equal).repeat_interleave(n).float()
+            dropped = float(equal.float().mean())
+        return advantages.tolist(), dropped
+
+    def _datums(self, session: ServiceSession, chunk: list[tuple[Episode, float]]) -> tuple[list[Any], list[list[float]]]:
+        """One Datum per episode: inputs are the tokens but the last, targets the tokens but the first;
+        the advantage and the sampling log-probability sit on the model's own tokens only."""
+        types = session.types
+        datums, sampled = [], []
+        for episode, advantage in chunk:
+            if not episode.response_ids:
+                continue  # no tokens: the first prompt was too long
+            tokens = list(episode.prompt_ids) + list(episode.response_ids)
+            prompt = len(episode.prompt_ids)
+            mask = [0] * prompt + list(episode.response_mask)
+            logprobs = [0.0] * prompt + list(episode.response_logprobs)
+            targets = tokens[1:]
+            weights = [float(advantage) * m for m in mask[1:]]
+            old = [lp if m else 0.0 for lp, m in zip(logprobs[1:], mask[1:])]
+            datums.append(
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(tokens[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": types.TensorData(data=targets, dtype="int64", shape=[len(targets)]),
+                        "logprobs": types.TensorData(data=old, dtype="float32", shape=[len(old)]),
+                        "advantages": types.TensorData(data=weights, dtype="float32", shape=[len(weights)]),
+                    },
+                )
+            )
+            sampled.append([lp if m else None for lp, m in zip(logprobs[1:], mask[1:])])
+        return datums, sampled
+
+    def _update(self, session: ServiceSession, datums: list[Any], step: int) -> Any:
+        cfg = self.config
+        actor, remote = cfg.actor_rollout_ref.actor, cfg.remote
+        loss_config = None
+        if remote.loss_fn == "ppo":
+            loss_config = {"clip_low_threshold": 1.0 - actor.clip_ratio, "clip_high_threshold": 1.0 + actor.clip_ratio}
+        adam = session.types.AdamParams(
+            learning_rate=actor.optim.lr, beta1=remote.adam_beta1, beta2=remote.adam_beta2, eps=remote.adam_eps,
+            weight_decay=actor.optim.weight_decay, grad_clip_norm=actor.grad_clip,
+        )
+        client = session.training_client
+
+        def run() -> Any:
+            backward = client.forward_backward(datums, remote.loss_fn, loss_config)
+            optim = client.optim_step(adam)  # queued behind forward_backward, as the SDK recommends
+            output = backward.result()
+            optim.result()
+            return output
+
+        return remote_call(self.service, f"forward_backward/optim_step at step {step}", run)
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def _save_due(self, step: int, total: int) -> bool:
+        freq = self.config.trainer.save_freq
+        return step == total or (freq > 0 and step % freq == 0)
+
+    def save(self, step: int, session: ServiceSession, sampler_path: str, directory: Path) -> None:
+        state_path = remote_call(self.service, f"save_state at step {step}", lambda: session.save_state(f"state-{step:06d}"))
+        record = CheckpointRecord(step=step, state_path=state_path, sampler_path=sampler_path, service=self.service, remote_ids=dict(session.remote_ids))
+        record.write(directory)
+        logger.info("checkpoint of step %d: %s", step, state_path)
+        keep = self.config.trainer.max_checkpoints
+        if keep:
+            steps = sorted(int(p.parent.name.split("-", 1)[1]) for p in directory.glob(f"step-*/{CHECKPOINT_FILE}"))
+            for old in steps[:-keep]:
+                shutil.rmtree(directory / f"step-{old}", ignore_errors=True)
+
+
+def _sampler_trainer_gap(output: Any, sampled: list[list[float | None]]) -> list[float]:
+    """Per-token log p_sampler - log p_trainer on the trained tokens (how off-policy the step was)."""
+    gaps = []
+    for record, old in zip(getattr(output, "loss_fn_outputs", None) or [], sampled):
+        new = record.get("logprobs") if isinstance(record, dict) else None
+        if new is None:
+            continue
+        values = new.tolist() if hasattr(new, "tolist") else list(new.data)
+        gaps.extend(o - v for o, v in zip(old, values) if o is not None)
+    return gaps
