@@ -1,0 +1,120 @@
+"""The tinker backend trains through the real ``tinker`` SDK.
+
+Stand-in: the Tinker *service* (no network here). ``standins.tinker_service`` is a loopback HTTP
+server that speaks the SDK's wire format (JSON futures, protobuf forward_backward and sample
+results) over a real tiny torch model. Everything on our side of the wire is real: the SDK's
+ServiceClient/TrainingClient/SamplingClient, our rollout engine, datums, losses and checkpoints.
+"""
+
+import json
+
+import pytest
+import torch
+
+from standins.tinker_service import TinkerStandIn
+from training import AgentTrainer
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [{"prompt": p} for p in ("x=", "y=", "z=", "w=")]
+
+
+def starts_with_a(task, response):
+    return 1.0 if response.startswith("a") else 0.0
+
+
+@pytest.fixture
+def service(monkeypatch):
+    standin = TinkerStandIn()
+    monkeypatch.setenv("TINKER_API_KEY", standin.api_key)
+    yield standin
+    standin.close()
+
+
+def config(service, steps, **extra):
+    return {
+        "actor_rollout_ref.model.path": "tiny-char",
+        "actor_rollout_ref.actor.optim.lr": 3e-2,
+        "actor_rollout_ref.rollout.n": 8,
+        "data.train_batch_size": 4,
+        "data.max_response_length": 2,
+        "trainer.total_training_steps": steps,
+        "trainer.logger": ["jsonl"],
+        "remote.base_url": service.url,
+        **extra,
+    }
+
+
+def trainer(service, tmp_path, steps, sink=None, **kwargs):
+    extra = kwargs.pop("extra", {})
+    return AgentTrainer(
+        train_dataset=PROMPTS, reward_func=starts_with_a, backend="tinker", run_path=str(tmp_path),
+        config=config(service, steps, **extra), sinks=[sink] if sink else None, **kwargs,
+    )
+
+
+def test_reward_rises_and_the_service_weights_change(service, tmp_path, sink):
+    result = trainer(service, tmp_path, 10, sink).train()
+
+    assert result.steps == 10 and not result.stopped
+    assert result.checkpoint == f"tinker://{next(iter(service.models))}/sampler_weights/step-000010"
+    before, after = service.snapshots[result.checkpoint.replace("000010", "000000")], service.snapshots[result.checkpoint]
+    changed = [k for k in before.weights if not torch.equal(before.weights[k], after.weights[k])]
+    assert len(changed) > len(before.weights) // 2
+    rewards = [m["reward"] for m in sink.metrics]
+    assert len(rewards) == 10
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
+    # One forward_backward + optim_step per step, weights published for sampling every step.
+    assert service.counts["forward_backward"] == service.counts["optim_step"] == 10
+    assert service.counts["save_weights_for_sampler"] == 11
+    assert service.counts["sample"] == 10 * 4 * 8
+    for name in ("loss", "kl", "lr", "step_time", "solve_rate", "response_length"):
+        assert name in sink.metrics[-1], name
+    assert abs(sink.metrics[0]["kl"]) < 1e-3  # the sampler served the weights the trainer scored
+    assert list(service.sessions.values())[0]["finished"] == "success"
+    record = json.loads((tmp_path / "checkpoints" / "step-10" / "checkpoint.json").read_text())
+    assert record["state_path"].startswith("tinker://") and record["state_path"] in service.snapshots
+
+
+def test_resume_loads_the_recorded_service_checkpoint(service, tmp_path):
+    first = trainer(service, tmp_path, 2, extra={"trainer.save_freq": 1}).train()
+    assert first.steps == 2
+    state = json.loads((tmp_path / "checkpoints" / "step-2" / "checkpoint.json").read_text())["state_path"]
+
+    resumed = trainer(service, tmp_path, 3).train()
+    assert resumed.steps == 3
+    assert service.counts["load_weights"] == 1 and service.counts["create_model"] == 1
+    assert state in service.snapshots
+    assert service.counts["forward_backward"] == 3  # 2 + 1: the resumed run did only step 3
+
+
+def test_a_failed_service_call_fails_the_run_with_its_cause(service, tmp_path):
+    service.fail["forward_backward"] = 2
+    with pytest.raises(RuntimeError, match=r"tinker forward_backward/optim_step at step 2 failed: RequestFailedError.*injected failure"):
+        trainer(service, tmp_path, 5).train()
+    assert list(service.sessions.values())[0]["finished"] == "errored"
+
+
+def test_cancel_stops_after_the_step_and_ends_the_session(service, tmp_path, sink):
+    result = trainer(service, tmp_path, 20, sink, should_stop=lambda: len(sink.metrics) >= 2).train()
+    assert result.stopped and result.steps == 2
+    assert list(service.sessions.values())[0]["finished"] == "interrupted"
+
+
+def test_rllm_tinker_names_are_accepted(service, tmp_path):
+    built = AgentTrainer(
+        train_dataset=PROMPTS, reward_func=starts_with_a, backend="tinker", run_path=str(tmp_path),
+        config=["model.name=tiny-char", "model.lora_rank=8", "training.group_size=4", "training.learning_rate=2e-5",
+                f"tinker_base_url={service.url}"],
+    ).final_config
+    assert built.actor_rollout_ref.model.lora_rank == 8
+    assert built.actor_rollout_ref.rollout.n == 4
+    assert built.actor_rollout_ref.actor.optim.lr == 2e-5
+    assert built.remote.base_url == service.url
+
+
+def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="TINKER_API_KEY is not set"):
+        AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="tinker", run_path=str(tmp_path),
+                     config={"actor_rollout_ref.model.path": "tiny-char"})
