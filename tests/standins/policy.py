@@ -129,6 +129,7 @@ class SamplerPool:
             if self.loaded != snapshot_name:
                 self.model.load_state_dict(weights)
                 self.loaded = snapshot_name
-            generator = HFBatchGenerator(self.model, self.tokenizer, temperature=temperature, top_p=top_p, seed=seed)
+            # temperature 0 (a warm-up probe) is greedy decoding; our sampler needs it positive.
+            generator = HFBatchGenerator(self.model, self.tokenizer, temperature=max(temperature, 1e-5), top_p=top_p, seed=seed)
             output = generator.generate_batch([prompt], [max_tokens])[0]
         return output.completion_ids, output.logprobs, output.finish_reason == "stop"

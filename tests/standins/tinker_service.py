@@ -41,13 +41,17 @@ class TinkerStandIn:
     sessions: dict[str, dict] = field(default_factory=dict)
     sampling_sessions: dict[str, str] = field(default_factory=dict)  # id -> sampler weights path
     counts: dict[str, int] = field(default_factory=dict)
+    sampler_names: dict[str, str] = field(default_factory=dict)  # name the client gave -> path
+
+    pb: object = pb  # the protobuf messages of the SDK being served (tinker's or Fireworks' fork)
+    serve_http: bool = True
 
     def __post_init__(self) -> None:
         self._futures: dict[str, _Future] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.sampler = SamplerPool()
-        self.server = LoopbackServer(self.handle)
+        self.server = LoopbackServer(self.handle) if self.serve_http else None
 
     @property
     def url(self) -> str:
@@ -138,6 +142,7 @@ class TinkerStandIn:
         def save():
             path = f"tinker://{model_id}/sampler_weights/{body.get('path') or self._next('ephemeral')}"
             self.snapshots[path] = self.models[model_id].snapshot(with_optimizer=False)
+            self.sampler_names[body.get("path") or path] = path
             if body.get("path"):
                 return {"path": path, "type": "save_weights_for_sampler"}
             session_id = self._next("sampling")
@@ -159,13 +164,14 @@ class TinkerStandIn:
 
     def on_load_weights(self, request: Request) -> Response:
         body = request.json()
-        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+        # Into an existing model (TrainingClient.load_state*) or a new one (ServiceClient.create_*_from_state).
+        model_id = body.get("model_id") or f"{body['session_id']}:train:{body['model_seq_id']}"
 
         def load():
             snapshot = self.snapshots.get(body["path"])
             if snapshot is None:
                 raise ValueError(f"no checkpoint at {body['path']}")
-            policy = TinyPolicy(body.get("base_model") or "tiny-char", seed=0)
+            policy = self.models.get(model_id) or TinyPolicy(body.get("base_model") or "tiny-char", seed=0)
             policy.restore(snapshot if body.get("optimizer") else Snapshot(snapshot.weights))
             self.models[model_id] = policy
             return {"path": body["path"], "model_id": model_id, "type": "load_weights"}
@@ -174,23 +180,35 @@ class TinkerStandIn:
 
     # -- training ------------------------------------------------------------------------
     def on_forward_backward(self, request: Request) -> Response:
-        message = pb.ForwardBackwardRequest()
-        message.ParseFromString(request.body)
+        """The SDK sends protobuf (tinker) or JSON (Fireworks' fork, ``proto_write_fwdbwd`` off)."""
+        if PROTO in (request.headers.get("Content-Type") or ""):
+            message = self.pb.ForwardBackwardRequest()
+            message.ParseFromString(request.body)
+            model_id, loss_fn, forward_only = message.model_id, message.loss_fn, message.forward_only
+            config = {k: v.number for k, v in message.loss_fn_config_v2.items()} or dict(message.loss_fn_config)
+            datums = [
+                {"input": [int(t) for chunk in d.model_input for t in np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32)],
+                 **{name: _tensor(self.pb, t) for name, t in d.loss_fn_inputs.items()}}
+                for d in message.data
+            ]
+        else:
+            body = request.json()
+            model_id, forward_only = body["model_id"], False
+            data = body["forward_backward_input"]
+            loss_fn, config = data["loss_fn"], data.get("loss_fn_config") or {}
+            datums = [
+                {"input": [t for chunk in d["model_input"]["chunks"] for t in chunk["tokens"]],
+                 **{name: t["data"] for name, t in d["loss_fn_inputs"].items()}}
+                for d in data["data"]
+            ]
 
         def run():
-            datums = []
-            for datum in message.data:
-                tokens = [int(t) for chunk in datum.model_input for t in np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32)]
-                inputs = {name: _tensor(t) for name, t in datum.loss_fn_inputs.items()}
-                datums.append({"input": tokens, **inputs})
-            config = {k: v.number for k, v in message.loss_fn_config_v2.items()} or dict(message.loss_fn_config)
-            policy = self.models[message.model_id]
-            if message.forward_only:
+            if forward_only:
                 raise ValueError("forward_only is not implemented by this stand-in")
-            logprobs, loss = policy.forward_backward(datums, message.loss_fn, config)
-            return _forward_backward_output(logprobs, loss)
+            logprobs, loss = self.models[model_id].forward_backward(datums, loss_fn, config)
+            return _forward_backward_output(self.pb, logprobs, loss)
 
-        return self._future("forward_backward", run, model_id=message.model_id)
+        return self._future("forward_backward", run, model_id=model_id)
 
     def on_optim_step(self, request: Request) -> Response:
         body = request.json()
@@ -222,14 +240,14 @@ class TinkerStandIn:
         sequence_ids = [self._next("seq") for _ in range(body.get("num_samples", 1))]
 
         def sample():
-            response = pb.SampleResponse()
+            response = self.pb.SampleResponse()
             for _ in sequence_ids:
                 tokens, logprobs, stopped = self.sampler.sample(
                     path, self.snapshots[path].weights, prompt, params.get("max_tokens") or 16,
                     params.get("temperature", 1.0), params.get("top_p", 1.0), params.get("seed"),
                 )
                 response.sequences.add(
-                    stop_reason=pb.STOP_REASON_STOP if stopped else pb.STOP_REASON_LENGTH,
+                    stop_reason=self.pb.STOP_REASON_STOP if stopped else self.pb.STOP_REASON_LENGTH,
                     tokens=np.asarray(tokens, dtype=np.int32).tobytes(),
                     logprobs=np.asarray(logprobs, dtype=np.float32).tobytes(),
                 )
@@ -248,12 +266,12 @@ class TinkerStandIn:
         return Response(body=future.result)
 
 
-def _tensor(message: pb.Tensor) -> list:
+def _tensor(pb, message) -> list:
     dtype = np.float32 if message.dtype == pb.DTYPE_FLOAT32 else np.int64
     return np.frombuffer(message.dense, dtype=dtype).tolist()
 
 
-def _forward_backward_output(logprobs: list[list[float]], loss: float) -> bytes:
+def _forward_backward_output(pb, logprobs: list[list[float]], loss: float) -> bytes:
     flat = np.concatenate([np.asarray(lp, dtype=np.float32) for lp in logprobs]) if logprobs else np.zeros(0, np.float32)
     offsets = np.cumsum([0] + [len(lp) * 4 for lp in logprobs]).astype(np.int64)
     output = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", metrics={"loss:sum": loss})

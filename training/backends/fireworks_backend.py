@@ -1,0 +1,175 @@
+"""The ``fireworks`` backend: Fireworks' training SDK (``fireworks-ai[training]``, Tinker-compatible).
+
+The training step is the tinker backend's (``training.backends.remote``); what differs is explicit here:
+
+- **Provisioning.** A run creates its own paid resources: an RLOR trainer job
+  (``TrainerJobManager``) and a hot-load rollout deployment attached to it (``DeploymentManager``).
+  Their ids are reported as soon as they exist (the run page shows them), and ``close`` deletes
+  both at the end, on failure and on cancel, then checks that they are gone and logs an error
+  naming any that is not.
+- **Sampling** goes through the deployment (``DeploymentSampler``, token ids in, ids and sampling
+  log-probabilities out), not a Tinker sampling client.
+- **Publishing weights** is ``WeightSyncer.save_and_hotload``: sampler weights are saved on the
+  trainer and hot-loaded into the deployment after every step.
+- **Resume** creates a fresh trainer and loads the recorded state with its optimizer
+  (``load_state_with_optimizer``): the checkpoint paths live in the account, not the job.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+from training.backends.remote import (
+    CheckpointRecord,
+    RemoteGenerator,
+    RemoteProcessor,
+    SampleResult,
+    ServiceSession,
+    remote_call,
+)
+from training.log import logger
+
+DEFAULT_BASE_URL = "https://api.fireworks.ai"
+
+
+class FireworksSession(ServiceSession):
+    service = "fireworks"
+
+    def __init__(self, config: Any, resume: CheckpointRecord | None, api_key: str, run_name: str, on_ids=None) -> None:
+        super().__init__()
+        from fireworks.training import sdk
+
+        self.sdk, self.types, self.config = sdk, sdk, config
+        self.on_ids = on_ids
+        model, remote = config.actor_rollout_ref.model, config.remote
+        self.base_url = remote.base_url or os.environ.get("FIREWORKS_BASE_URL") or DEFAULT_BASE_URL
+        self.api_key = api_key
+        self.job_id: str | None = None
+        self.deployment_id: str | None = None
+        self.service_client: Any = None
+        self.trainer_mgr = sdk.TrainerJobManager(api_key=api_key, base_url=self.base_url)
+        self.deploy_mgr = sdk.DeploymentManager(api_key=api_key, base_url=self.base_url)
+        try:
+            self._provision(model, remote, run_name)
+            self.service_client = sdk.FiretitanServiceClient(base_url=self.endpoint.base_url, api_key=api_key)
+            self.training_client = remote_call(
+                "fireworks", "creating the training client",
+                lambda: self.service_client.create_training_client(base_model=model.path, lora_rank=model.lora_rank, seed=config.trainer.seed),
+            )
+            if resume is not None:
+                remote_call(
+                    "fireworks", f"loading the checkpoint {resume.state_path}",
+                    lambda: self.training_client.load_state_with_optimizer(resume.state_path).result(),
+                )
+            self.syncer = sdk.WeightSyncer(
+                policy_client=self.training_client, deploy_mgr=self.deploy_mgr, deployment_id=self.deployment_id,
+                base_model=model.path, lora_rank=model.lora_rank, hotload_timeout=int(remote.ready_timeout_s),
+            )
+        except BaseException:
+            self.close("errored")
+            raise
+
+    def _provision(self, model: Any, remote: Any, run_name: str) -> None:
+        sdk = self.sdk
+        job = remote_call("fireworks", "creating the trainer job", lambda: self.trainer_mgr.create(sdk.TrainerJobConfig(
+            base_model=model.path, lora_rank=model.lora_rank, learning_rate=self.config.actor_rollout_ref.actor.optim.lr,
+            display_name=run_name[:60], region=remote.region, training_shape_ref=remote.training_shape,
+            auto_select_training_shape=remote.training_shape is None,
+        )))
+        self.job_id = job.job_id
+        self._report("fireworks_trainer_job", job.job_id)
+        self.endpoint = remote_call("fireworks", f"waiting for trainer job {job.job_id}", lambda: self.trainer_mgr.wait_for_ready(
+            job.job_id, job_name=job.job_name, poll_interval_s=remote.poll_interval_s, timeout_s=remote.ready_timeout_s,
+        ))
+        deployment_id = f"agent-trainer-{uuid.uuid4().hex[:12]}"
+        self.deployment_id = deployment_id
+        self._report("fireworks_deployment", deployment_id)
+        options = {"accelerator_type": remote.accelerator_type} if remote.accelerator_type else {}
+        remote_call("fireworks", f"creating deployment {deployment_id}", lambda: self.deploy_mgr.create_or_get(sdk.DeploymentConfig(
+            deployment_id=deployment_id, base_model=model.path, region=remote.region, min_replica_count=1,
+            hot_load_trainer_job=self.endpoint.job_name, for_training=True, **options,
+        )))
+        info = remote_call("fireworks", f"waiting for deployment {deployment_id}", lambda: self.deploy_mgr.wait_for_ready(
+            deployment_id, timeout_s=remote.ready_timeout_s, poll_interval_s=remote.poll_interval_s,
+        ))
+        self.inference_model = info.inference_model
+
+    def _report(self, key: str, value: str) -> None:
+        self.remote_ids[key] = value
+        if self.on_ids is not None:
+            self.on_ids(dict(self.remote_ids))
+
+    def publish(self, name: str) -> str:
+        return self.syncer.save_and_hotload(name)
+
+    def save_state(self, name: str) -> str:
+        return self.training_client.save_state(name).result().path
+
+    def generator(self, tokenizer: Any) -> RemoteGenerator:
+        rollout = self.config.actor_rollout_ref.rollout
+        sampler = self.sdk.DeploymentSampler(
+            inference_url=self.deploy_mgr.inference_url, model=self.inference_model, api_key=self.api_key, tokenizer=tokenizer,
+        )
+
+        async def sample(prompt_ids: list[int], max_new_tokens: int) -> SampleResult:
+            try:
+                completions = await sampler.sample_with_prompt_tokens(
+                    prompt_ids, n=1, max_tokens=max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p, logprobs=True,
+                )
+            except Exception as exc:
+                raise RuntimeError(f"fireworks sampling failed: {type(exc).__name__}: {exc}") from exc
+            completion = completions[0]
+            ids = completion.full_tokens[completion.prompt_len :]
+            logprobs = completion.sampling_logprobs or completion.inference_logprobs or []
+            if any(lp is None for lp in logprobs):
+                raise RuntimeError("fireworks sampling returned tokens without sampling log-probabilities")
+            return SampleResult(ids, [float(lp) for lp in logprobs], completion.finish_reason == "stop")
+
+        return RemoteGenerator(sample, tokenizer, "fireworks")
+
+    def close(self, outcome: str = "success") -> None:
+        """Delete the deployment and the trainer job (both paid), then check that they are gone."""
+        if self.service_client is not None:
+            try:
+                self.service_client.close()
+            except Exception as exc:
+                logger.warning("closing the fireworks training client failed: %s", exc)
+        left = []
+        if self.deployment_id:
+            self.deploy_mgr.delete(self.deployment_id)
+            if _still_there(lambda: self.deploy_mgr.get(self.deployment_id)):
+                left.append(f"deployment {self.deployment_id}")
+        if self.job_id:
+            self.trainer_mgr.delete(self.job_id)
+            if _still_there(lambda: self.trainer_mgr.try_get(self.job_id)):
+                left.append(f"trainer job {self.job_id}")
+        if left:
+            logger.error("fireworks resources may still be running and billing: %s; delete them in the Fireworks console.", ", ".join(left))
+        else:
+            logger.info("fireworks resources deleted (%s): %s", outcome, self.remote_ids or "none were created")
+
+
+def _still_there(get) -> bool:
+    try:
+        found = get()
+    except Exception:
+        return True  # cannot tell: say so rather than claim it is gone
+    if found is None:
+        return False
+    state = found.get("state", "") if isinstance(found, dict) else getattr(found, "state", "")
+    return state not in ("DELETED", "DELETING", "JOB_STATE_DELETED", "JOB_STATE_DELETING")
+
+
+class FireworksProcessor(RemoteProcessor):
+    name = "fireworks"
+    sdk_package = "fireworks"
+    sdk_install = "fireworks-ai[training]==1.2.28"
+    api_key_env = "FIREWORKS_API_KEY"
+
+    def open_session(self, resume: CheckpointRecord | None) -> FireworksSession:
+        return FireworksSession(
+            self.config, resume, os.environ[self.api_key_env], run_name=f"agent-trainer {self.config.trainer.experiment_name}",
+            on_ids=self.remote_ids_callback,
+        )
