@@ -34,6 +34,17 @@ _DEPLOYMENT = re.compile(rf"^/v1/accounts/{ACCOUNT}/deployments(?:/([^/]+))?$")
 _GATEWAY = re.compile(rf"^/training/v1/rlorTrainerJobs/{ACCOUNT}/([^/]+)(/api/v1/.*)$")
 
 
+class _FireworksTrainer(TinkerStandIn):
+    """The trainer API as Fireworks' trainers answer it: DCP checkpoints by logical name, loaded
+    from another (earlier) job through ``cross_job://<job>/<name>`` references."""
+
+    def state_path(self, model_id: str, name: str) -> str:
+        return name
+
+    def resolve_state_path(self, path: str) -> str:
+        return path.rsplit("/", 1)[-1] if path.startswith("cross_job://") else path
+
+
 @dataclass
 class FireworksStandIn:
     api_key: str = "fw-standin"
@@ -45,7 +56,7 @@ class FireworksStandIn:
     completions: int = 0
 
     def __post_init__(self) -> None:
-        self.trainer = TinkerStandIn(api_key=self.api_key, fail=self.fail, pb=fireworks_pb, serve_http=False)
+        self.trainer = _FireworksTrainer(api_key=self.api_key, fail=self.fail, pb=fireworks_pb, serve_http=False)
         self.server = LoopbackServer(self.handle)
 
     @property

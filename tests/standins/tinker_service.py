@@ -156,7 +156,7 @@ class TinkerStandIn:
         model_id = body["model_id"]
 
         def save():
-            path = f"tinker://{model_id}/weights/{body['path']}"
+            path = self.state_path(model_id, body["path"])
             self.snapshots[path] = self.models[model_id].snapshot(with_optimizer=True)
             return {"path": path, "type": "save_weights"}
 
@@ -168,7 +168,7 @@ class TinkerStandIn:
         model_id = body.get("model_id") or f"{body['session_id']}:train:{body['model_seq_id']}"
 
         def load():
-            snapshot = self.snapshots.get(body["path"])
+            snapshot = self.snapshots.get(self.resolve_state_path(body["path"]))
             if snapshot is None:
                 raise ValueError(f"no checkpoint at {body['path']}")
             policy = self.models.get(model_id) or TinyPolicy(body.get("base_model") or "tiny-char", seed=0)
@@ -177,6 +177,13 @@ class TinkerStandIn:
             return {"path": body["path"], "model_id": model_id, "type": "load_weights"}
 
         return self._future("load_weights", load)
+
+    def state_path(self, model_id: str, name: str) -> str:
+        """Where ``save_state(name)`` puts a checkpoint (Tinker: a tinker:// path)."""
+        return f"tinker://{model_id}/weights/{name}"
+
+    def resolve_state_path(self, path: str) -> str:
+        return path
 
     # -- training ------------------------------------------------------------------------
     def on_forward_backward(self, request: Request) -> Response:

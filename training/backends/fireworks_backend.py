@@ -11,8 +11,9 @@ The training step is the tinker backend's (``training.backends.remote``); what d
   log-probabilities out), not a Tinker sampling client.
 - **Publishing weights** is ``WeightSyncer.save_and_hotload``: sampler weights are saved on the
   trainer and hot-loaded into the deployment after every step.
-- **Resume** creates a fresh trainer and loads the recorded state with its optimizer
-  (``load_state_with_optimizer``): the checkpoint paths live in the account, not the job.
+- **Resume** creates a fresh trainer job and loads the recorded checkpoint of the earlier run's
+  job with its optimizer state (a cross-job reference, ``resolve_checkpoint_path`` +
+  ``load_state_with_optimizer``).
 """
 
 from __future__ import annotations
@@ -58,10 +59,13 @@ class FireworksSession(ServiceSession):
                 "fireworks", "creating the training client",
                 lambda: self.service_client.create_training_client(base_model=model.path, lora_rank=model.lora_rank, seed=config.trainer.seed),
             )
-            if resume is not None:
+            if resume is not None:  # a checkpoint of the earlier run's (deleted) trainer job, by cross-job reference
+                source_job = resume.remote_ids.get("fireworks_trainer_job")
                 remote_call(
-                    "fireworks", f"loading the checkpoint {resume.state_path}",
-                    lambda: self.training_client.load_state_with_optimizer(resume.state_path).result(),
+                    "fireworks", f"loading the checkpoint {resume.state_path} of trainer job {source_job}",
+                    lambda: self.training_client.load_state_with_optimizer(
+                        self.training_client.resolve_checkpoint_path(resume.state_path, source_job_id=source_job)
+                    ).result(),
                 )
             self.syncer = sdk.WeightSyncer(
                 policy_client=self.training_client, deploy_mgr=self.deploy_mgr, deployment_id=self.deployment_id,

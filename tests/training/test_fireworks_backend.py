@@ -1,0 +1,108 @@
+"""The fireworks backend trains through the real ``fireworks-ai[training]`` SDK.
+
+Stand-in: Fireworks' platform (no network here). ``standins.fireworks_service`` is one loopback
+HTTP server playing its control plane (trainer jobs, deployments), trainer gateway (the
+Tinker-compatible trainer API), hot-load and streaming completions, in the SDK's wire formats,
+over a real tiny torch model. The SDK's TrainerJobManager, DeploymentManager, WeightSyncer,
+DeploymentSampler and FiretitanTrainingClient, and all of our code, are real.
+"""
+
+import json
+
+import pytest
+import torch
+
+from standins.fireworks_service import FireworksStandIn
+from training import AgentTrainer
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [{"prompt": p} for p in ("x=", "y=", "z=", "w=")]
+
+
+def starts_with_a(task, response):
+    return 1.0 if response.startswith("a") else 0.0
+
+
+@pytest.fixture
+def platform(monkeypatch):
+    standin = FireworksStandIn()
+    monkeypatch.setenv("FIREWORKS_API_KEY", standin.api_key)
+    yield standin
+    standin.close()
+
+
+def trainer(platform, tmp_path, steps, sink=None, extra=None, **kwargs):
+    config = {
+        "actor_rollout_ref.model.path": "tiny-char",
+        "actor_rollout_ref.actor.optim.lr": 3e-2,
+        "actor_rollout_ref.rollout.n": 8,
+        "data.train_batch_size": 4,
+        "data.max_response_length": 2,
+        "trainer.total_training_steps": steps,
+        "trainer.logger": ["jsonl"],
+        "remote.base_url": platform.url,
+        "remote.poll_interval_s": 0.05,
+        **(extra or {}),
+    }
+    return AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="fireworks", run_path=str(tmp_path),
+                        config=config, sinks=[sink] if sink else None, **kwargs)
+
+
+def test_reward_rises_weights_hotload_each_step_and_nothing_is_left_running(platform, tmp_path, sink):
+    ids = []
+    built = trainer(platform, tmp_path, 10, sink)
+    built.train_processor.remote_ids_callback = ids.append
+    result = built.train()
+
+    assert result.steps == 10 and not result.stopped
+    rewards = [m["reward"] for m in sink.metrics]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
+    trainer_side = platform.trainer
+    first, last = (trainer_side.snapshots[trainer_side.sampler_names[name]] for name in (platform.hotloads[0], platform.hotloads[-1]))
+    changed = [k for k in first.weights if not torch.equal(first.weights[k], last.weights[k])]
+    assert len(changed) > len(first.weights) // 2
+    assert len(platform.hotloads) == 11 and result.checkpoint == platform.hotloads[-1]  # the start, then once per step
+    assert platform.completions >= 10 * 4 * 8  # every episode sampled through the deployment
+    # Both paid resources were created, reported, and deleted at the end.
+    assert platform.running() == []
+    job, deployment = ids[-1]["fireworks_trainer_job"], ids[-1]["fireworks_deployment"]
+    assert sorted(platform.deleted) == sorted([f"job:{job}", f"deployment:{deployment}"])
+    record = json.loads((tmp_path / "checkpoints" / "step-10" / "checkpoint.json").read_text())
+    assert record["remote_ids"] == ids[-1] and record["state_path"] in trainer_side.snapshots
+
+
+def test_resume_loads_the_state_into_a_new_trainer(platform, tmp_path):
+    trainer(platform, tmp_path, 2, extra={"trainer.save_freq": 1}).train()
+    resumed = trainer(platform, tmp_path, 3).train()
+    assert resumed.steps == 3
+    assert platform.trainer.counts["load_weights"] == 1
+    assert platform.trainer.counts["forward_backward"] == 3
+    assert platform.running() == [] and len(platform.deleted) == 4
+
+
+def test_a_failed_training_call_fails_the_run_and_tears_everything_down(platform, tmp_path):
+    platform.fail["forward_backward"] = 2
+    with pytest.raises(RuntimeError, match=r"fireworks forward_backward/optim_step at step 2 failed: .*injected failure"):
+        trainer(platform, tmp_path, 5).train()
+    assert platform.running() == [] and len(platform.deleted) == 2
+
+
+def test_a_failed_sampling_call_fails_the_run_and_tears_everything_down(platform, tmp_path):
+    platform.fail["completions"] = 3
+    with pytest.raises(RuntimeError, match="fireworks sampling failed: .*400"):
+        trainer(platform, tmp_path, 5).train()
+    assert platform.running() == [] and len(platform.deleted) == 2
+
+
+def test_cancel_stops_after_the_step_and_tears_everything_down(platform, tmp_path, sink):
+    result = trainer(platform, tmp_path, 20, sink, should_stop=lambda: len(sink.metrics) >= 1).train()
+    assert result.stopped and result.steps == 1
+    assert platform.running() == [] and len(platform.deleted) == 2
+
+
+def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):
+    monkeypatch.delenv("FIREWORKS_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="FIREWORKS_API_KEY is not set"):
+        AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="fireworks", run_path=str(tmp_path),
+                     config={"actor_rollout_ref.model.path": "tiny-char"})
