@@ -1,0 +1,248 @@
+"""The ``swift`` backend: ms-swift's own GRPO trainer, in an environment of its own.
+
+ms-swift pins ``trl<1.0`` and ``datasets<4.8.5``, so it cannot share the platform's environment.
+The backend declares the interpreter its training process runs in (``trainer.python``; default
+``.venv-swift/bin/python`` next to the library, built by ``make swift-env``). Validation runs here
+like any backend's; ``train`` writes the job (dataset as JSONL, the reward by name or path, ms-swift
+arguments) under ``<run>/swift/`` and starts ``training.backends.swift_child`` in that interpreter,
+which trains through ms-swift's ``rlhf_main`` and reports each logged step back on stdout. A stop
+request is passed on through a file and honoured after the current step.
+
+Single-turn tasks only. ms-swift's multi-turn hook (``multi_turn_scheduler``) is not bridged to our
+agent + environment, workflow and run-function agents; those are refused at construction.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from training.backends.base import BuiltinProcessor, TrainResult
+from training.config import Config, ConfigError
+from training.data import dataset_to_tasks
+from training.log import logger
+from training.models import TINY_MODEL
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PYTHON = PROJECT_ROOT / ".venv-swift" / "bin" / "python"
+PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+STOP_GRACE_SECONDS = 60
+# ms-swift's metric names -> the dashboard's.
+SWIFT_METRIC_NAMES = {
+    "reward": "reward", "reward_std": "reward_std", "loss": "loss", "kl": "kl", "entropy": "entropy",
+    "grad_norm": "grad_norm", "learning_rate": "lr", "completions/mean_length": "response_length",
+    "completions/clipped_ratio": "clipped_ratio", "frac_reward_zero_std": "frac_reward_zero_std",
+    "step_time": "step_time", "epoch": "epoch",
+}
+
+
+def swift_python(config: Config | None = None) -> Path:
+    configured = config.trainer.python if config is not None else None
+    return Path(configured) if configured else DEFAULT_PYTHON
+
+
+@functools.lru_cache(maxsize=8)
+def _environment_problem(python: str, mtime: float) -> str | None:
+    """Whether ``python`` exists and finds ms-swift and our library (found, not imported: fast)."""
+    if not Path(python).is_file():
+        return f"its environment {python} does not exist (build it with `make swift-env`)"
+    check = "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in ('swift', 'trl', 'torch', 'training')) else 3)"
+    try:
+        done = subprocess.run([python, "-c", check], cwd=PROJECT_ROOT, env=_child_env(), capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"its environment {python} does not start ({exc})"
+    if done.returncode != 0:
+        return f"its environment {python} cannot import ms-swift (rebuild it with `make swift-env`)"
+    return None
+
+
+def environment_problem(python: Path) -> str | None:
+    try:
+        mtime = python.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    return _environment_problem(str(python), mtime)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The library from this checkout and the caller's own modules (rewards by import path).
+    paths = [str(PROJECT_ROOT), os.getcwd(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.setdefault("HF_HUB_OFFLINE", "1")  # a local model directory: nothing to download
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class SwiftProcessor(BuiltinProcessor):
+    name = "swift"
+
+    def default_overrides(self) -> dict[str, Any]:
+        return {"trainer.cpu_threads": 1}
+
+    def check_backend(self, config: Config) -> None:
+        python = swift_python(config)
+        problem = environment_problem(python)
+        if problem:
+            raise ValueError(f"backend: the swift backend cannot run here: {problem}")
+        if self.agent_spec.kind != "single_turn":
+            raise ValueError(
+                f"agent: the swift backend trains single-turn tasks through ms-swift's GRPO; this agent is "
+                f"{self.agent_spec.kind} and ms-swift's multi-turn hook is not bridged to it. Use the trl or verl backend."
+            )
+        if config.actor_rollout_ref.rollout.n < 2:
+            raise ConfigError("actor_rollout_ref.rollout.n", "GRPO compares episodes of one prompt; use 2 or more.")
+        if config.trainer.nnodes != 1:
+            raise ConfigError("trainer.nnodes", "the swift backend runs on one machine here; leave it at 1.")
+        self.reward_reference()
+
+    def reward_reference(self) -> str:
+        """The reward as the training process can load it again: a name or an import/file path."""
+        spec = self.reward_spec
+        if isinstance(spec, str):
+            return spec
+        module, qualname = getattr(spec, "__module__", None), getattr(spec, "__qualname__", "")
+        if module and module != "__main__" and "<" not in qualname:
+            return f"{module}.{qualname}"
+        raise ValueError(
+            "reward_func: the swift backend trains in its own interpreter, so give the reward as a built-in name, "
+            "an import path (pkg.mod.fn) or a file path (path/to/file.py:fn), not an object defined here."
+        )
+
+    # -- training --------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        self.attach_default_sinks()
+        try:
+            return self._train()
+        finally:
+            self.sinks.close()
+
+    def _train(self) -> TrainResult:
+        job = self.write_job()
+        python = swift_python(self.config)
+        log_path = self.path / "swift" / "process.log"
+        logger.info("training with swift in %s: %d steps", python, self.config.trainer.total_training_steps)
+        with open(log_path, "ab") as log:
+            child = subprocess.Popen(
+                [str(python), "-m", "training.backends.swift_child", str(job)],
+                cwd=PROJECT_ROOT, env=_child_env(), stdout=subprocess.PIPE, stderr=log, text=True,
+            )
+            events: list[dict] = []
+            reader = threading.Thread(target=self._read_events, args=(child, events), daemon=True)
+            reader.start()
+            stop_sent_at = None
+            while child.poll() is None:
+                time.sleep(0.2)
+                if stop_sent_at is None and self.should_stop():
+                    Path(self._stop_file).write_text("stop")
+                    stop_sent_at = time.monotonic()
+                    logger.info("stop requested; the swift process stops after its current step")
+                if stop_sent_at is not None and time.monotonic() - stop_sent_at > STOP_GRACE_SECONDS:
+                    child.terminate()
+            reader.join(timeout=10)
+        if child.returncode != 0:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the swift training process ({python}) failed with exit code {child.returncode}:\n{tail}")
+        done = next((e for e in events if e["event"] == "done"), {})
+        steps = int(done.get("result", {}).get("global_step", self._last_step))
+        checkpoint = done.get("result", {}).get("last_model_checkpoint")
+        stopped = stop_sent_at is not None and steps < self.config.trainer.total_training_steps
+        logger.info("training %s after %d steps; model at %s", "stopped" if stopped else "finished", steps, checkpoint)
+        return TrainResult(run_path=self.run_path, steps=steps, metrics=dict(self._last_metrics), checkpoint=checkpoint, stopped=stopped)
+
+    def _read_events(self, child: subprocess.Popen, events: list[dict]) -> None:
+        from training.backends.swift_child import PREFIX
+
+        self._last_step, self._last_metrics = 0, {}
+        for line in child.stdout:
+            if not line.startswith(PREFIX):
+                continue
+            event = json.loads(line[len(PREFIX):])
+            events.append(event)
+            if event["event"] == "metrics":
+                metrics = {SWIFT_METRIC_NAMES.get(k, f"swift/{k}"): v for k, v in event["metrics"].items()}
+                self._last_step, self._last_metrics = event["step"], metrics
+                self.sinks.log_metrics(event["step"], metrics)
+                self.sinks.log_episodes(event["step"], [_episode(s) for s in event.get("samples", [])])
+
+    def write_job(self) -> Path:
+        cfg = self.config
+        workdir = self.path / "swift"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self._stop_file = workdir / "stop"
+        self._stop_file.unlink(missing_ok=True)
+        key = cfg.data.prompt_key
+        with open(workdir / "train.jsonl", "w") as rows:
+            for task in dataset_to_tasks(self.train_dataset):
+                prompt = task[key]
+                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+                rows.write(json.dumps({**task, "messages": messages}, default=str) + "\n")
+        model, extra = self._model(workdir)
+        actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+        output = Path(cfg.trainer.default_local_dir) if cfg.trainer.default_local_dir else self.path / "checkpoints"
+        resume = _latest_checkpoint(output) if cfg.trainer.resume_mode == "auto" else None
+        save_freq = cfg.trainer.save_freq if cfg.trainer.save_freq > 0 else cfg.trainer.total_training_steps
+        lora = cfg.actor_rollout_ref.model.lora_rank
+        swift_args = {
+            "rlhf_type": "grpo", "model": model, **extra,
+            "dataset": [str(workdir / "train.jsonl")], "output_dir": str(output), "add_version": False,
+            "tuner_type": "lora" if lora else "full", **({"lora_rank": lora} if lora else {}),
+            "num_generations": rollout.n, "per_device_train_batch_size": cfg.data.train_batch_size * rollout.n,
+            "max_steps": cfg.trainer.total_training_steps, "learning_rate": actor.optim.lr,
+            "lr_scheduler_type": actor.optim.lr_scheduler_type, "warmup_steps": actor.optim.lr_warmup_steps,
+            "weight_decay": actor.optim.weight_decay, "max_grad_norm": actor.grad_clip,
+            "beta": actor.kl_loss_coef if actor.use_kl_loss else 0.0, "epsilon": actor.clip_ratio,
+            "num_iterations": actor.ppo_epochs, "temperature": rollout.temperature, "top_p": rollout.top_p,
+            "max_completion_length": cfg.data.max_response_length, "max_length": cfg.data.max_prompt_length + cfg.data.max_response_length,
+            "logging_steps": cfg.trainer.log_freq, "save_strategy": "steps", "save_steps": save_freq,
+            "save_total_limit": cfg.trainer.max_checkpoints or None, "seed": cfg.trainer.seed,
+            "dataset_shuffle": cfg.data.shuffle, "report_to": ["none"], "use_vllm": False,
+            "torch_dtype": cfg.actor_rollout_ref.model.dtype, "dataloader_num_workers": 0,
+            "scale_rewards": "group" if cfg.algorithm.norm_adv_by_std_in_grpo else "none",
+            **({"resume_from_checkpoint": resume} if resume else {}),
+        }
+        job = {
+            "reward": self.reward_reference(), "answer_key": cfg.data.answer_key, "prompt_key": key,
+            "stop_file": str(self._stop_file), "cpu_threads": cfg.trainer.cpu_threads, "swift_args": swift_args,
+        }
+        target = workdir / "job.json"
+        target.write_text(json.dumps(job, indent=1))
+        return target
+
+    def _model(self, workdir: Path) -> tuple[str, dict[str, Any]]:
+        """The model directory or hub id, with ms-swift's model type and template where it cannot guess them."""
+        model = self.config.actor_rollout_ref.model
+        if model.path != TINY_MODEL:
+            return model.path, {}
+        from training.tiny import build_char_tokenizer, save_tiny_model
+
+        target = save_tiny_model(self.path / "base_model", layers=model.tiny_layers, hidden_size=model.tiny_hidden_size, seed=self.config.trainer.seed)
+        tokenizer = build_char_tokenizer()
+        tokenizer.chat_template = PLAIN_CHAT_TEMPLATE  # ms-swift renders prompts through a chat template
+        tokenizer.save_pretrained(target)
+        # The tiny model is a Qwen2; 'dummy' renders the messages' text as our engine does.
+        return str(target), {"model_type": "qwen2", "template": "dummy"}
+
+
+def _latest_checkpoint(directory: Path) -> str | None:
+    found = sorted(directory.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]) if p.name.split("-")[1].isdigit() else -1)
+    return str(found[-1]) if found else None
+
+
+def _episode(sample: dict[str, Any]) -> dict[str, Any]:
+    from training.types import Episode, Step, TerminationReason, Trajectory
+
+    step = Step(observation=sample.get("task"), model_response=sample.get("response", ""), reward=sample.get("reward", 0.0), done=True)
+    return Episode(task=sample.get("task"), trajectories=[Trajectory(steps=[step], reward=sample.get("reward", 0.0))],
+                   termination_reason=TerminationReason.ENV_DONE).to_dict()
+
+
+if __name__ == "__main__":  # pragma: no cover - a quick check of an environment
+    print(environment_problem(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_PYTHON) or "ok")
