@@ -2,9 +2,11 @@
 # Both create the virtual environment and install everything on a fresh machine.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The swift backend trains in an environment of its own (ms-swift pins trl<1.0, datasets<4.8.5).
+SWIFT_VENV ?= .venv-swift
 export DJANGO_SETTINGS_MODULE ?= webapp.settings
 
-.PHONY: install run demo test bench chromium clean
+.PHONY: install swift-env run demo test bench chromium clean
 
 install: $(VENV)/.installed
 
@@ -13,6 +15,16 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+## The swift backend's environment: torch first, then ms-swift with its own pins.
+swift-env: $(SWIFT_VENV)/.installed
+
+$(SWIFT_VENV)/.installed: requirements-swift.txt
+	python3 -m venv $(SWIFT_VENV)
+	$(SWIFT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SWIFT_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(SWIFT_VENV)/bin/python -m pip install -q -r requirements-swift.txt
 	touch $@
 
 ## The platform, embedded: SQLite, no servers; starts web + worker and a demo run.
@@ -24,7 +36,7 @@ demo: install
 	$(PY) -m training demo
 
 ## The tests, against this machine's PostgreSQL and Redis (started if they are down).
-test: install chromium
+test: install swift-env chromium
 	bash scripts/services.sh
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
@@ -42,4 +54,4 @@ chromium:
 	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium chromium-driver)
 
 clean:
-	rm -rf $(VENV) runs var
+	rm -rf $(VENV) $(SWIFT_VENV) runs var

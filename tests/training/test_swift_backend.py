@@ -51,7 +51,7 @@ def test_grpo_in_its_own_environment_changes_weights_and_raises_reward(tmp_path,
 
 def test_a_missing_environment_is_named_at_construction(tmp_path):
     with pytest.raises(ValueError, match=r"swift backend cannot run here: its environment /nowhere/python does not exist"):
-        AgentTrainer(train_dataset=PROMPTS, reward_func="exact_match", backend="swift", run_path=str(tmp_path),
+        AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
                      config={"actor_rollout_ref.model.path": "tiny-char", "trainer.python": "/nowhere/python"})
 
 
