@@ -76,6 +76,13 @@ class TrainerProcessor(ABC):
         """A callable polled once per step; training stops when it returns True."""
         self._stop_checks.append(check)
 
+    @classmethod
+    def environment_status(cls, config: Any = None) -> dict[str, str | None]:
+        """What this backend needs from the machine it runs on, checked without training:
+        ``{"environment": problem or None, "credentials": problem or None}`` (None: fine or
+        not needed). ``check_backend`` refuses a run for the same problems."""
+        return {"environment": None, "credentials": None}
+
     def should_stop(self) -> bool:
         if not self._stop.is_set() and any(check() for check in self._stop_checks):
             self._stop.set()

@@ -232,6 +232,8 @@ def train_run(run_id: int) -> str:
     try:
         sinks = [DatabaseSink(recorder), DashboardSink(run.pk)]
         trainer = AgentTrainer(**run_trainer_kwargs(run, run_path), sinks=sinks, should_stop=should_stop)
+        if hasattr(trainer.train_processor, "remote_ids_callback"):  # remote backends: show job/deployment ids as they appear
+            trainer.train_processor.remote_ids_callback = lambda ids: Run.objects.filter(pk=run.pk).update(remote_ids=ids)
         final_config = trainer.final_config
         Run.objects.filter(pk=run.pk).update(final_config=final_config.to_dict() if hasattr(final_config, "to_dict") else None)
         training_logger.info("Run %s: training on backend %s in %s", run.pk, trainer.train_engine_name, run_path)

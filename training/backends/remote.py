@@ -27,8 +27,11 @@ import json
 import os
 import random
 import shutil
+import signal
+import threading
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -212,12 +215,14 @@ class RemoteProcessor(BuiltinProcessor):
     @classmethod
     def environment_problems(cls) -> list[str]:
         """What stops this backend here: its SDK not installed, its API key not set (names each)."""
-        problems = []
-        if not is_package_available(cls.sdk_package):
-            problems.append(f"its SDK is not installed (pip install '{cls.sdk_install}')")
-        if not os.environ.get(cls.api_key_env):
-            problems.append(f"{cls.api_key_env} is not set (the {cls.name} API key, read from the environment)")
-        return problems
+        return [problem for problem in cls.environment_status().values() if problem]
+
+    @classmethod
+    def environment_status(cls, config: Any = None) -> dict[str, str | None]:
+        return {
+            "environment": None if is_package_available(cls.sdk_package) else f"its SDK is not installed (pip install '{cls.sdk_install}')",
+            "credentials": None if os.environ.get(cls.api_key_env) else f"{cls.api_key_env} is not set (the {cls.name} API key, read from the environment)",
+        }
 
     @abstractmethod
     def open_session(self, resume: CheckpointRecord | None) -> ServiceSession:
@@ -249,9 +254,32 @@ class RemoteProcessor(BuiltinProcessor):
     def train(self) -> TrainResult:
         self.attach_default_sinks()
         try:
-            return RemoteTrainingLoop(self).run()
+            with _terminate_as_exception():
+                return RemoteTrainingLoop(self).run()
         finally:
             self.sinks.close()
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a supervisor stopping this process): unwind so remote resources are released."""
+
+
+@contextmanager
+def _terminate_as_exception():
+    """While training, SIGTERM raises ``Terminated`` instead of ending the process at once, so
+    the session's ``close`` runs (paid jobs and deployments are deleted) before the process exits."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated(f"signal {signum}: the training process is being stopped")
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class RemoteTrainingLoop:
@@ -303,7 +331,7 @@ class RemoteTrainingLoop:
                     stopped = step < total
                     break
             outcome = "interrupted" if stopped else "success"
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Terminated):
             outcome = "interrupted"
             raise
         finally:

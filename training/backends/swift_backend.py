@@ -43,8 +43,9 @@ SWIFT_METRIC_NAMES = {
 }
 
 
-def swift_python(config: Config | None = None) -> Path:
-    configured = config.trainer.python if config is not None else None
+def swift_python(config: Config | str | Path | None = None) -> Path:
+    """The interpreter of the training process: ``trainer.python`` (or a path given as such), else ``.venv-swift``."""
+    configured = config.trainer.python if isinstance(config, Config) else config
     return Path(configured) if configured else DEFAULT_PYTHON
 
 
@@ -87,9 +88,12 @@ class SwiftProcessor(BuiltinProcessor):
     def default_overrides(self) -> dict[str, Any]:
         return {"trainer.cpu_threads": 1}
 
+    @classmethod
+    def environment_status(cls, config: Any = None) -> dict[str, str | None]:
+        return {"environment": environment_problem(swift_python(config)), "credentials": None}
+
     def check_backend(self, config: Config) -> None:
-        python = swift_python(config)
-        problem = environment_problem(python)
+        problem = self.environment_status(config)["environment"]
         if problem:
             raise ValueError(f"backend: the swift backend cannot run here: {problem}")
         if self.agent_spec.kind != "single_turn":

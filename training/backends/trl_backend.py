@@ -52,6 +52,12 @@ ROW_COLUMN = "__row__"
 class TRLProcessor(BuiltinProcessor):
     name = "trl"
 
+    @classmethod
+    def environment_status(cls, config: Any = None) -> dict[str, str | None]:
+        from training.utils import is_trl_available
+
+        return {"environment": None if is_trl_available() else "TRL is not installed", "credentials": None}
+
     def check_backend(self, config: Config) -> None:
         import torch
 

@@ -623,6 +623,12 @@ class VerlProcessor(BuiltinProcessor):
         self.verl_overrides: dict[str, Any] = {}
         self.verl_config: Any = None
 
+    @classmethod
+    def environment_status(cls, config: Any = None) -> dict[str, str | None]:
+        if not is_verl_available():
+            return {"environment": "verl is not installed", "credentials": None}
+        return {"environment": None if cuda_device_count() else "no CUDA GPU on this machine", "credentials": None}
+
     def default_overrides(self) -> dict[str, Any]:
         return {"actor_rollout_ref.model.dtype": "bfloat16"}
 

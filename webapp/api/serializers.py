@@ -53,9 +53,14 @@ class RewardFunctionSerializer(serializers.ModelSerializer):
 
 
 class BackendSerializer(serializers.ModelSerializer):
+    status = serializers.SerializerMethodField(help_text='{"environment": problem or null, "credentials": problem or null}')
+
     class Meta:
         model = Backend
-        fields = ["id", "name", "processor", "enabled", "queue", "needs_gpu", "default_config", "max_concurrent_runs"]
+        fields = ["id", "name", "processor", "enabled", "queue", "needs_gpu", "default_config", "max_concurrent_runs", "status"]
+
+    def get_status(self, backend: Backend) -> dict[str, str | None]:
+        return backend.environment_status()
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -72,7 +77,7 @@ class RunSerializer(serializers.ModelSerializer):
             "id", "url", "name", "owner", "project", "visibility", "kind", "status", "tags", "notes",
             "agent", "dataset", "reward", "backend", "model", "config_overrides",
             "created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at",
-            "worker", "steps", "error", "traceback", "final_metrics",
+            "worker", "steps", "error", "traceback", "final_metrics", "remote_ids",
         ]
         read_only_fields = [f for f in fields if f not in ("visibility", "tags", "notes")]
 

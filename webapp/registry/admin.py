@@ -59,9 +59,23 @@ def disable_backends(modeladmin, request, queryset):
     queryset.update(enabled=False)
 
 
+def _status(problem: str | None) -> str:
+    return "ok" if problem is None else f"missing: {problem}"
+
+
 @admin.register(Backend)
 class BackendAdmin(admin.ModelAdmin):
-    list_display = ("name", "processor", "enabled", "queue", "needs_gpu", "max_concurrent_runs")
+    list_display = ("name", "processor", "enabled", "queue", "needs_gpu", "max_concurrent_runs", "environment", "credentials")
+    readonly_fields = ("environment", "credentials")
+
+    # Checked in the web server's process; workers are configured alike (same image, same variables).
+    @admin.display(description="Environment imports")
+    def environment(self, backend: Backend) -> str:
+        return _status(backend.environment_status()["environment"])
+
+    @admin.display(description="Credentials set")
+    def credentials(self, backend: Backend) -> str:
+        return _status(backend.environment_status()["credentials"])
     list_editable = ("enabled", "queue", "max_concurrent_runs")
     list_filter = ("enabled", "queue", "needs_gpu")
     actions = [enable_backends, disable_backends]

@@ -215,6 +215,11 @@ class Backend(models.Model):
         help_text='Dotted config keys applied under every run\'s overrides, e.g. {"trainer.device": "cpu"}.',
     )
     max_concurrent_runs = models.PositiveIntegerField(default=0, help_text="0: no limit.")
+    python = models.CharField(
+        max_length=500, blank=True,
+        help_text="Interpreter its training process runs in (e.g. .venv-swift/bin/python for swift); "
+                  "empty: the backend's default. Set here only: runs cannot override it.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -222,6 +227,17 @@ class Backend(models.Model):
 
     def __str__(self) -> str:
         return self.name if self.enabled else f"{self.name} (disabled)"
+
+    def environment_status(self) -> dict[str, str | None]:
+        """Whether this backend's environment imports and its credentials are set, as seen by this
+        process (``{"environment": problem or None, "credentials": problem or None}``)."""
+        from training.processor import get_processor_class
+
+        try:
+            processor = get_processor_class(self.processor)
+        except ValueError as exc:
+            return {"environment": str(exc), "credentials": None}
+        return processor.environment_status(self.python or None)
 
     def has_capacity(self) -> bool:
         if not self.max_concurrent_runs:

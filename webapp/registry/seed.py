@@ -35,6 +35,14 @@ BACKENDS = [
      "default_config": {}, "max_concurrent_runs": 0},
     {"name": "verl", "processor": "verl", "queue": "gpu", "needs_gpu": True, "enabled": False,
      "default_config": {}, "max_concurrent_runs": 0},
+    # Remote services: the GPUs are theirs, so a CPU worker drives them (it needs the API key).
+    {"name": "tinker", "processor": "tinker", "queue": "cpu", "needs_gpu": False, "enabled": True,
+     "default_config": {}, "max_concurrent_runs": 0},
+    {"name": "fireworks", "processor": "fireworks", "queue": "cpu", "needs_gpu": False, "enabled": True,
+     "default_config": {}, "max_concurrent_runs": 0},
+    # ms-swift trains in its own environment (make swift-env); the training process runs there.
+    {"name": "swift", "processor": "swift", "queue": "cpu", "needs_gpu": False, "enabled": True,
+     "default_config": {}, "max_concurrent_runs": 0, "python": ".venv-swift/bin/python"},
 ]
 
 # A run small enough to finish in a minute or two on a laptop CPU (one torch thread: a tiny model

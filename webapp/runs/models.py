@@ -100,6 +100,10 @@ class Run(models.Model):
     steps = models.PositiveIntegerField(default=0)
     run_path = models.CharField(max_length=500, blank=True)
     checkpoint = models.CharField(max_length=500, blank=True, help_text="Latest checkpoint location.")
+    remote_ids = models.JSONField(
+        default=dict, blank=True,
+        help_text="Ids of what a remote backend created for this run (trainer job, deployment, model).",
+    )
 
     objects = RunQuerySet.as_manager()
 

@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
 
 MODEL_KEY = "actor_rollout_ref.model.path"
+PYTHON_KEY = "trainer.python"
 
 
 def load_training_plugins() -> None:
@@ -36,6 +37,8 @@ def merged_config(backend: Backend, dataset: Dataset, model: str, overrides: dic
     if model:
         config[MODEL_KEY] = model
     config.update(overrides)
+    if backend.python:  # the admin's choice; a run's overrides never pick an interpreter
+        config[PYTHON_KEY] = backend.python
     return config
 
 

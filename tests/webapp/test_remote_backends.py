@@ -1,0 +1,98 @@
+"""tinker, fireworks and swift on the platform: seeded, their readiness shown to admins, refused
+by the run form when their credentials or environment are missing, remote ids on the run page,
+and a cancelled fireworks run deletes what it provisioned.
+
+Stand-in: Fireworks' platform (``standins.fireworks_service``, a loopback server speaking the SDK's
+wire formats); the worker's ``train_run``, the database and the SDK are real.
+"""
+
+from unittest import mock
+
+import pytest
+
+from webapp.runs.models import Run
+
+URL = "/runs/new/"
+
+
+@pytest.fixture
+def apply_async():
+    with mock.patch("workers.tasks.execute_run_task.apply_async") as patched:
+        patched.return_value.id = "task-1"
+        yield patched
+
+
+def test_the_three_backends_are_seeded_and_offered(owner_client, registry):
+    backends = registry["backends"]
+    assert {"tinker", "fireworks", "swift"} <= set(backends)
+    assert backends["swift"].python == ".venv-swift/bin/python"
+    page = owner_client.get(URL).content.decode()
+    for name in ("tinker", "fireworks", "swift"):
+        assert f"{name} — {name}" in page
+    listed = {b["name"]: b for b in owner_client.get("/api/backends/").json()["results"]}
+    assert listed["tinker"]["status"]["credentials"].startswith("TINKER_API_KEY is not set")
+
+
+def test_admin_shows_whether_environment_imports_and_credentials_are_set(admin_client_, registry, monkeypatch):
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    monkeypatch.setenv("FIREWORKS_API_KEY", "fw-set")
+    page = admin_client_.get("/admin/registry/backend/").content.decode()
+    assert "Environment imports" in page and "Credentials set" in page
+    assert "missing: TINKER_API_KEY is not set" in page
+    assert "missing: FIREWORKS_API_KEY" not in page
+    broken = registry["backends"]["swift"]
+    broken.python = "/nowhere/python"
+    broken.save()
+    page = admin_client_.get("/admin/registry/backend/").content.decode()
+    assert "missing: its environment /nowhere/python does not exist" in page
+
+
+def test_the_form_refuses_a_backend_without_credentials_naming_them(owner_client, copy_form_data, registry, monkeypatch, apply_async):
+    monkeypatch.delenv("FIREWORKS_API_KEY", raising=False)
+    response = owner_client.post(URL, {**copy_form_data, "backend": registry["backends"]["fireworks"].pk})
+    errors = response.context["form"].errors
+    assert "FIREWORKS_API_KEY is not set" in " ".join(errors["backend"])
+    assert Run.objects.count() == 0 and not apply_async.called
+
+
+def test_the_form_refuses_a_backend_whose_environment_is_missing(owner_client, copy_form_data, registry, apply_async):
+    swift = registry["backends"]["swift"]
+    swift.python = "/nowhere/python"
+    swift.save()
+    response = owner_client.post(URL, {**copy_form_data, "backend": swift.pk})
+    assert "its environment /nowhere/python does not exist" in " ".join(response.context["form"].errors["backend"])
+    assert Run.objects.count() == 0
+
+
+def test_a_run_cannot_choose_the_interpreter(owner_client, copy_form_data, apply_async):
+    response = owner_client.post(URL, {**copy_form_data, "overrides": "trainer.python=/bin/sh"})
+    assert "chosen by the backend's administrator" in " ".join(response.context["form"].errors["overrides"])
+    assert Run.objects.count() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_fireworks_run_deletes_its_job_and_deployment_and_shows_their_ids(make_run, registry, tmp_path, settings, monkeypatch, owner_client):
+    from standins.fireworks_service import FireworksStandIn
+    from workers.execute import claim, train_run
+
+    platform = FireworksStandIn()
+    monkeypatch.setenv("FIREWORKS_API_KEY", platform.api_key)
+    settings.RUNS_DIR = tmp_path
+    try:
+        run = make_run(backend=registry["backends"]["fireworks"], config_overrides={
+            "trainer.total_training_steps": 50, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
+            "data.max_response_length": 2, "remote.base_url": platform.url, "remote.poll_interval_s": 0.05,
+        })
+        claim(run.pk, "test-worker")
+        run.request_cancel()
+        assert train_run(run.pk) == Run.Status.CANCELLED
+    finally:
+        platform.close()
+    run.refresh_from_db()
+    assert run.status == Run.Status.CANCELLED, run.error
+    assert set(run.remote_ids) == {"fireworks_trainer_job", "fireworks_deployment"}
+    assert platform.running() == []
+    assert sorted(platform.deleted) == sorted([f"job:{run.remote_ids['fireworks_trainer_job']}", f"deployment:{run.remote_ids['fireworks_deployment']}"])
+    page = owner_client.get(f"/runs/{run.pk}/").content.decode()
+    assert run.remote_ids["fireworks_deployment"] in page and "fireworks_trainer_job" in page
