@@ -13,15 +13,10 @@ import pytest
 import torch
 
 from standins.fireworks_service import FireworksStandIn
+from task_rewards import PROMPTS, starts_with_a
 from training import AgentTrainer
 
 pytestmark = pytest.mark.slow
-
-PROMPTS = [{"prompt": p} for p in ("x=", "y=", "z=", "w=")]
-
-
-def starts_with_a(task, response):
-    return 1.0 if response.startswith("a") else 0.0
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from task_rewards import PROMPTS
 from training import AgentTrainer
 from training.backends.swift_backend import DEFAULT_PYTHON, environment_problem
 
@@ -19,8 +20,7 @@ pytestmark = pytest.mark.slow
 needs_swift_env = pytest.mark.skipif(
     environment_problem(DEFAULT_PYTHON) is not None, reason="no .venv-swift here; `make swift-env` builds it (make test does)"
 )
-PROMPTS = [{"prompt": p} for p in ("x=", "y=", "z=", "w=")]
-REWARD = str(Path(__file__).with_name("swift_rewards.py")) + ":starts_with_a"
+REWARD = str(Path(__file__).with_name("task_rewards.py")) + ":starts_with_a"
 
 
 def config(steps, **extra):

@@ -6,20 +6,11 @@ Stand-in: Fireworks' platform (``standins.fireworks_service``, a loopback server
 wire formats); the worker's ``train_run``, the database and the SDK are real.
 """
 
-from unittest import mock
-
 import pytest
 
 from webapp.runs.models import Run
 
 URL = "/runs/new/"
-
-
-@pytest.fixture
-def apply_async():
-    with mock.patch("workers.tasks.execute_run_task.apply_async") as patched:
-        patched.return_value.id = "task-1"
-        yield patched
 
 
 def test_the_three_backends_are_seeded_and_offered(owner_client, registry):
@@ -47,15 +38,15 @@ def test_admin_shows_whether_environment_imports_and_credentials_are_set(admin_c
     assert "missing: its environment /nowhere/python does not exist" in page
 
 
-def test_the_form_refuses_a_backend_without_credentials_naming_them(owner_client, copy_form_data, registry, monkeypatch, apply_async):
+def test_the_form_refuses_a_backend_without_credentials_naming_them(owner_client, copy_form_data, registry, monkeypatch):
     monkeypatch.delenv("FIREWORKS_API_KEY", raising=False)
     response = owner_client.post(URL, {**copy_form_data, "backend": registry["backends"]["fireworks"].pk})
     errors = response.context["form"].errors
     assert "FIREWORKS_API_KEY is not set" in " ".join(errors["backend"])
-    assert Run.objects.count() == 0 and not apply_async.called
+    assert Run.objects.count() == 0
 
 
-def test_the_form_refuses_a_backend_whose_environment_is_missing(owner_client, copy_form_data, registry, apply_async):
+def test_the_form_refuses_a_backend_whose_environment_is_missing(owner_client, copy_form_data, registry):
     swift = registry["backends"]["swift"]
     swift.python = "/nowhere/python"
     swift.save()
@@ -64,7 +55,7 @@ def test_the_form_refuses_a_backend_whose_environment_is_missing(owner_client, c
     assert Run.objects.count() == 0
 
 
-def test_a_run_cannot_choose_the_interpreter(owner_client, copy_form_data, apply_async):
+def test_a_run_cannot_choose_the_interpreter(owner_client, copy_form_data):
     response = owner_client.post(URL, {**copy_form_data, "overrides": "trainer.python=/bin/sh"})
     assert "chosen by the backend's administrator" in " ".join(response.context["form"].errors["overrides"])
     assert Run.objects.count() == 0

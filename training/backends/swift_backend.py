@@ -46,7 +46,10 @@ SWIFT_METRIC_NAMES = {
 def swift_python(config: Config | str | Path | None = None) -> Path:
     """The interpreter of the training process: ``trainer.python`` (or a path given as such), else ``.venv-swift``."""
     configured = config.trainer.python if isinstance(config, Config) else config
-    return Path(configured) if configured else DEFAULT_PYTHON
+    if not configured:
+        return DEFAULT_PYTHON
+    path = Path(configured)
+    return path if path.is_absolute() else PROJECT_ROOT / path  # relative to the checkout, not the caller's cwd
 
 
 @functools.lru_cache(maxsize=8)
