@@ -55,8 +55,9 @@ def test_the_form_refuses_a_backend_whose_environment_is_missing(owner_client, c
     assert Run.objects.count() == 0
 
 
-def test_a_run_cannot_choose_the_interpreter(owner_client, copy_form_data):
-    response = owner_client.post(URL, {**copy_form_data, "overrides": "trainer.python=/bin/sh"})
+@pytest.mark.parametrize("override", ["trainer.python=/bin/sh", "remote.base_url=http://attacker.example"])
+def test_a_run_cannot_choose_the_interpreter_or_the_service_that_gets_the_api_key(owner_client, copy_form_data, override):
+    response = owner_client.post(URL, {**copy_form_data, "overrides": override})
     assert "chosen by the backend's administrator" in " ".join(response.context["form"].errors["overrides"])
     assert Run.objects.count() == 0
 
@@ -71,9 +72,12 @@ def test_a_cancelled_fireworks_run_deletes_its_job_and_deployment_and_shows_thei
     monkeypatch.setenv("FIREWORKS_API_KEY", platform.api_key)
     settings.RUNS_DIR = tmp_path
     try:
-        run = make_run(backend=registry["backends"]["fireworks"], config_overrides={
+        fireworks = registry["backends"]["fireworks"]
+        fireworks.default_config = {"remote.base_url": platform.url, "remote.poll_interval_s": 0.05}  # as an admin sets it
+        fireworks.save()
+        run = make_run(backend=fireworks, config_overrides={
             "trainer.total_training_steps": 50, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
-            "data.max_response_length": 2, "remote.base_url": platform.url, "remote.poll_interval_s": 0.05,
+            "data.max_response_length": 2,
         })
         claim(run.pk, "test-worker")
         run.request_cancel()

@@ -290,6 +290,7 @@ class RemoteTrainingLoop:
         self.tasks = dataset_to_tasks(processor.train_dataset)
         self.service = processor.name
         self.last_metrics: dict[str, float] = {}
+        self._orders: dict[int, list[int]] = {}
 
     def run(self) -> TrainResult:
         processor, cfg = self.processor, self.config
@@ -395,10 +396,12 @@ class RemoteTrainingLoop:
         batch = []
         for index in range((step - 1) * size, step * size):
             epoch, position = divmod(index, count)
-            order = list(range(count))
-            if self.config.data.shuffle:
-                random.Random(self.config.trainer.seed + epoch).shuffle(order)
-            batch.append(self.tasks[order[position]])
+            if epoch not in self._orders:
+                order = list(range(count))
+                if self.config.data.shuffle:
+                    random.Random(self.config.trainer.seed + epoch).shuffle(order)
+                self._orders = {epoch: order}  # one epoch's order at a time
+            batch.append(self.tasks[self._orders[epoch][position]])
         return batch
 
     def _advantages(self, episodes: list[Episode], n: int) -> tuple[list[float], float]:

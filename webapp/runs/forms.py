@@ -12,7 +12,7 @@ from django import forms
 
 from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
 from webapp.runs.models import Run
-from webapp.runs.trainer_args import MODEL_KEY, PYTHON_KEY, field_for_error, trainer_kwargs
+from webapp.runs.trainer_args import ADMIN_ONLY_KEYS, MODEL_KEY, field_for_error, trainer_kwargs
 from webapp.teams.models import Project
 
 _KEY_VALUE_LINE = re.compile(r"^\s*[A-Za-z_][\w.\-]*\s*=")
@@ -147,8 +147,9 @@ class RunForm(forms.Form):
         overrides = parse_overrides_text(self.cleaned_data.get("overrides", ""))
         if MODEL_KEY in overrides and self.data.get("model"):
             raise forms.ValidationError(f"{MODEL_KEY} is set both here and in Model; keep one.")
-        if PYTHON_KEY in overrides:
-            raise forms.ValidationError(f"{PYTHON_KEY}: the interpreter is chosen by the backend's administrator, not per run.")
+        for key, what in ADMIN_ONLY_KEYS.items():
+            if key in overrides:
+                raise forms.ValidationError(f"{key}: {what} is chosen by the backend's administrator, not per run.")
         return overrides
 
     def clean(self) -> dict[str, Any]:

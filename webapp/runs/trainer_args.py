@@ -18,6 +18,9 @@ from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
 
 MODEL_KEY = "actor_rollout_ref.model.path"
 PYTHON_KEY = "trainer.python"
+# Keys only an admin sets (in a Backend's default_config or python field): an interpreter runs
+# code, and a service URL would receive the platform's API key.
+ADMIN_ONLY_KEYS = {PYTHON_KEY: "the interpreter", "remote.base_url": "the remote service's URL"}
 
 
 def load_training_plugins() -> None:
@@ -36,7 +39,7 @@ def merged_config(backend: Backend, dataset: Dataset, model: str, overrides: dic
     config.update(dataset.config_overrides())
     if model:
         config[MODEL_KEY] = model
-    config.update(overrides)
+    config.update({k: v for k, v in overrides.items() if k not in ADMIN_ONLY_KEYS})  # the form refuses them too
     if backend.python:  # the admin's choice; a run's overrides never pick an interpreter
         config[PYTHON_KEY] = backend.python
     return config
