@@ -94,6 +94,7 @@ def test_cancel_stops_after_the_step_and_ends_the_session(service, tmp_path, sin
     result = trainer(service, tmp_path, 20, sink, should_stop=lambda: len(sink.metrics) >= 2).train()
     assert result.stopped and result.steps == 2
     assert list(service.sessions.values())[0]["finished"] == "interrupted"
+    assert (tmp_path / "checkpoints" / "step-2" / "checkpoint.json").is_file()  # kept for a resume
 
 
 def test_rllm_tinker_names_are_accepted(service, tmp_path):

@@ -321,6 +321,7 @@ class RemoteTrainingLoop:
                 "training with %s: %d steps, %d prompts x %d episodes per step, agent kind %s",
                 self.service, total, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, self.spec.kind,
             )
+            saved = start
             for step in range(start + 1, total + 1):
                 if processor.should_stop():
                     stopped, step = True, step - 1
@@ -328,9 +329,12 @@ class RemoteTrainingLoop:
                 sampler_path = self.train_step(step, session, tokenizer)
                 if self._save_due(step, total):
                     self.save(step, session, sampler_path, checkpoints)
+                    saved = step
                 if processor.should_stop():
                     stopped = step < total
                     break
+            if stopped and step > saved:  # a cancelled run keeps what it trained: a re-run resumes here
+                self.save(step, session, sampler_path, checkpoints)
             outcome = "interrupted" if stopped else "success"
         except (KeyboardInterrupt, Terminated):
             outcome = "interrupted"
