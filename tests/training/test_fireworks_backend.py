@@ -30,7 +30,7 @@ def platform(monkeypatch):
 def trainer(platform, tmp_path, steps, sink=None, extra=None, **kwargs):
     config = {
         "actor_rollout_ref.model.path": "tiny-char",
-        "actor_rollout_ref.actor.optim.lr": 3e-2,
+        "actor_rollout_ref.actor.optim.lr": 5e-2,
         "actor_rollout_ref.rollout.n": 8,
         "data.train_batch_size": 4,
         "data.max_response_length": 2,
@@ -100,4 +100,4 @@ def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):
     monkeypatch.delenv("FIREWORKS_API_KEY", raising=False)
     with pytest.raises(ValueError, match="FIREWORKS_API_KEY is not set"):
         AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="fireworks", run_path=str(tmp_path),
-                     config={"actor_rollout_ref.model.path": "tiny-char"})
+                     config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})

@@ -52,7 +52,7 @@ def test_grpo_in_its_own_environment_changes_weights_and_raises_reward(tmp_path,
 def test_a_missing_environment_is_named_at_construction(tmp_path):
     with pytest.raises(ValueError, match=r"swift backend cannot run here: its environment /nowhere/python does not exist"):
         AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
-                     config={"actor_rollout_ref.model.path": "tiny-char", "trainer.python": "/nowhere/python"})
+                     config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4, "trainer.python": "/nowhere/python"})
 
 
 @needs_swift_env
@@ -61,11 +61,11 @@ def test_multi_turn_agents_are_refused_clearly(tmp_path):
 
     with pytest.raises(ValueError, match="swift backend trains single-turn tasks.*multi-turn hook is not bridged"):
         AgentTrainer(agent_class=FrozenLakeAgent, env_class=FrozenLakeEnv, train_dataset="frozenlake:train",
-                     backend="swift", run_path=str(tmp_path), config={"actor_rollout_ref.model.path": "tiny-char"})
+                     backend="swift", run_path=str(tmp_path), config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})
 
 
 @needs_swift_env
 def test_a_reward_object_the_child_cannot_import_is_refused(tmp_path):
     with pytest.raises(ValueError, match="reward_func: the swift backend trains in its own interpreter"):
         AgentTrainer(train_dataset=PROMPTS, reward_func=lambda task, response: 0.0, backend="swift",
-                     run_path=str(tmp_path), config={"actor_rollout_ref.model.path": "tiny-char"})
+                     run_path=str(tmp_path), config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})

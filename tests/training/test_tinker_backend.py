@@ -29,7 +29,7 @@ def service(monkeypatch):
 def config(service, steps, **extra):
     return {
         "actor_rollout_ref.model.path": "tiny-char",
-        "actor_rollout_ref.actor.optim.lr": 3e-2,
+        "actor_rollout_ref.actor.optim.lr": 5e-2,
         "actor_rollout_ref.rollout.n": 8,
         "data.train_batch_size": 4,
         "data.max_response_length": 2,
@@ -100,7 +100,7 @@ def test_cancel_stops_after_the_step_and_ends_the_session(service, tmp_path, sin
 def test_rllm_tinker_names_are_accepted(service, tmp_path):
     built = AgentTrainer(
         train_dataset=PROMPTS, reward_func=starts_with_a, backend="tinker", run_path=str(tmp_path),
-        config=["model.name=tiny-char", "model.lora_rank=8", "training.group_size=4", "training.learning_rate=2e-5",
+        config=["model.name=tiny-char", "data.train_batch_size=4", "model.lora_rank=8", "training.group_size=4", "training.learning_rate=2e-5",
                 f"tinker_base_url={service.url}"],
     ).final_config
     assert built.actor_rollout_ref.model.lora_rank == 8
@@ -113,4 +113,16 @@ def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     with pytest.raises(ValueError, match="TINKER_API_KEY is not set"):
         AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="tinker", run_path=str(tmp_path),
-                     config={"actor_rollout_ref.model.path": "tiny-char"})
+                     config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})
+
+
+def test_a_reward_that_raises_fails_the_run_naming_it_and_closes_the_session(service, tmp_path):
+    def broken(task, response):
+        if response:  # the construction-time probe scores an empty response
+            raise KeyError("score")
+        return 0.0
+
+    with pytest.raises(RuntimeError, match=r"reward function broken raised KeyError.*row \d of train_dataset.*in step 1"):
+        AgentTrainer(train_dataset=PROMPTS, reward_func=broken, backend="tinker", run_path=str(tmp_path),
+                     config=config(service, 3)).train()
+    assert list(service.sessions.values())[0]["finished"] == "errored"

@@ -41,6 +41,7 @@ from training.config import Config, ConfigError, ConfigInput, parse_overrides
 from training.data import dataset_to_tasks
 from training.generation import GenerationOutput
 from training.log import logger
+from training.outcomes import OutcomeMonitor
 from training.types import Episode
 from training.utils import is_package_available
 
@@ -291,6 +292,9 @@ class RemoteTrainingLoop:
         self.service = processor.name
         self.last_metrics: dict[str, float] = {}
         self._orders: dict[int, list[int]] = {}
+        # The checks every backend makes: error rate per step, a reward that raises, zero steps.
+        self.outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate, self.tasks)
+        self.reward_fn = self.outcomes.watch_reward(processor.reward_fn, required=self.spec.kind == "single_turn")
 
     def run(self) -> TrainResult:
         processor, cfg = self.processor, self.config
@@ -335,6 +339,7 @@ class RemoteTrainingLoop:
                     break
             if stopped and step > saved:  # a cancelled run keeps what it trained: a re-run resumes here
                 self.save(step, session, sampler_path, checkpoints)
+            self.outcomes.check_finished(step, stopped)
             outcome = "interrupted" if stopped else "success"
         except (KeyboardInterrupt, Terminated):
             outcome = "interrupted"
@@ -355,8 +360,10 @@ class RemoteTrainingLoop:
         started = time.perf_counter()
         n = cfg.actor_rollout_ref.rollout.n
         tasks = self._batch(step)
-        engine = RolloutEngine(self.spec, session.generator(tokenizer), tokenizer, cfg, self.processor.reward_fn)
+        self.outcomes.step = step
+        engine = RolloutEngine(self.spec, session.generator(tokenizer), tokenizer, cfg, self.reward_fn)
         episodes = asyncio.run(engine.run_episodes(tasks, n=n))
+        self.outcomes.check_episodes(episodes, step)
         summary = summarize_episodes(episodes)
         sampling_time = time.perf_counter() - started
         advantages, dropped = self._advantages(episodes, n)

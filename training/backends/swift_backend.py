@@ -29,6 +29,7 @@ from training.config import Config, ConfigError
 from training.data import dataset_to_tasks
 from training.log import logger
 from training.models import TINY_MODEL
+from training.outcomes import OutcomeMonitor
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = PROJECT_ROOT / ".venv-swift" / "bin" / "python"
@@ -161,6 +162,7 @@ class SwiftProcessor(BuiltinProcessor):
         steps = int(done.get("result", {}).get("global_step", self._last_step))
         checkpoint = done.get("result", {}).get("last_model_checkpoint")
         stopped = stop_sent_at is not None and steps < self.config.trainer.total_training_steps
+        OutcomeMonitor(self.config.trainer.max_episode_error_rate).check_finished(steps, stopped)
         logger.info("training %s after %d steps; model at %s", "stopped" if stopped else "finished", steps, checkpoint)
         return TrainResult(run_path=self.run_path, steps=steps, metrics=dict(self._last_metrics), checkpoint=checkpoint, stopped=stopped)
 
