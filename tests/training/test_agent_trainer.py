@@ -135,8 +135,8 @@ def test_agent_given_two_ways(tmp_path):
 
 
 def test_unknown_backend(tmp_path):
-    with pytest.raises(ValueError, match="Unknown training backend 'tinker'; known backends"):
-        build(tmp_path, backend="tinker", train_dataset="copy:train", reward_func="char_accuracy")
+    with pytest.raises(ValueError, match="Unknown training backend 'openrlhf'; known backends"):
+        build(tmp_path, backend="openrlhf", train_dataset="copy:train", reward_func="char_accuracy")
 
 
 def test_verl_without_gpu_says_to_choose_trl(tmp_path):

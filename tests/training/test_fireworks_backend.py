@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from standins.fireworks_service import FireworksStandIn
-from task_rewards import PROMPTS, starts_with_a
+from task_rewards import PROMPTS, starts_a_to_m
 from training import AgentTrainer
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def trainer(platform, tmp_path, steps, sink=None, extra=None, **kwargs):
         "remote.poll_interval_s": 0.05,
         **(extra or {}),
     }
-    return AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="fireworks", run_path=str(tmp_path),
+    return AgentTrainer(train_dataset=PROMPTS, reward_func=starts_a_to_m, backend="fireworks", run_path=str(tmp_path),
                         config=config, sinks=[sink] if sink else None, **kwargs)
 
 
@@ -99,5 +99,5 @@ def test_cancel_stops_after_the_step_and_tears_everything_down(platform, tmp_pat
 def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):
     monkeypatch.delenv("FIREWORKS_API_KEY", raising=False)
     with pytest.raises(ValueError, match="FIREWORKS_API_KEY is not set"):
-        AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="fireworks", run_path=str(tmp_path),
+        AgentTrainer(train_dataset=PROMPTS, reward_func=starts_a_to_m, backend="fireworks", run_path=str(tmp_path),
                      config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})

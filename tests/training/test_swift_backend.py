@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 needs_swift_env = pytest.mark.skipif(
     environment_problem(DEFAULT_PYTHON) is not None, reason="no .venv-swift here; `make swift-env` builds it (make test does)"
 )
-REWARD = str(Path(__file__).with_name("task_rewards.py")) + ":starts_with_a"
+REWARD = str(Path(__file__).with_name("task_rewards.py")) + ":starts_a_to_m"
 
 
 def config(steps, **extra):

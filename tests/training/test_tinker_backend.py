@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from standins.tinker_service import TinkerStandIn
-from task_rewards import PROMPTS, starts_with_a
+from task_rewards import PROMPTS, starts_a_to_m
 from training import AgentTrainer
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def config(service, steps, **extra):
 def trainer(service, tmp_path, steps, sink=None, **kwargs):
     extra = kwargs.pop("extra", {})
     return AgentTrainer(
-        train_dataset=PROMPTS, reward_func=starts_with_a, backend="tinker", run_path=str(tmp_path),
+        train_dataset=PROMPTS, reward_func=starts_a_to_m, backend="tinker", run_path=str(tmp_path),
         config=config(service, steps, **extra), sinks=[sink] if sink else None, **kwargs,
     )
 
@@ -99,7 +99,7 @@ def test_cancel_stops_after_the_step_and_ends_the_session(service, tmp_path, sin
 
 def test_rllm_tinker_names_are_accepted(service, tmp_path):
     built = AgentTrainer(
-        train_dataset=PROMPTS, reward_func=starts_with_a, backend="tinker", run_path=str(tmp_path),
+        train_dataset=PROMPTS, reward_func=starts_a_to_m, backend="tinker", run_path=str(tmp_path),
         config=["model.name=tiny-char", "data.train_batch_size=4", "model.lora_rank=8", "training.group_size=4", "training.learning_rate=2e-5",
                 f"tinker_base_url={service.url}"],
     ).final_config
@@ -112,7 +112,7 @@ def test_rllm_tinker_names_are_accepted(service, tmp_path):
 def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     with pytest.raises(ValueError, match="TINKER_API_KEY is not set"):
-        AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="tinker", run_path=str(tmp_path),
+        AgentTrainer(train_dataset=PROMPTS, reward_func=starts_a_to_m, backend="tinker", run_path=str(tmp_path),
                      config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})
 
 
