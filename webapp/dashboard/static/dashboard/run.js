@@ -6,6 +6,10 @@
     ["reward", "Reward"], ["reward_std", "Reward std"], ["loss", "Loss"], ["kl", "KL"], ["entropy", "Entropy"],
     ["response_length", "Response length"], ["turns", "Turns per episode"], ["termination/", "Termination reasons"],
     ["step_time", "Step time (s)"], ["val/", "Validation (test set, per data source)"],
+    // System metrics, sampled in the training process (training/system_metrics.py): one chart per unit.
+    ["system/cpu/", "System: CPU (%)"], ["system/memory_gb/", "System: memory (GB)"],
+    ["system/gpu_utilization/", "System: GPU utilisation (%)"], ["system/gpu_memory_gb/", "System: GPU memory (GB)"],
+    ["system/gpu_power_watts/", "System: GPU power (W)"],
   ];
   const LIVE_POINTS_BEFORE_REFETCH = 4000;
   const FINAL = ["succeeded", "failed", "cancelled"];
@@ -26,6 +30,8 @@
 
   function addChart(id, title, match) {
     if (state.charts.some(c => c.id === id)) return;
+    const empty = document.getElementById("dash-empty");
+    if (empty) empty.remove();
     const div = document.createElement("div");
     div.className = "dash-chart";
     div.id = "chart-" + id.replace(/[^A-Za-z0-9_-]/g, "_");
@@ -133,6 +139,7 @@
       const c = chartFor(key);
       if (c) addChart(c.id, c.title, c.id.endsWith("/") ? (k => k.startsWith(c.id)) : (k => k === c.id));
     }
+    showProgress(state.lastStep);
     scheduleRedraw();
   }
 
@@ -143,14 +150,50 @@
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
     const url = scheme + location.host + withQuery(root.dataset.wsUrl, "after=" + state.lastStep + "&after_log=" + state.lastLogId);
     socket = new WebSocket(url);
-    socket.onopen = () => { retry = 500; liveBadge.textContent = "● live"; liveBadge.classList.add("on"); };
+    socket.onopen = () => { retry = 500; showLive(); };
     socket.onmessage = ev => onMessage(JSON.parse(ev.data));
-    socket.onclose = () => {
-      liveBadge.textContent = "○ reconnecting"; liveBadge.classList.remove("on");
-      if (FINAL.includes(state.status) && state.finalSeen) return;
+    socket.onclose = ev => {
+      liveBadge.classList.remove("on");
+      if (ev.code === 4403) { liveBadge.textContent = "○ no longer shared with you"; return; }
+      if (FINAL.includes(state.status) && state.finalSeen) { showLive(); return; }
+      liveBadge.textContent = "○ reconnecting";
       setTimeout(connect, retry);
       retry = Math.min(retry * 2, 5000);
     };
+  }
+
+  // "● live" while the run can still change; a finished run says so (its charts are complete).
+  // Until the socket is open the badge says so: "live" is a promise that pushes arrive.
+  function showLive() {
+    const finished = FINAL.includes(state.status);
+    const open = socket !== null && socket.readyState === WebSocket.OPEN;
+    liveBadge.textContent = finished ? "■ finished (" + state.status + ")" : open ? "● live" : "○ connecting";
+    liveBadge.classList.toggle("on", !finished && open);
+    liveBadge.classList.toggle("finished", finished);
+  }
+
+  // -- progress: step of total, bar, ETA from the pace so far ------------------------------------
+  const progress = document.getElementById("run-progress");
+  function showProgress(steps) {
+    if (!progress) return;
+    const counter = document.getElementById("run-steps");
+    steps = Math.max(steps || 0, parseInt(counter.textContent || "0", 10));
+    counter.textContent = steps;
+    const total = parseInt(progress.dataset.total || "0", 10);
+    const bar = document.getElementById("run-bar");
+    if (total) bar.value = Math.min(steps, total);
+    const eta = document.getElementById("run-eta");
+    const started = progress.dataset.started ? Date.parse(progress.dataset.started) : NaN;
+    if (FINAL.includes(state.status)) { eta.textContent = state.status; if (!total) bar.value = bar.max; return; }
+    if (state.status === "queued") { eta.textContent = "waiting for a worker"; return; }
+    if (!total || !steps || isNaN(started)) { eta.textContent = "running"; return; }
+    const perStep = (Date.now() - started) / 1000 / steps;
+    eta.textContent = "about " + duration(perStep * Math.max(total - steps, 0)) + " left (" + perStep.toFixed(1) + " s per step)";
+  }
+  function duration(seconds) {
+    if (seconds < 90) return Math.round(seconds) + " s";
+    if (seconds < 5400) return Math.round(seconds / 60) + " min";
+    return (seconds / 3600).toFixed(1) + " h";
   }
 
   function onMessage(msg) {
@@ -166,8 +209,11 @@
     const wasFinal = FINAL.includes(state.status);
     state.status = msg.status;
     if (badge) { badge.textContent = msg.status; badge.className = "status status-" + msg.status; }
+    if (progress && msg.status === "running" && !progress.dataset.started) progress.dataset.started = new Date().toISOString();
     const steps = document.getElementById("run-steps");
-    if (steps && msg.steps !== undefined) steps.textContent = msg.steps;
+    if (progress) showProgress(msg.steps);
+    else if (steps && msg.steps !== undefined) steps.textContent = msg.steps;
+    showLive();
     if (FINAL.includes(msg.status)) {
       state.finalSeen = true;
       const cancel = document.getElementById("run-cancel");
@@ -226,7 +272,8 @@
     const box = document.getElementById("dash-episode-detail");
     box.innerHTML = "";
     const head = document.createElement("p");
-    head.textContent = "Episode " + e.position + ": reward " + fmt(e.reward) + ", " + e.num_turns + " turn(s), ended by " + (e.termination_reason || "—");
+    head.textContent = "Episode " + e.position + ": reward " + fmt(e.reward) + ", " + e.num_turns + " turn(s), ended by " + (e.termination_reason || "—") +
+      (e.episode.trained_tokens !== undefined ? "; " + e.episode.trained_tokens + " response tokens trained" : "");
     box.appendChild(head);
     (e.episode.trajectories || []).forEach(t => {
       (t.steps || []).forEach((turn, i) => {
@@ -234,16 +281,21 @@
         div.className = "dash-turn";
         const prompt = (turn.chat_completions || []).filter(m => m.role !== "assistant").slice(-1)[0];
         section(div, "Turn " + (i + 1) + " · reward " + fmt(turn.reward) + (turn.done ? " · done" : ""), null);
-        section(div, "Prompt", prompt ? prompt.content : "");
-        section(div, "Model response", turn.model_response);
-        section(div, "Environment observation", typeof turn.observation === "string" ? turn.observation : JSON.stringify(turn.observation));
+        section(div, "Prompt (context, not trained)", prompt ? prompt.content : "");
+        const tokens = turn.response_tokens || 0;
+        section(div, "Model response (trained" + (tokens ? ": " + tokens + " token" + (tokens === 1 ? "" : "s") : "") + ")", turn.model_response, "trained");
+        section(div, "Environment observation (context, not trained)", typeof turn.observation === "string" ? turn.observation : JSON.stringify(turn.observation));
         box.appendChild(div);
       });
     });
   }
-  function section(parent, title, text) {
+  function section(parent, title, text, className) {
     const h = document.createElement("strong"); h.textContent = title; parent.appendChild(h);
-    if (text !== null) { const pre = document.createElement("pre"); pre.textContent = text || "—"; parent.appendChild(pre); }
+    if (text !== null) {
+      const pre = document.createElement("pre"); pre.textContent = text || "—";
+      if (className) pre.className = className;
+      parent.appendChild(pre);
+    }
   }
   function fmt(v) { return v === null || v === undefined ? "—" : Number(v).toPrecision(4); }
 
@@ -272,7 +324,17 @@
       const match = id.endsWith("/") ? (k => k.startsWith(id)) : (k => k === id);
       if ([...state.series.keys()].some(match)) addChart(id, title, match);
     }
-    if (!state.charts.length) addChart("reward", "Reward", k => k === "reward");
+    if (!state.charts.length) {
+      const note = document.createElement("p");
+      note.id = "dash-empty";
+      note.className = "muted";
+      note.textContent = FINAL.includes(state.status) ? "This run logged no metrics." :
+        "The charts appear with the first logged step (reward, loss, KL, ...).";
+      chartsBox.appendChild(note);
+    }
+    showLive();
+    showProgress(0);
+    if (progress && !FINAL.includes(state.status)) setInterval(() => showProgress(state.lastStep), 5000);
     connect();
     loadEpisodes(null);
   })();
