@@ -1,4 +1,4 @@
-"""Workflow-style task: countdown with one retry.
+"""Workflow-style task: countdown with one retry, written with rLLM's ``Workflow`` API.
 
 The workflow asks the model for an arithmetic expression that reaches a target from given
 numbers; if the first answer misses, it tells the model and asks once more. The reward is the
@@ -10,26 +10,28 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from training import Episode, Step, Trajectory, Workflow
+from training import Episode, Step, TerminationReason, Trajectory, Workflow
 from training.data import register_dataset
 from training.rewards import load_reward
-from training.types import TerminationReason
 
 
 class CountdownWorkflow(Workflow):
-    def __init__(self, model: Any, attempts: int = 2, **kwargs: Any) -> None:
-        super().__init__(model, **kwargs)
+    def __init__(self, rollout_engine: Any, attempts: int = 2, **kwargs: Any) -> None:
+        super().__init__(rollout_engine, **kwargs)
         self.attempts = attempts
         self.score = load_reward("countdown")
 
     async def run(self, task: dict, uid: str, **kwargs: Any) -> Episode:
+        self.reset(task, uid)
         messages = [{"role": "user", "content": f"{' '.join(map(str, task['nums']))}->{task['target']}:"}]
-        trajectory = Trajectory(name="countdown")
+        trajectory = Trajectory(name="countdown", task=task)
         for _ in range(self.attempts):
-            output = await self.model.chat(messages)
-            result = self.score(task, output.text)
-            messages.append({"role": "assistant", "content": output.text})
-            trajectory.steps.append(Step(chat_completions=list(messages), model_response=output.text, reward=result.reward))
+            output = await self.rollout_engine.get_model_response(messages)
+            result = self.score(task, output.content)
+            messages.append({"role": "assistant", "content": output.content})
+            trajectory.steps.append(
+                Step(chat_completions=list(messages), model_response=output.text, model_output=output, reward=result.reward)
+            )
             if result.is_correct:
                 break
             messages.append({"role": "user", "content": " no:"})

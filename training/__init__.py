@@ -5,13 +5,16 @@
                  config={"actor_rollout_ref.model.path": "tiny-char"}).train()
 """
 
-from training.agents import AgentSpec, BaseAgent, BaseEnv, Workflow
+from training.agents import AgentSpec, BaseAgent, BaseEnv
 from training.chat_agent import Agent, AgentConfig, ModelConfig
 from training.config import Config, ConfigError
+from training.environments import MultiTurnEnvironment, SingleTurnEnvironment
 from training.processor import TrainerProcessor, register_processor, unregister_processor
+from training.rewards import RewardFunction, math_reward_fn
 from training.sinks import ConsoleSink, JsonlSink, MetricSink
 from training.trainer import AgentTrainer
-from training.types import Action, Episode, RewardOutput, Step, TerminationReason, Trajectory
+from training.types import Action, Episode, ModelOutput, RewardOutput, Step, TerminationReason, Trajectory
+from training.workflow import RolloutEngine, TerminationEvent, Workflow
 
 __all__ = [
     "Action",
@@ -28,12 +31,29 @@ __all__ = [
     "JsonlSink",
     "MetricSink",
     "ModelConfig",
+    "ModelOutput",
+    "MultiTurnEnvironment",
+    "DatasetRegistry",
+    "RewardFunction",
     "RewardOutput",
+    "RolloutEngine",
+    "SingleTurnEnvironment",
     "Step",
+    "TerminationEvent",
     "TerminationReason",
     "Trajectory",
     "TrainerProcessor",
     "Workflow",
+    "math_reward_fn",
     "register_processor",
     "unregister_processor",
 ]
+
+
+def __getattr__(name: str):
+    # rLLM's DatasetRegistry lives with the datasets code, which imports HF datasets: loaded on first use.
+    if name == "DatasetRegistry":
+        from training.data import DatasetRegistry
+
+        return DatasetRegistry
+    raise AttributeError(f"module 'training' has no attribute {name!r}")

@@ -5,39 +5,41 @@ The method names follow rLLM so that rLLM agents and environments carry over unc
 
 from __future__ import annotations
 
+import inspect
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from training.types import Action, Episode, Step, Trajectory
+from training.types import Action, Step, Trajectory
 from training.utils import import_object
-
-if TYPE_CHECKING:
-    from training.generation import ModelClient
-
+from training.workflow import Workflow
 
 class BaseAgent(ABC):
-    """An agent turns environment observations into chat messages and model responses into actions."""
+    """An agent turns environment observations into chat messages and model responses into actions.
+
+    As in rLLM only ``reset`` must be written; the rest is needed when the agent runs against an
+    environment (``agent_class`` + ``env_class``), not when a workflow drives it.
+    """
 
     @property
-    @abstractmethod
     def chat_completions(self) -> list[dict[str, str]]:
         """The conversation so far, as chat messages; the model answers the last one."""
+        return []
 
     @property
-    @abstractmethod
     def trajectory(self) -> Trajectory:
         """The steps taken so far in this episode."""
+        return Trajectory()
 
-    @abstractmethod
     def update_from_env(self, observation: Any, reward: float, done: bool, info: dict, **kwargs: Any) -> None:
         """Take in what the environment returned (after ``reset`` or ``step``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement update_from_env to run against an environment.")
 
-    @abstractmethod
     def update_from_model(self, response: str, **kwargs: Any) -> Action:
         """Take in the model's response and return the action to send to the environment."""
+        raise NotImplementedError(f"{type(self).__name__} must implement update_from_model to run against an environment.")
 
     @abstractmethod
     def reset(self) -> None:
@@ -51,6 +53,15 @@ class BaseAgent(ABC):
 
 class BaseEnv(ABC):
     """An environment: ``reset`` gives the first observation, ``step`` answers an action."""
+
+    @property
+    def idx(self) -> Any:
+        """The environment's index in a batch, where one was set (rLLM's)."""
+        return getattr(self, "_idx", None)
+
+    @idx.setter
+    def idx(self, value: Any) -> None:
+        self._idx = value
 
     @abstractmethod
     def reset(self) -> tuple[Any, dict]:
@@ -74,22 +85,6 @@ class BaseEnv(ABC):
         return True
 
 
-class Workflow(ABC):
-    """A whole episode written as code: call the model as often as needed, return an ``Episode``.
-
-    ``self.model`` generates text and records the tokens of each call, so the trainer can learn
-    from exactly what the model produced.
-    """
-
-    def __init__(self, model: "ModelClient", **kwargs: Any) -> None:
-        self.model = model
-        self.kwargs = kwargs
-
-    @abstractmethod
-    async def run(self, task: dict, uid: str, **kwargs: Any) -> Episode | None:
-        """Run one episode of ``task``; ``uid`` names it uniquely."""
-
-
 AgentRunFunc = Callable[..., Any]
 
 
@@ -99,7 +94,11 @@ class AgentSpec:
 
     - ``workflow_class`` (+ ``workflow_args``),
     - ``agent_class`` and ``env_class`` (+ ``agent_args``, ``env_args``),
-    - ``agent_run_func``: a black-box ``fn(task, model)`` returning a reward or None.
+    - ``agent_run_func``: a black-box function returning a reward, in either form:
+      rLLM's ``fn(**task)``, which reaches the model through the OpenAI-compatible endpoint the
+      trainer serves (``training.sdk.get_chat_client()``, or parameters named ``base_url`` /
+      ``client``); or ``fn(task, model)`` (first parameter named ``task``, no ``**kwargs``) with
+      our ``ModelClient``. See ``run_func_style``.
     - or none of them: a plain single-turn task where the dataset's prompt goes to the model
       and the reward function scores the answer.
 
@@ -125,6 +124,23 @@ class AgentSpec:
         if self.agent_run_func is not None:
             return "run_func"
         return "single_turn"
+
+    @property
+    def run_func_style(self) -> str | None:
+        """``"task_model"`` for ``fn(task, model)``, ``"kwargs"`` for rLLM's ``fn(**task)``, None
+        without a run function. ``fn(task, model)`` is recognised by its first parameter, named
+        ``task``, and the absence of ``**kwargs``; every other function is called rLLM's way."""
+        func = self.agent_run_func
+        if func is None or isinstance(func, str):
+            return None
+        try:
+            params = list(inspect.signature(func).parameters.values())
+        except (TypeError, ValueError):  # a builtin without a signature
+            return "kwargs"
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if any(p.kind == p.VAR_KEYWORD for p in params) or len(positional) < 2 or positional[0].name != "task":
+            return "kwargs"
+        return "task_model"
 
     @property
     def is_multi_turn(self) -> bool:
@@ -168,14 +184,28 @@ class AgentSpec:
         return resolved
 
     def describe(self) -> dict[str, Any]:
-        """A JSON-friendly description (classes as import paths), for config.yaml and the database."""
+        """A JSON- and YAML-friendly description for config.yaml and the database: classes and
+        functions (also inside ``*_args``, as rLLM's ``env_args={"reward_fn": fn}``) by import path."""
         out: dict[str, Any] = {"kind": self.kind}
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None or value == {}:
                 continue
-            out[f.name] = value if isinstance(value, (str, dict)) else f"{value.__module__}.{value.__qualname__}"
+            out[f.name] = by_import_path(value)
         return out
+
+    def with_config_args(self, config: Any) -> "AgentSpec":
+        """This spec with the config's ``rllm.agent.agent_args``, ``rllm.env.env_args`` and
+        ``rllm.workflow.workflow_args`` merged under its own (the spec's values win)."""
+        rllm = config.rllm
+        merged = {
+            "agent_args": {**rllm.agent.agent_args, **self.agent_args},
+            "env_args": {**rllm.env.env_args, **self.env_args},
+            "workflow_args": {**rllm.workflow.workflow_args, **self.workflow_args},
+        }
+        if all(merged[name] == getattr(self, name) for name in merged):
+            return self
+        return replace(self, **merged)
 
     @classmethod
     def coerce(cls, agent: Any) -> "AgentSpec":
@@ -212,6 +242,20 @@ class AgentSpec:
                 return cls.coerce(data)
             return cls.coerce(import_object(text, what="agent"))
         raise ValueError(f"Cannot use {type(agent).__name__} as an agent; give an AgentSpec, a dict or a path.")
+
+
+def by_import_path(value: Any) -> Any:
+    """``value`` with every class and function replaced by its import path (``module.Name``);
+    other objects that YAML cannot hold by their type's path and ``repr``."""
+    if isinstance(value, dict):
+        return {str(k): by_import_path(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [by_import_path(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__"):
+        return f"{value.__module__}.{value.__qualname__}"
+    return f"{type(value).__module__}.{type(value).__qualname__}: {value!r}"[:300]
 
 
 def _resolve_class(value: type | str, base: type, name: str) -> type:

@@ -18,7 +18,6 @@ import yaml
 from training.sinks import ConsoleSink
 
 RUN_FILE_KEYS = {"agent", "train_dataset", "val_dataset", "reward_func", "backend", "run_path", "config"}
-DEMO_RUN_FILE = Path(__file__).resolve().parent.parent / "examples" / "configs" / "frozenlake.yaml"
 
 
 class ProgressSink:
@@ -73,6 +72,13 @@ class RewardTarget:
         return self.reached_at is not None
 
 
+def demo_run_file() -> Path:
+    """The multi-turn grid world's run file, shipped with the examples (in a checkout or an installed wheel)."""
+    import examples
+
+    return Path(examples.__file__).resolve().parent / "configs" / "frozenlake.yaml"
+
+
 def load_run_file(path: str | Path, overrides: list[str]) -> dict[str, Any]:
     """Read a run file; ``overrides`` (``key=value``) are added to its ``config`` section."""
     data = yaml.safe_load(Path(path).read_text()) or {}
@@ -87,6 +93,18 @@ def load_run_file(path: str | Path, overrides: list[str]) -> dict[str, Any]:
         config[key.strip()] = yaml.safe_load(value)
     data["config"] = config
     return data
+
+
+def without_console_logger(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's config as flat keys with ``console`` taken out of ``trainer.logger``: the progress
+    bar prints those lines here. Every other logger the user named (wandb, mlflow, ...) stays."""
+    from training.config import TrainerConfig, parse_overrides
+
+    flat = parse_overrides(config)
+    names = flat.get("trainer.logger", TrainerConfig().logger)
+    if isinstance(names, (list, tuple)):  # anything else is the config check's to refuse
+        flat["trainer.logger"] = [name for name in names if name != "console"]
+    return flat
 
 
 def build_trainer(run: dict[str, Any], sinks: list, should_stop=None):
@@ -120,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("training").setLevel(logging.INFO)
-    run_file = DEMO_RUN_FILE if args.command == "demo" else args.run_file
+    run_file = demo_run_file() if args.command == "demo" else args.run_file
     sinks: list = []
     try:
-        run = load_run_file(run_file, args.overrides + ["trainer.logger=[jsonl]"])
+        run = load_run_file(run_file, args.overrides)
+        run["config"] = without_console_logger(run["config"])
         if getattr(args, "run_path", None):
             run["run_path"] = args.run_path
         if args.command == "demo":

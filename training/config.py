@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -31,10 +33,13 @@ class ConfigError(ValueError):
         self.message = message
 
 
-def _doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
+def _doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING, *, location: bool = False) -> Any:
+    """A documented field. ``location``: its value names a file, directory, interpreter or service
+    (a platform sets these itself and never takes them from a run's overrides)."""
+    metadata = {"doc": text, "location": location}
     if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def _check(condition: bool, key: str, message: str) -> None:
@@ -63,9 +68,9 @@ class ModelConfig:
     path: str | None = _doc(
         "Hugging Face hub id or local directory of the policy model. 'tiny-char' builds a tiny "
         "character-level Qwen2 model in code (no download), for tests and demos.",
-        None,
+        None, location=True,
     )
-    tokenizer_path: str | None = _doc("Tokenizer id or directory; None uses model.path.", None)
+    tokenizer_path: str | None = _doc("Tokenizer id or directory; None uses model.path.", None, location=True)
     trust_remote_code: bool = _doc("Allow the model repository's own code to run.", False)
     dtype: str = _doc("Weights dtype: float32, bfloat16 or float16.", "float32")
     tiny_layers: int = _doc("Layers of the 'tiny-char' model.", 2)
@@ -101,6 +106,29 @@ class OptimConfig:
         )
 
 
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# verl's policy losses (core_algos.POLICY_LOSS_REGISTRY; a test keeps the two lists equal).
+POLICY_LOSS_MODES = (
+    "vanilla", "gspo", "bypass_mode", "cispo", "clip_cov", "dppo_kl", "dppo_tv", "dro", "geo_mean", "gpg", "kl_cov", "sapo",
+)
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    loss_mode: str = _doc(
+        "verl's policy loss: vanilla (PPO clip on token ratios) or gspo (GSPO: one importance ratio per "
+        "sequence, the geometric mean of its token ratios); verl's other losses run on the verl backend.",
+        "vanilla",
+    )
+
+    def __post_init__(self) -> None:
+        _check(
+            self.loss_mode in POLICY_LOSS_MODES,
+            "actor_rollout_ref.actor.policy_loss.loss_mode",
+            f"must be one of {', '.join(POLICY_LOSS_MODES)}, not {self.loss_mode!r}.",
+        )
+
+
 @dataclass(frozen=True)
 class ActorConfig:
     optim: OptimConfig = _doc("Optimizer settings.", factory=OptimConfig)
@@ -109,6 +137,17 @@ class ActorConfig:
     )
     ppo_epochs: int = _doc("Passes over each generated batch.", 1)
     clip_ratio: float = _doc("PPO clip range epsilon.", 0.2)
+    clip_ratio_low: float | None = _doc("Lower clip epsilon (ratio >= 1 - low); None uses clip_ratio.", None)
+    clip_ratio_high: float | None = _doc(
+        "Upper clip epsilon (ratio <= 1 + high); None uses clip_ratio. DAPO's clip-higher uses 0.28.", None
+    )
+    loss_agg_mode: str = _doc(
+        "How token losses become one loss (verl's names): token-mean (DAPO; every token weighs the same), "
+        "seq-mean-token-mean (original GRPO), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: "
+        "token sums divided by data.max_response_length).",
+        "token-mean",
+    )
+    policy_loss: PolicyLossConfig = _doc("The policy loss.", factory=PolicyLossConfig)
     entropy_coeff: float = _doc("Weight of the entropy bonus.", 0.0)
     use_kl_loss: bool = _doc("Add a KL penalty to the reference model.", False)
     kl_loss_coef: float = _doc("Weight of the KL penalty when use_kl_loss is on.", 0.001)
@@ -117,6 +156,14 @@ class ActorConfig:
     def __post_init__(self) -> None:
         _check(self.ppo_epochs >= 1, "actor_rollout_ref.actor.ppo_epochs", "must be at least 1.")
         _check(0 < self.clip_ratio < 1, "actor_rollout_ref.actor.clip_ratio", "must be between 0 and 1.")
+        for name in ("clip_ratio_low", "clip_ratio_high"):
+            value = getattr(self, name)
+            _check(value is None or 0 < value < 1, f"actor_rollout_ref.actor.{name}", f"must be between 0 and 1, got {value}.")
+        _check(
+            self.loss_agg_mode in LOSS_AGG_MODES,
+            "actor_rollout_ref.actor.loss_agg_mode",
+            f"must be one of {', '.join(LOSS_AGG_MODES)}, not {self.loss_agg_mode!r}.",
+        )
         _check(self.kl_loss_coef >= 0, "actor_rollout_ref.actor.kl_loss_coef", "must not be negative.")
 
 
@@ -144,6 +191,11 @@ class RolloutConfig:
     temperature: float = _doc("Sampling temperature.", 1.0)
     top_p: float = _doc("Nucleus sampling threshold.", 1.0)
     name: str = _doc("Rollout engine of verl: vllm or sglang (ignored by trl).", "vllm")
+    server_url: str | None = _doc(
+        "trl backend: a running vLLM server (`vllm serve`) that generates the rollouts; TRL pushes the weights "
+        "to it every step (needs the vllm package). None generates in the training process.",
+        None, location=True,
+    )
     gpu_memory_utilization: float = _doc("Share of GPU memory the rollout engine may take (verl).", 0.5)
     tensor_model_parallel_size: int = _doc("Tensor-parallel size of the rollout engine (verl).", 1)
     val_kwargs: ValKwargsConfig = _doc("Sampling when scoring the test dataset (verl's names).", factory=ValKwargsConfig)
@@ -166,13 +218,22 @@ class FilterGroupsConfig:
     enable: bool = _doc("Drop groups whose rewards are all equal (they carry no signal).", False)
 
 
-ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+# verl's advantage estimators (core_algos.ADV_ESTIMATOR_REGISTRY; a test keeps the two lists equal).
+ADV_ESTIMATORS = (
+    "grpo", "grpo_passk", "grpo_vectorized", "gpg", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+    "rloo", "rloo_vectorized", "gae", "gdpo", "optimal_token_baseline", "remax", "tir_optimal_token_baseline",
+)
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    adv_estimator: str = _doc("Advantage estimator: grpo, rloo or reinforce_plus_plus.", "grpo")
-    norm_adv_by_std_in_grpo: bool = _doc("Divide GRPO advantages by the group's reward std.", True)
+    adv_estimator: str = _doc(
+        "verl's advantage estimator, computed by verl on every backend: grpo, rloo, reinforce_plus_plus, "
+        "reinforce_plus_plus_baseline, grpo_passk, opo, gpg (and their _vectorized forms); gae, remax, gdpo "
+        "and the optimal token baselines need what only the verl backend produces.",
+        "grpo",
+    )
+    norm_adv_by_std_in_grpo: bool = _doc("Divide GRPO advantages by the group's reward std (false: Dr. GRPO).", True)
     gamma: float = _doc("Discount (REINFORCE++).", 1.0)
     filter_groups: FilterGroupsConfig = _doc("Group filtering.", factory=FilterGroupsConfig)
 
@@ -197,18 +258,33 @@ class TrainerConfig:
     resume_mode: str = _doc("auto (resume from the latest checkpoint if any) or disable.", "auto")
     project_name: str = _doc("Project name, for grouping runs.", "agent-trainer")
     experiment_name: str = _doc("Run name.", "run")
-    logger: list[str] = _doc("Metric sinks: console, jsonl.", factory=lambda: ["console", "jsonl"])
-    default_local_dir: str | None = _doc("Checkpoint directory; None puts them under the run path.", None)
+    logger: list[str] = _doc(
+        "Where metrics go, verl's names: console, jsonl (or verl's 'file'), wandb, tensorboard, mlflow, "
+        "swanlab (training/trackers.py). Each tracker writes under the run path unless a key below or its "
+        "environment variable points elsewhere.",
+        factory=lambda: ["console", "jsonl"],
+    )
+    wandb_dir: str | None = _doc("Folder wandb writes its wandb/ folder in; None: $WANDB_DIR, else the run path.", None, location=True)
+    wandb_entity: str | None = _doc("W&B entity (team or user); None: $WANDB_ENTITY, else the API key's default.", None)
+    tensorboard_dir: str | None = _doc("TensorBoard event folder; None: $TENSORBOARD_DIR, else <run path>/tensorboard.", None, location=True)
+    mlflow_tracking_uri: str | None = _doc(
+        "MLflow tracking URI; None: $MLFLOW_TRACKING_URI, else a SQLite store in <run path>/mlruns.", None,
+        location=True,
+    )
+    system_metrics_interval: float = _doc(
+        "Seconds between samples of CPU, memory and GPU use (system/* metrics, averaged per logged step); 0: off.", 5.0
+    )
+    default_local_dir: str | None = _doc("Checkpoint directory; None puts them under the run path.", None, location=True)
     seed: int = _doc("Random seed.", 42)
     nnodes: int = _doc("Machines in the job (verl).", 1)
     n_gpus_per_node: int = _doc("GPUs per machine (verl).", 1)
     device: str = _doc("auto, cpu or cuda.", "auto")
-    ray_address: str | None = _doc("Join this Ray cluster (verl); None starts a local one.", None)
+    ray_address: str | None = _doc("Join this Ray cluster (verl); None starts a local one.", None, location=True)
     max_checkpoints: int = _doc("Keep at most this many checkpoints (0: keep all).", 2)
     python: str | None = _doc(
         "Interpreter of the training process, for backends that train in an environment of their own "
         "(swift); None: the backend's default.",
-        None,
+        None, location=True,
     )
     cpu_threads: int = _doc(
         "Torch threads when training on the CPU; 0 keeps torch's default. Tiny models on a few "
@@ -234,29 +310,234 @@ class TrainerConfig:
             "trainer.max_episode_error_rate",
             f"must be between 0 (no errors allowed) and 1 (never fail), got {self.max_episode_error_rate}.",
         )
-        unknown = [name for name in self.logger if name not in ("console", "jsonl")]
-        _check(not unknown, "trainer.logger", f"unknown sink(s) {unknown}; choose from console, jsonl.")
+        from training.trackers import check_logger_names  # trackers reads Config: imported late
+
+        problem = check_logger_names(list(self.logger))
+        _check(problem is None, "trainer.logger", problem or "")
+        _check(self.system_metrics_interval >= 0, "trainer.system_metrics_interval", "must be 0 (off) or a number of seconds.")
 
 
 @dataclass(frozen=True)
 class AgentLoopConfig:
+    name: str | None = _doc(
+        "rLLM's registry name of the agent (its launch scripts set it). The agent is the agent_class "
+        "given to AgentTrainer; this only labels the run.",
+        None,
+    )
     max_steps: int = _doc("Most turns per episode; then it ends with max_turns.", 5)
     max_tokens_per_turn: int = _doc("Most tokens the model may write in one turn.", 64)
-    trajectory_timeout: float = _doc("Seconds an episode may take; then it ends with timeout.", 60.0)
+    trajectory_timeout: float | None = _doc("Seconds an episode may take, then it ends with timeout; null: no limit.", 60.0)
     retries: int = _doc("Retries of an episode that raised, before it counts as an error.", 0)
     n_parallel_tasks: int = _doc("Episodes run concurrently.", 128)
+    overlong_filter: bool = _doc(
+        "Mask (do not train on) episodes whose response reached data.max_response_length (rLLM's).", False
+    )
+    agent_args: dict = _doc(
+        "Keyword arguments of the agent class, merged under AgentTrainer's agent_args (rLLM's "
+        "rllm.agent.agent_args.<name>=...; AgentTrainer's own win).",
+        factory=dict,
+    )
+    engine_args: dict = _doc(
+        "rLLM's AgentExecutionEngine arguments; only retry_limit (attempts per episode, so "
+        "rllm.agent.retries = retry_limit - 1) has a meaning here.",
+        factory=dict,
+    )
 
     def __post_init__(self) -> None:
         _check(self.max_steps >= 1, "rllm.agent.max_steps", "must be at least 1.")
         _check(self.max_tokens_per_turn >= 1, "rllm.agent.max_tokens_per_turn", "must be at least 1.")
-        _check(self.trajectory_timeout > 0, "rllm.agent.trajectory_timeout", "must be greater than 0 seconds.")
+        _check(
+            self.trajectory_timeout is None or self.trajectory_timeout > 0,
+            "rllm.agent.trajectory_timeout", "must be greater than 0 seconds, or null for no limit.",
+        )
         _check(self.retries >= 0, "rllm.agent.retries", "must not be negative.")
         _check(self.n_parallel_tasks >= 1, "rllm.agent.n_parallel_tasks", "must be at least 1.")
+        unknown = sorted(set(self.engine_args) - {"retry_limit"})
+        _check(
+            not unknown, f"rllm.agent.engine_args.{unknown[0] if unknown else ''}",
+            "is an argument of rLLM's AgentExecutionEngine, which this trainer does not use; the rollout is "
+            "set by rllm.agent.* (max_steps, trajectory_timeout, retries, n_parallel_tasks).",
+        )
+
+
+@dataclass(frozen=True)
+class EnvLoopConfig:
+    name: str | None = _doc("rLLM's registry name of the environment; the environment is env_class, so this only labels the run.", None)
+    env_args: dict = _doc(
+        "Keyword arguments of the environment (rLLM's rllm.env.env_args.<name>=...), merged under "
+        "AgentTrainer's env_args (AgentTrainer's own win).",
+        factory=dict,
+    )
+
+
+@dataclass(frozen=True)
+class WorkflowLoopConfig:
+    use_workflow: bool = _doc(
+        "rLLM's switch to its workflow trainer. Here a run is a workflow when workflow_class is given; "
+        "true without a workflow_class or agent_class/env_class is refused.",
+        False,
+    )
+    name: str | None = _doc("rLLM's registry name of the workflow; the workflow is workflow_class, so this only labels the run.", None)
+    workflow_args: dict = _doc(
+        "Keyword arguments of the workflow, merged under AgentTrainer's workflow_args (AgentTrainer's own win).",
+        factory=dict,
+    )
+    n_parallel_tasks: int | None = _doc("rLLM's workflow pool size: when set, used instead of rllm.agent.n_parallel_tasks.", None)
+    retry_limit: int | None = _doc(
+        "rLLM's attempts per episode: when set, rllm.agent.retries becomes retry_limit - 1.", None
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.n_parallel_tasks is None or self.n_parallel_tasks >= 1, "rllm.workflow.n_parallel_tasks", "must be at least 1.")
+        _check(self.retry_limit is None or self.retry_limit >= 1, "rllm.workflow.retry_limit", "must be at least 1 (attempts).")
+
+
+STEPWISE_MODES = ("broadcast", "per_step")
+
+
+@dataclass(frozen=True)
+class StepwiseAdvantageConfig:
+    enable: bool = _doc("Train every step of a trajectory as a sequence of its own (rLLM's stepwise advantage).", False)
+    mode: str = _doc(
+        "broadcast: each step gets its trajectory's advantage; per_step: each step's own reward is compared "
+        "with the same step of the other episodes of its task.",
+        "broadcast",
+    )
+    normalize_by_steps: bool = _doc("broadcast: divide the advantage by the trajectory's number of steps.", False)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.mode in STEPWISE_MODES, "rllm.stepwise_advantage.mode",
+            f"must be one of {', '.join(STEPWISE_MODES)}, not {self.mode!r}.",
+        )
+
+
+@dataclass(frozen=True)
+class CompactFilteringConfig:
+    enable: bool = _doc("Mask (do not train on) episodes that ended for the reasons flagged below.", False)
+    mask_max_prompt_length_exceeded: bool = _doc("Mask episodes ended by max_prompt_length.", True)
+    mask_max_response_length_exceeded: bool = _doc("Mask episodes ended by max_response_length.", True)
+    mask_env_done: bool = _doc("Mask episodes the environment ended.", False)
+    mask_max_turns_exceeded: bool = _doc("Mask episodes ended by max_turns.", True)
+    mask_timeout: bool = _doc("Mask episodes ended by timeout.", True)
+    mask_unknown: bool = _doc("Mask episodes that ended for no stated reason.", False)
+    mask_error: bool = _doc("Mask episodes ended by an error.", True)
+
+
+@dataclass(frozen=True)
+class RejectionSampleConfig:
+    enable: bool = _doc("Mask the tasks whose episodes were all correct or all wrong (rLLM's rejection sampling).", False)
+    multiplier: float = _doc(
+        "rLLM samples multiplier x data.train_batch_size tasks to refill rejected ones; only 1 on the trl "
+        "backend, whose batches are TRL's.",
+        1,
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.multiplier >= 1, "rllm.rejection_sample.multiplier", "must be at least 1.")
+
+
+_SDK_ENDPOINT = (
+    "The trainer serves its own OpenAI-compatible endpoint on 127.0.0.1 (a port the OS picks) for the run, "
+    "and get_chat_client() routes to it, so this is accepted and not used."
+)
+
+
+@dataclass(frozen=True)
+class SdkStoreConfig:
+    path: str | None = _doc(
+        "rLLM's trace database. Each episode's calls are kept in memory here, so this is accepted and not used.",
+        "~/.rllm/traces.db", location=True,
+    )
+
+
+@dataclass(frozen=True)
+class SdkProcessingConfig:
+    groupby_key: str | None = _doc(
+        "rLLM's grouping of one episode's calls into trajectories by session metadata; not implemented "
+        "(null: all calls are one trajectory). Return TrajectoryView lists instead.",
+        None,
+    )
+    traj_name_key: str | None = _doc("rLLM's trajectory name from session metadata; not implemented (null).", None)
+
+    def __post_init__(self) -> None:
+        for name in ("groupby_key", "traj_name_key"):
+            _check(
+                getattr(self, name) is None, f"rllm.sdk.processing.{name}",
+                "is not implemented: every call of an episode is one trajectory, unless the function returns "
+                "TrajectoryView lists (training.sdk.trajectory / session); leave it null.",
+            )
+
+
+@dataclass(frozen=True)
+class SdkProxyConfig:
+    host: str = _doc(f"rLLM's LiteLLM proxy host. {_SDK_ENDPOINT}", "127.0.0.1")
+    port: int = _doc(f"rLLM's LiteLLM proxy port. {_SDK_ENDPOINT}", 4000)
+    mode: str = _doc(f"rLLM's proxy mode (external or subprocess). {_SDK_ENDPOINT}", "subprocess")
+    admin_token: str = _doc(f"rLLM's proxy admin token. {_SDK_ENDPOINT}", "my-shared-secret")
+
+
+@dataclass(frozen=True)
+class SdkConfig:
+    store: SdkStoreConfig = _doc("rLLM's trace store.", factory=SdkStoreConfig)
+    processing: SdkProcessingConfig = _doc("rLLM's trace processing.", factory=SdkProcessingConfig)
+    proxy: SdkProxyConfig = _doc("rLLM's LiteLLM proxy.", factory=SdkProxyConfig)
 
 
 @dataclass(frozen=True)
 class RllmConfig:
     agent: AgentLoopConfig = _doc("The agent loop.", factory=AgentLoopConfig)
+    env: EnvLoopConfig = _doc("The environment (rLLM's rllm.env).", factory=EnvLoopConfig)
+    workflow: WorkflowLoopConfig = _doc("Workflows (rLLM's rllm.workflow).", factory=WorkflowLoopConfig)
+    stepwise_advantage: StepwiseAdvantageConfig = _doc("Per-step training of multi-step trajectories.", factory=StepwiseAdvantageConfig)
+    compact_filtering: CompactFilteringConfig = _doc("Masking episodes by how they ended.", factory=CompactFilteringConfig)
+    rejection_sample: RejectionSampleConfig = _doc("Masking tasks that teach nothing.", factory=RejectionSampleConfig)
+    mask_truncated_samples: bool = _doc("Mask (do not train on) rows whose response reached data.max_response_length.", False)
+    filter_token_mismatch: bool = _doc(
+        "rLLM drops trajectories whose re-tokenised text differs from the sampled tokens. Here the trainer "
+        "learns from the sampled token ids themselves, so there is never a mismatch; either value is accepted.",
+        True,
+    )
+    accumulate_reasoning: bool = _doc(
+        "rLLM's chat parser can drop earlier turns' reasoning when it re-tokenises a conversation. Here the "
+        "trainer learns from the sampled tokens, so earlier turns are kept exactly as the model wrote them; "
+        "either value is accepted.",
+        False,
+    )
+    disable_thinking: bool = _doc("Render chat templates with enable_thinking=False (Qwen3 and alike).", False)
+    sdk: SdkConfig = _doc("rLLM's SDK (agent_run_func through an OpenAI-compatible endpoint; training/sdk).", factory=SdkConfig)
+
+    @property
+    def retries(self) -> int:
+        """Retries of a failed episode: rllm.workflow.retry_limit - 1 where set, else rllm.agent.retries."""
+        limit = self.workflow.retry_limit
+        return limit - 1 if limit is not None else self.engine_retries
+
+    @property
+    def engine_retries(self) -> int:
+        limit = self.agent.engine_args.get("retry_limit")
+        return int(limit) - 1 if limit is not None else self.agent.retries
+
+    @property
+    def n_parallel_tasks(self) -> int:
+        return self.workflow.n_parallel_tasks or self.agent.n_parallel_tasks
+
+
+@dataclass(frozen=True)
+class OverlongBufferConfig:
+    enable: bool = _doc("Penalize responses that run into the last `len` tokens of data.max_response_length (DAPO).", False)
+    len: int = _doc("Tokens before data.max_response_length where the penalty starts.", 0)
+    penalty_factor: float = _doc("Penalty at data.max_response_length; it grows linearly over the buffer.", 1.0)
+
+    def __post_init__(self) -> None:
+        key = "reward_model.overlong_buffer"
+        _check(not self.enable or self.len >= 1, f"{key}.len", "must be at least 1 token when the buffer is enabled.")
+        _check(self.penalty_factor >= 0, f"{key}.penalty_factor", "must not be negative.")
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    overlong_buffer: OverlongBufferConfig = _doc("Soft overlong punishment (verl's DAPO reward shaping).", factory=OverlongBufferConfig)
 
 
 REMOTE_LOSSES = ("importance_sampling", "ppo")
@@ -267,7 +548,7 @@ class RemoteConfig:
     base_url: str | None = _doc(
         "URL of the remote training service (tinker, fireworks); None: the SDK's default "
         "(TINKER_BASE_URL or Tinker's service; https://api.fireworks.ai).",
-        None,
+        None, location=True,
     )
     loss_fn: str = _doc("Loss the service computes: importance_sampling or ppo (clipped by actor.clip_ratio).", "importance_sampling")
     adam_beta1: float = _doc("Adam beta1 sent with each optimizer step.", 0.9)
@@ -296,11 +577,18 @@ class Config:
     data: DataConfig = _doc("Data.", factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = _doc("Model, update and sampling.", factory=ActorRolloutRefConfig)
     algorithm: AlgorithmConfig = _doc("Advantages.", factory=AlgorithmConfig)
+    reward_model: RewardModelConfig = _doc("Reward shaping (verl's names).", factory=RewardModelConfig)
     trainer: TrainerConfig = _doc("The training loop.", factory=TrainerConfig)
     rllm: RllmConfig = _doc("Agent-loop settings (rLLM's names).", factory=RllmConfig)
     remote: RemoteConfig = _doc("Remote training services (tinker, fireworks).", factory=RemoteConfig)
 
     def __post_init__(self) -> None:
+        overlong = self.reward_model.overlong_buffer
+        _check(
+            not overlong.enable or overlong.len < self.data.max_response_length,
+            "reward_model.overlong_buffer.len",
+            f"must be shorter than data.max_response_length ({self.data.max_response_length}); got {overlong.len}.",
+        )
         mini = self.actor_rollout_ref.actor.ppo_mini_batch_size
         if mini is not None:
             _check(
@@ -314,20 +602,34 @@ class Config:
         """Defaults, then ``base`` (e.g. a backend's or platform's defaults), then ``overrides``."""
         merged = to_dict(cls())
         trl_origin: dict[str, str] = {}  # our key -> the TRL GRPOConfig name that set it
+        ignored: dict[str, Any] = {}  # verl settings with no effect here (see VERL_NO_EFFECT)
+        ours = valid_keys()
         for layer in (base, overrides):
-            flat = parse_overrides(layer)
+            # Hydra's "+key" adds a key; our dict-valued keys (env_args, ...) take new entries as they are.
+            flat = {key.removeprefix("+"): value for key, value in parse_overrides(layer).items()}
             if any("." not in key for key in flat):
                 from training.trl_names import translate_trl_names
 
                 flat = translate_trl_names(flat, merged, trl_origin)
             for key, value in flat.items():
+                if key not in ours and _without_effect(key, value):
+                    ignored[key] = value
+                    continue
                 _set_dotted(merged, key, value)
         try:
-            return from_dict(cls, merged, prefix="")
+            config = from_dict(cls, merged, prefix="")
         except ConfigError as exc:
             if exc.key in trl_origin:
                 raise ConfigError(trl_origin[exc.key], f"{exc.message} (TRL's {trl_origin[exc.key]} sets {exc.key})") from exc
             raise
+        object.__setattr__(config, "_ignored_keys", ignored)
+        return config
+
+    @property
+    def ignored_keys(self) -> dict[str, Any]:
+        """verl settings that were given but change nothing outside verl (memory, parallelism,
+        logging), so they were accepted and left out; recorded in config.yaml."""
+        return dict(self.__dict__.get("_ignored_keys", {}))
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
@@ -360,6 +662,11 @@ def valid_keys(cls: type = Config, prefix: str = "") -> dict[str, dataclasses.Fi
         else:
             keys[key] = f
     return keys
+
+
+def location_keys() -> list[str]:
+    """The keys whose values name a file, directory, interpreter or service (``location=True``)."""
+    return [key for key, f in valid_keys().items() if f.metadata.get("location")]
 
 
 def parse_overrides(overrides: ConfigInput) -> dict[str, Any]:
@@ -440,7 +747,79 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
         raise ConfigError(prefix.rstrip(".") or "config", str(exc)) from exc
 
 
+# verl settings that change where or how fast verl trains, never what is learnt: accepted on
+# every backend (a launch script runs unchanged) and left out where verl is not the trainer.
+# Each entry: a key pattern, the values that have no effect (None: any), and why.
+VERL_NO_EFFECT: tuple[tuple[str, tuple | None, str], ...] = (
+    ("*.fsdp_config.*", None, "FSDP sharding and offloading"),
+    ("*.megatron.*", None, "Megatron parallelism"),
+    ("*.ulysses_sequence_parallel_size", None, "sequence parallelism"),
+    ("*.use_dynamic_bsz", None, "token-budgeted micro-batches"),
+    ("*.log_prob_use_dynamic_bsz", None, "token-budgeted micro-batches"),
+    ("*.ppo_max_token_len_per_gpu", None, "micro-batch token budget"),
+    ("*.log_prob_max_token_len_per_gpu", None, "micro-batch token budget"),
+    ("*micro_batch_size*", None, "micro-batch size (gradients are the same)"),
+    ("actor_rollout_ref.actor.strategy", None, "verl's training engine"),
+    ("actor_rollout_ref.model.use_remove_padding", None, "padding-free kernels"),
+    ("actor_rollout_ref.model.enable_gradient_checkpointing", None, "activation checkpointing"),
+    ("actor_rollout_ref.model.use_fused_kernels", None, "fused kernels"),
+    ("actor_rollout_ref.hybrid_engine", None, "verl's colocated engines"),
+    ("actor_rollout_ref.rollout.mode", None, "verl's rollout mode"),
+    ("actor_rollout_ref.rollout.enforce_eager", None, "vLLM CUDA graphs"),
+    ("actor_rollout_ref.rollout.load_format", None, "vLLM weight loading"),
+    ("actor_rollout_ref.rollout.dtype", None, "vLLM dtype (the trainer samples from the policy itself)"),
+    ("actor_rollout_ref.rollout.free_cache_engine", None, "vLLM memory"),
+    ("actor_rollout_ref.rollout.calculate_log_probs", None, "the rollout's logprobs (always recorded here)"),
+    ("actor_rollout_ref.rollout.chat_scheduler", None, "verl's chat scheduler"),
+    ("actor_rollout_ref.rollout.engine_kwargs.*", None, "vLLM/SGLang engine options"),
+    ("actor_rollout_ref.rollout.agent.num_workers", None, "verl's agent-loop workers"),
+    ("actor_rollout_ref.ref.*", None, "the reference model's placement"),
+    ("critic.*", None, "the critic (GRPO and its variants have none)"),
+    ("trainer.critic_warmup", (0,), "critic warm-up (there is no critic)"),
+    ("trainer.default_hdfs_dir", (None,), "HDFS copies of checkpoints"),
+    ("trainer.balance_batch", None, "balancing tokens across GPUs"),
+    ("trainer.log_episodes", None, "rLLM's episode log files (episodes go to the run's sinks)"),
+    ("trainer.episode_log_dir", None, "rLLM's episode log files (episodes go to the run's sinks)"),
+    ("trainer.n_training_gpus_per_node", None, "GPU placement"),
+    ("algorithm.kl_ctrl.*", None, "the KL-in-reward controller, used only with algorithm.use_kl_in_reward"),
+    ("algorithm.use_kl_in_reward", (False,), "KL in the reward (off)"),
+    ("actor_rollout_ref.actor.kl_loss_type", ("low_var_kl", "k3"), "the KL estimator: TRL's is k3, verl's low_var_kl"),
+    ("ray_init.*", None, "Ray start-up"),
+    ("ray_kwargs.*", None, "Ray start-up"),
+    ("data.filter_overlong_prompts*", None, "verl's prompt pre-filter (long prompts end with max_prompt_length here)"),
+    ("data.return_multi_modal_inputs", (False,), "multi-modal inputs (off)"),
+    ("data.gen_batch_size", None, "rLLM's rejection-sampling batch (see rllm.rejection_sample)"),
+)
+
+
+def _without_effect(key: str, value: Any) -> bool:
+    """True for a verl setting that changes nothing outside verl (``VERL_NO_EFFECT``); logged."""
+    for pattern, harmless, why in VERL_NO_EFFECT:
+        if fnmatch.fnmatchcase(key, pattern) and (harmless is None or value in harmless):
+            logging.getLogger("training").info("%s=%r: verl's %s; no effect outside the verl backend, left out", key, value, why)
+            return True
+    return False
+
+
+def _is_verl_key(key: str) -> bool:
+    """Whether verl's PPO trainer config has ``key`` (verl installed), else whether it sits in one
+    of verl's sections that we do not have."""
+    from training.utils import is_verl_available
+
+    if is_verl_available():
+        from training.backends.verl_backend import verl_keys
+
+        return key in verl_keys()
+    return key.split(".", 1)[0] in ("critic", "reward_model", "custom_reward_function", "ray_init", "ray_kwargs")
+
+
 def _unknown_key(key: str) -> ConfigError:
+    if _is_verl_key(key):
+        return ConfigError(
+            key,
+            "is a verl setting that this trainer does not implement: it takes effect with backend=verl "
+            "(passed to verl as it is); on other backends remove it.",
+        )
     keys = list(valid_keys())
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     if not close:  # a wrong section with a right leaf: compare the last part only
@@ -466,6 +845,12 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             except ConfigError as exc:
                 errors.append(exc.message)
         raise ConfigError(key, errors[0])
+    if hint is dict:  # keyword arguments (rllm.env.env_args, ...); null means none
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a mapping of argument names to values, got {value!r}.")
+        return dict(value)
     if origin is list:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -525,7 +910,7 @@ def _set_dotted(target: dict[str, Any], dotted: str, value: Any) -> None:
                 raise ConfigError(".".join(parts[: i + 1]), f"is a value, not a section; set it directly ({'.'.join(parts[: i + 1])}=...).")
             raise _unknown_key(dotted)
         node = child
-    if isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict):
+    if isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict) and not (value is None and dotted in valid_keys()):
         raise ConfigError(dotted, "is a section; set one of its keys instead.")
     if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
         for sub_key, sub_value in flatten(value).items():

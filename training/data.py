@@ -30,6 +30,50 @@ def register_dataset(name: str, builder: DatasetBuilder) -> None:
     _BUILDERS[name] = builder
 
 
+class DatasetRegistry:
+    """rLLM's ``DatasetRegistry``: named datasets with splits, loadable by ``(name, split)``.
+
+    Kept in memory (rLLM also writes them under ``~/.rllm``). A new name is also registered with
+    ``register_dataset``, so ``"name:split"`` works wherever a dataset is accepted; names registered
+    there (the built-in ``countdown``, ``frozenlake``, ...) load through this class too.
+    """
+
+    _splits: dict[str, dict[str, datasets.Dataset]] = {}
+
+    @classmethod
+    def register_dataset(cls, name: str, data: list[dict] | datasets.Dataset, split: str = "default") -> datasets.Dataset:
+        """Add (or replace) ``split`` of dataset ``name``; returns it as a ``datasets.Dataset``."""
+        dataset = load_dataset(data, what=f"DatasetRegistry {name!r} split {split!r}")
+        if name not in cls._splits:
+            if name not in _BUILDERS:
+                register_dataset(name, lambda: cls._splits[name])
+            cls._splits[name] = {}
+        cls._splits[name][split] = dataset
+        _BUILT.pop(name, None)  # a new split: rebuild the cached splits on next use
+        return dataset
+
+    @classmethod
+    def load_dataset(cls, name: str, split: str = "default") -> datasets.Dataset | None:
+        """The split, or None when it was never registered (as rLLM answers)."""
+        if name in cls._splits:
+            return cls._splits[name].get(split)
+        return _build(name).get(split) if name in _BUILDERS else None
+
+    @classmethod
+    def dataset_exists(cls, name: str, split: str | None = None) -> bool:
+        return name in cls.get_dataset_names() and (split is None or split in cls.get_dataset_splits(name))
+
+    @classmethod
+    def get_dataset_names(cls) -> list[str]:
+        return sorted(set(cls._splits) | set(_BUILDERS))
+
+    @classmethod
+    def get_dataset_splits(cls, name: str) -> list[str]:
+        if name in cls._splits:
+            return sorted(cls._splits[name])
+        return sorted(_build(name)) if name in _BUILDERS else []
+
+
 def available_datasets() -> list[str]:
     """Names that ``load_dataset`` accepts without a path or hub id."""
     return sorted(_BUILDERS)

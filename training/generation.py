@@ -15,7 +15,13 @@ from typing import Any, Protocol
 
 import torch
 
-from training.types import Step
+from training.types import ModelOutput, Step
+from training.workflow import RolloutEngine
+
+
+class ModelCallError(RuntimeError):
+    """The model itself failed (not the agent or the environment). It stops the rollout instead of
+    being counted as an error episode, because retrying episodes cannot fix a broken model."""
 
 
 @dataclass
@@ -288,15 +294,16 @@ def continuation(tokenizer: Any, prompt_text: str, output: GenerationOutput, tex
     return None
 
 
-class ModelClient:
+class ModelClient(RolloutEngine):
     """What workflows and run functions call the model through. Every call is recorded in
     ``steps`` with its exact token ids, so the trainer learns from what the model really wrote.
 
     A call whose text continues the previous call's prompt and reply is sent as the previous
     ids + reply ids + the new text's ids, so a multi-call conversation is one token sequence.
 
-    ``chat``/``complete`` are for async code. ``chat_sync``/``complete_sync`` are for a plain
-    (non-async) run function, which the rollout engine runs in a worker thread.
+    ``get_model_response`` (rLLM's name) returns a ``ModelOutput``; ``chat``/``complete`` return
+    our ``GenerationOutput``. ``chat_sync``/``complete_sync`` are for a plain (non-async) run
+    function, which the rollout engine runs in a worker thread.
     """
 
     def __init__(self, generator: TokenGenerator, tokenizer: Any, max_tokens_per_turn: int) -> None:
@@ -314,6 +321,26 @@ class ModelClient:
     async def complete(self, prompt: str, max_tokens: int | None = None) -> GenerationOutput:
         """Continue raw ``prompt`` text."""
         return await self._call([{"role": "user", "content": prompt}], prompt, max_tokens)
+
+    async def get_model_response(self, messages: list[dict], **kwargs: Any) -> ModelOutput:
+        """rLLM's call: answer ``messages``; ``max_tokens`` is honoured, other sampling keywords are
+        the run's (``actor_rollout_ref.rollout.*``). Reasoning in ``<think>...</think>`` is split
+        from the content."""
+        output = await self.chat(messages, max_tokens=kwargs.get("max_tokens"))
+        reasoning, content = split_reasoning(output.text)
+        model_output = ModelOutput(
+            text=output.text,
+            content=content,
+            reasoning=reasoning,
+            prompt_ids=list(output.prompt_ids),
+            completion_ids=list(output.completion_ids),
+            logprobs=list(output.logprobs),
+            prompt_length=len(output.prompt_ids),
+            completion_length=len(output.completion_ids),
+            finish_reason=output.finish_reason,
+        )
+        self.steps[-1].model_output = model_output
+        return model_output
 
     def chat_sync(self, messages: list[dict], max_tokens: int | None = None) -> GenerationOutput:
         return self._run_sync(self.chat(messages, max_tokens))
@@ -362,3 +389,11 @@ class ModelClient:
             coroutine.close()
             raise RuntimeError("chat_sync/complete_sync called from async code; use `await chat(...)` there.")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """``(reasoning, content)`` of a reply: the part inside ``<think>...</think>`` and the rest."""
+    before, sep, after = text.partition("</think>")
+    if not sep:
+        return "", text
+    return before.split("<think>", 1)[-1].strip(), after.strip()

@@ -1,26 +1,36 @@
-"""``python -m training.platform_cli``: the platform's runs from a terminal, over its REST API.
+"""``agent-trainer-platform`` (or ``python -m training.platform_cli``): the platform's runs from a
+terminal, over its REST API.
 
-    export PLATFORM_URL=http://127.0.0.1:8000 PLATFORM_TOKEN=...
-    python -m training.platform_cli create --agent copy-task --dataset copy --reward char-accuracy \\
+    agent-trainer-platform login --url http://127.0.0.1:8000      # asks username and password, stores a token
+    agent-trainer-platform create --agent copy-task --dataset copy --reward char-accuracy \\
         --backend trl --model tiny-char --set trainer.total_training_steps=3 --follow
-    python -m training.platform_cli list --status running
-    python -m training.platform_cli follow 12
-    python -m training.platform_cli cancel 12
+    agent-trainer-platform list --status running
+    agent-trainer-platform follow 12                                 # one line per step until it ends
+    agent-trainer-platform cancel 12
 
-Standard library only (``training.remote``); exit status 1 with the platform's message on an error.
+The address and token come from ``--url``/``--token``, else $PLATFORM_URL/$PLATFORM_TOKEN, else what
+``login`` stored. Standard library only (``training.remote``); exit status 1 with the platform's
+message, as a sentence, on an error.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import re
 import sys
 import time
 from typing import Any, TextIO
 
-from training.remote import PlatformClient, PlatformError
+from training.remote import PlatformClient, PlatformError, obtain_token, store_credentials
+from training.sinks import ConsoleSink
 
 FINAL = ("succeeded", "failed", "cancelled")
+# The trainer logs a summary line per step; `follow` prints its own line per step from the metrics instead.
+STEP_SUMMARY = re.compile(r"^step \d+(/\d+)? ")
+# Shown per step when a run logs none of the headline metrics.
+MAX_OTHER_KEYS = 6
 
 
 def _value(text: str) -> Any:
@@ -32,10 +42,14 @@ def _value(text: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m training.platform_cli", description="The platform's runs from a terminal, over its REST API.")
-    parser.add_argument("--url", help="platform address (default: $PLATFORM_URL)")
-    parser.add_argument("--token", help="API token (default: $PLATFORM_TOKEN)")
+    parser = argparse.ArgumentParser(prog="agent-trainer-platform", description="The platform's runs from a terminal, over its REST API.")
+    parser.add_argument("--url", help="platform address (default: $PLATFORM_URL, then the one `login` stored)")
+    parser.add_argument("--token", help="API token (default: $PLATFORM_TOKEN, then the one `login` stored)")
     commands = parser.add_subparsers(dest="command", required=True)
+
+    login = commands.add_parser("login", help="trade your username and password for an API token and store it")
+    login.add_argument("--username", help="(asked when left out)")
+    login.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
 
     create = commands.add_parser("create", help="validate and queue a run (the run form's checks)")
     for name in ("agent", "dataset", "backend"):
@@ -67,22 +81,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def follow_run(client: PlatformClient, run_id: int, out: TextIO, interval: float = 2.0) -> str:
-    """Print new metric steps and log lines until the run ends; returns its final status."""
+    """Print one line per new step (its headline metrics) and the log's other lines until the run
+    ends; returns its final status."""
     after_step, after_log = -1, 0
+    total = _total_steps(client.get_run(run_id))
     while True:
         run = client.get_run(run_id)  # read status first: what it reports before ending is printed below
         for line in client.logs_after(run_id, after_log):
             after_log = line["id"]
-            print(f"{line['time'][11:19]} {line['level']:<7} {line['message']}", file=out)
+            if not STEP_SUMMARY.match(line["message"]):
+                print(f"{line['time'][11:19]} {line['level']:<7} {line['message']}", file=out)
         news = client.metrics_after(run_id, after_step)
         by_step: dict[int, dict[str, Any]] = {}
         for key, pairs in news["points"].items():
             for step, value in pairs:
                 by_step.setdefault(step, {})[key] = value
         for step in sorted(by_step):
-            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(by_step[step].items()))
-            print(f"step {step} {shown}", file=out)
-        after_step = news["last_step"]
+            print(step_line(step, total, by_step[step]), file=out)
+        after_step = max(after_step, news["last_step"])
         if run["status"] in FINAL:
             print(f"run {run_id} {run['status']}" + (f": {run['error']}" if run["error"] else ""), file=out)
             return run["status"]
@@ -90,9 +106,38 @@ def follow_run(client: PlatformClient, run_id: int, out: TextIO, interval: float
         time.sleep(interval)
 
 
+def step_line(step: int, total: int | None, metrics: dict[str, Any]) -> str:
+    """``step 3/20 reward=0.41 loss=0.02 ...``: the headline metrics, else the first few in name order."""
+    keys = [k for k in ConsoleSink.HEADLINE if k in metrics] or sorted(metrics)[:MAX_OTHER_KEYS]
+    shown = " ".join(f"{k}={metrics[k]:.4g}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}" for k in keys)
+    return f"step {step}{f'/{total}' if total else ''} {shown}"
+
+
+def _total_steps(run: dict) -> int | None:
+    """The run's step budget when its overrides name one (the backend's default is not in the API)."""
+    value = (run.get("config_overrides") or {}).get("trainer.total_training_steps")
+    return value if isinstance(value, int) else None
+
+
+def log_in(url: str | None, username: str | None, password_stdin: bool, out: TextIO) -> None:
+    import os
+
+    from training.remote import URL_ENV, stored_credentials
+
+    url = url or os.environ.get(URL_ENV, "") or stored_credentials().get("url") or input("Platform address: ").strip()
+    username = username or input("Username: ").strip()
+    password = sys.stdin.readline().rstrip("\n") if password_stdin else getpass.getpass("Password: ")
+    token = obtain_token(url, username, password)
+    path = store_credentials(url, token)
+    print(f"Logged in to {url.rstrip('/')} as {username}; the token is stored in {path}.", file=out)
+
+
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "login":
+            log_in(args.url, args.username, args.password_stdin, out)
+            return 0
         client = PlatformClient(args.url, args.token)
         if args.command == "create":
             overrides = {}
@@ -124,6 +169,9 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     except (PlatformError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, EOFError):
+        print("", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -23,6 +23,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("training")
@@ -39,26 +40,86 @@ class PlatformError(RuntimeError):
         self.detail = detail
 
 
+def credentials_path() -> Path:
+    """Where ``agent-trainer-platform login`` keeps the address and token: $AGENT_TRAINER_CREDENTIALS,
+    else ``platform.json`` in $XDG_CONFIG_HOME/agent-trainer (``~/.config/agent-trainer``)."""
+    explicit = os.environ.get("AGENT_TRAINER_CREDENTIALS", "").strip()
+    if explicit:
+        return Path(explicit)
+    config_home = os.environ.get("XDG_CONFIG_HOME", "").strip() or Path.home() / ".config"
+    return Path(config_home) / "agent-trainer" / "platform.json"
+
+
+def stored_credentials() -> dict[str, str]:
+    """What ``login`` saved (``{"url", "token"}``), or ``{}``."""
+    try:
+        data = json.loads(credentials_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {key: str(data[key]) for key in ("url", "token") if data.get(key)}
+
+
+def store_credentials(url: str, token: str) -> Path:
+    """Save the address and token, readable by this user only."""
+    path = credentials_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        json.dump({"url": url.rstrip("/"), "token": token}, file)
+    os.chmod(path, 0o600)  # an older file keeps its mode through O_CREAT
+    return path
+
+
+def obtain_token(url: str, username: str, password: str, timeout: float = 30.0) -> str:
+    """Trade a username and password for the user's API token (``POST /api/token/``)."""
+    client = PlatformClient(url, token="-", timeout=timeout)
+    try:
+        return client.request("POST", "token/", {"username": username, "password": password}, authenticate=False)["token"]
+    except PlatformError as exc:
+        if exc.status == 400:
+            raise PlatformError("The platform refused that username and password.", 400, exc.detail) from None
+        raise
+
+
+def _sentence(detail: Any) -> str:
+    """A DRF error body as plain text: ``field: message`` pairs, not a Python repr."""
+    if isinstance(detail, dict):
+        if set(detail) == {"detail"}:
+            return _sentence(detail["detail"])
+        return " ".join(
+            (f"{_sentence(value)}" if key in ("non_field_errors", "detail") else f"{key}: {_sentence(value)}")
+            for key, value in detail.items()
+        )
+    if isinstance(detail, list):
+        return " ".join(_sentence(item) for item in detail)
+    text = str(detail).strip()
+    return text if text.endswith((".", "?", "!", ")")) or not text else text + "."
+
+
 class PlatformClient:
-    """The platform's REST API. ``url`` and ``token`` default to $PLATFORM_URL and $PLATFORM_TOKEN."""
+    """The platform's REST API. ``url`` and ``token`` default to $PLATFORM_URL and $PLATFORM_TOKEN,
+    then to what ``agent-trainer-platform login`` stored."""
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
-        url = url or os.environ.get(URL_ENV, "")
-        token = token or os.environ.get(TOKEN_ENV, "")
+        stored = stored_credentials() if not (url and token) else {}
+        url = url or os.environ.get(URL_ENV, "") or stored.get("url", "")
+        if token is None:
+            token = os.environ.get(TOKEN_ENV, "") or stored.get("token", "")
         if not url:
             raise ValueError(f"url: give the platform's address (or set ${URL_ENV}), e.g. http://127.0.0.1:8000.")
         if not token:
-            raise ValueError(f"token: give an API token (or set ${TOKEN_ENV}); POST username and password to /api/token/ for one.")
+            raise ValueError(f"token: give an API token (or set ${TOKEN_ENV}); `agent-trainer-platform login` gets and stores one.")
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
 
-    def request(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None) -> Any:
+    def request(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None,
+                authenticate: bool = True) -> Any:
         query = {k: v for k, v in (params or {}).items() if v not in (None, "")}
         address = f"{self.url}/api/{path.lstrip('/')}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(address, data=data, method=method, headers={
-            "Authorization": f"Token {self.token}", "Accept": "application/json",
+            **({"Authorization": f"Token {self.token}"} if authenticate else {}), "Accept": "application/json",
             **({"Content-Type": "application/json"} if data is not None else {}),
         })
         try:
@@ -70,9 +131,11 @@ class PlatformClient:
                 detail = json.loads(raw)
             except ValueError:
                 detail = raw.decode(errors="replace")[:500]
-            raise PlatformError(f"{method} {path}: HTTP {exc.code}: {detail}", exc.code, detail) from None
+            raise PlatformError(f"{method} {path}: the platform answered HTTP {exc.code}: {_sentence(detail)}", exc.code, detail) from None
         except (urllib.error.URLError, OSError) as exc:
-            raise PlatformError(f"{method} {path}: cannot reach {self.url}: {exc}") from None
+            reason = getattr(exc, "reason", exc)
+            reason = getattr(reason, "strerror", None) or str(reason)
+            raise PlatformError(f"{method} {path}: cannot reach {self.url} ({reason}). Is the platform running there?") from None
         return json.loads(raw) if raw else None
 
     # -- runs ---------------------------------------------------------------------------------

@@ -330,6 +330,11 @@ def math_reward(data_source: str, solution_str: str, ground_truth: Any, extra_in
     return RewardOutput(float(correct), correct, {"extracted": answer})
 
 
+def math_reward_fn(task_info: dict, action: str) -> RewardOutput:
+    """rLLM's ``math_reward_fn(task_info, action)``: ``math`` against the task's ``ground_truth``."""
+    return math_reward(task_info.get("data_source", ""), action, task_info.get("ground_truth"), task_info)
+
+
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
@@ -372,6 +377,11 @@ def countdown(task_info: dict, action: str) -> RewardOutput:
         available.remove(number)
     correct = value == task_info["target"]
     return RewardOutput(1.0 if correct else 0.1, correct, {"expression": expression, "valid": True})
+
+
+def countdown_reward_fn(task_info: dict, action: Any) -> RewardOutput:
+    """rLLM's name (``rllm.rewards.countdown_reward``) for ``countdown``; an ``Action`` counts by its ``action``."""
+    return countdown(task_info, getattr(action, "action", action))
 
 
 @register_reward("char_accuracy")

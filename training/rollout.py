@@ -13,21 +13,19 @@ import inspect
 import statistics
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from training.agents import AgentSpec
 from training.config import Config
-from training.generation import GenerationOutput, ModelClient, TokenGenerator, continuation, encode, render_messages
+from training.generation import GenerationOutput, ModelCallError, ModelClient, TokenGenerator, continuation, encode, render_messages
 from training.log import logger
 from training.outcomes import TrainingFailed
+from training.sdk.client import in_episode
+from training.sdk.run_func import NoModelCall, call_arguments, no_model_call_message, result_of
 from training.types import Action, Episode, RewardOutput, Step, TerminationReason, Trajectory
 
 RewardFn = Callable[[dict, str], RewardOutput]
-
-
-class ModelCallError(RuntimeError):
-    """The model itself failed (not the agent or the environment). It stops the rollout instead of
-    being counted as an error episode, because retrying episodes cannot fix a broken model."""
 
 
 class _GuardedGenerator:
@@ -61,7 +59,11 @@ class RolloutEngine:
         tokenizer: Any,
         config: Config,
         reward_fn: RewardFn | None = None,
+        endpoint: Any = None,
     ) -> None:
+        """``endpoint``: the run's ``training.sdk.server.ChatEndpoint``, through which rLLM-style
+        ``fn(**task)`` run functions reach the model; without one, ``run_episodes`` serves one
+        for its own duration."""
         if spec.kind == "single_turn" and reward_fn is None:
             raise ValueError("A single-turn task needs a reward function to score the model's answer; pass reward_fn.")
         self.spec = spec
@@ -71,6 +73,8 @@ class RolloutEngine:
         self.config = config
         self.reward_fn = reward_fn
         self.loop_config = config.rllm.agent
+        self.endpoint = endpoint
+        self._executor: ThreadPoolExecutor | None = None
 
     def run(self, tasks: list[dict], n: int = 1) -> list[Episode]:
         """Synchronous ``run_episodes``, for code that is not already inside an event loop."""
@@ -85,19 +89,37 @@ class RolloutEngine:
     async def run_episodes(self, tasks: list[dict], n: int = 1) -> list[Episode]:
         """``n`` episodes per task, all run concurrently (at most ``rllm.agent.n_parallel_tasks`` at
         a time), returned group-major: task 0 x n, then task 1 x n, and so on."""
-        semaphore = asyncio.Semaphore(self.loop_config.n_parallel_tasks)
+        parallel = self.config.rllm.n_parallel_tasks
+        semaphore = asyncio.Semaphore(parallel)
 
         async def limited(task: dict) -> Episode:
             async with semaphore:
                 with self._session():
                     return await self._run_episode(task)
 
-        return list(await asyncio.gather(*(limited(task) for task in tasks for _ in range(n))))
+        # Workflows get rLLM's thread pool for blocking work (``Workflow.run_in_executor``).
+        with self._chat_endpoint(), ThreadPoolExecutor(max_workers=min(parallel, 32)) as self._executor:
+            return list(await asyncio.gather(*(limited(task) for task in tasks for _ in range(n))))
+
+    @contextlib.contextmanager
+    def _chat_endpoint(self):
+        """Serve the OpenAI-compatible endpoint for these episodes when the run has none open."""
+        if self.spec.run_func_style != "kwargs" or self.endpoint is not None:
+            yield
+            return
+        from training.sdk.server import ChatEndpoint
+
+        with ChatEndpoint(tokenizer=self.tokenizer) as self.endpoint:
+            try:
+                yield
+            finally:
+                self.endpoint = None
 
     async def _run_episode(self, task: dict) -> Episode:
         """One episode with retries on agent/env errors and the per-attempt timeout."""
         cfg = self.loop_config
-        for attempt in range(1, cfg.retries + 2):
+        retries = self.config.rllm.retries
+        for attempt in range(1, retries + 2):
             started = time.perf_counter()
             episode = Episode(task=task)
             client = ModelClient(self.generator, self.tokenizer, cfg.max_tokens_per_turn)
@@ -115,13 +137,18 @@ class RolloutEngine:
                 else:
                     failure = exc
             if failure is not None:
-                if attempt <= cfg.retries:
-                    logger.warning("Episode attempt %d failed (%s); retrying", attempt, _one_line(failure))
+                message = _one_line(failure)
+                if attempt <= retries:
+                    logger.warning("Episode attempt %d failed (%s); retrying", attempt, message)
                     continue
-                logger.warning("Episode failed after %d attempt(s): %s", attempt, _one_line(failure))
+                logger.warning("Episode failed after %d attempt(s): %s", attempt, message)
+                if isinstance(failure, _WorkflowFailed):  # keep what the workflow collected
+                    episode, trace = failure.episode, failure.traceback
+                else:
+                    trace = "".join(traceback.format_exception(failure))
                 self._end_early(episode, client, TerminationReason.ERROR)
-                episode.error = _one_line(failure)
-                episode.info["traceback"] = "".join(traceback.format_exception(failure))
+                episode.error = message
+                episode.info["traceback"] = trace
             episode.info["attempts"] = attempt
             episode.metrics = {
                 **episode.metrics,
@@ -138,8 +165,7 @@ class RolloutEngine:
             await self._run_agent_env(episode, task)
             return episode
         if kind == "workflow":
-            workflow = self.spec.workflow_class(model=client, **self.spec.workflow_args)
-            return self._finish_client_episode(episode, task, client, await workflow.run(task, episode.id))
+            return await self._run_workflow(episode, task, client)
         if kind == "run_func":
             return self._finish_client_episode(episode, task, client, await self._call_run_func(task, client))
         await self._run_single_turn(episode, task)
@@ -231,22 +257,76 @@ class RolloutEngine:
 
     # -- workflows and run functions ----------------------------------------------------------
 
+    async def _run_workflow(self, episode: Episode, task: dict, client: ModelClient) -> Episode:
+        """rLLM's workflow life: built with ``(rollout_engine, executor, **workflow_args)``, run with
+        its termination handling. An error episode is raised as ``_WorkflowFailed`` so that it is
+        retried and reported like any other failed episode."""
+        workflow = self.spec.workflow_class(client, executor=self._executor, **self.spec.workflow_args)
+        result = await workflow.run_with_termination_handling(task, episode.id)
+        reason = result.termination_reason
+        if reason == TerminationReason.ERROR:
+            result.id, result.task = episode.id, task
+            _attach_call_tokens(result.trajectories, client.steps)
+            raise _WorkflowFailed(result)
+        episode = self._finish_client_episode(episode, task, client, result)
+        if reason in (TerminationReason.TIMEOUT, TerminationReason.MAX_PROMPT_LENGTH):
+            self._end_early(episode, client, reason)
+        return episode
+
     async def _call_run_func(self, task: dict, client: ModelClient) -> Any:
         """Async functions run on the loop; plain ones in a worker thread (they call ``client.chat_sync``)."""
         func = self.spec.agent_run_func
+        if self.spec.run_func_style == "kwargs":
+            return await self._call_sdk_run_func(func, task, client)
         if inspect.iscoroutinefunction(func):
             return await func(task, client)
         client.bind(asyncio.get_running_loop())
         result = await asyncio.to_thread(func, task, client)
         return await result if inspect.isawaitable(result) else result
 
+    async def _call_sdk_run_func(self, func: Callable, task: dict, client: ModelClient) -> Any:
+        """rLLM's ``fn(**task)``: its calls to the episode's endpoint session are recorded by ``client``."""
+        with (
+            self.endpoint.session(client, asyncio.get_running_loop()) as session,
+            in_episode(session.base_url, client.steps),
+        ):
+            kwargs = call_arguments(func, task, session.base_url)
+            try:
+                if inspect.iscoroutinefunction(func):
+                    result = await func(**kwargs)
+                else:  # in a thread, which inherits the episode's URL for get_chat_client()
+                    result = await asyncio.to_thread(func, **kwargs)
+                    result = await result if inspect.isawaitable(result) else result
+            except Exception:
+                if session.model_failure is not None:  # the function only saw the endpoint's error 500
+                    raise ModelCallError(f"Generation failed: {session.model_failure!r}") from session.model_failure
+                raise
+            finally:
+                await _close_client(kwargs.get("client") if "client" not in task else None)
+        if session.model_failure is not None:
+            raise ModelCallError(f"Generation failed: {session.model_failure!r}") from session.model_failure
+        if not client.steps:
+            raise NoModelCall(no_model_call_message(func))
+        return result_of(result, client.steps)
+
     def _finish_client_episode(self, episode: Episode, task: dict, client: ModelClient, result: Any) -> Episode:
-        """Turn what a workflow or run function returned into a complete Episode."""
+        """Turn what a workflow or run function returned into a complete Episode.
+
+        Steps that carry no token ids get those of the model call that produced them (from their
+        ``model_output``, or the recorded call with the same text). A trajectory whose reward was
+        left at 0 while its steps were rewarded (rLLM's solver-judge sets step rewards only) gets
+        the sum of its step rewards.
+        """
         if isinstance(result, Episode):
+            result.id = episode.id if not result.id else result.id
             episode = result
             episode.task = task if episode.task is None else episode.task
             if not episode.trajectories:
                 episode.trajectories = [Trajectory(steps=list(client.steps))]
+            _attach_call_tokens(episode.trajectories, client.steps)
+            for trajectory in episode.trajectories:
+                if not trajectory.reward and any(step.reward for step in trajectory.steps):
+                    trajectory.reward = float(sum(step.reward for step in trajectory.steps))
             needs_reward = not episode.is_correct and not any(t.reward for t in episode.trajectories)
         else:
             episode.trajectories = [Trajectory(steps=list(client.steps))]
@@ -260,17 +340,19 @@ class RolloutEngine:
         if episode.termination_reason is None:
             episode.termination_reason = TerminationReason.ENV_DONE
         if not episode.prompt_ids:
-            self._tokens_from_steps(episode, client.steps)
+            trained = [t for t in episode.trajectories if any(step.response_ids for step in t.steps)]
+            self._tokens_from_steps(episode, trained[0].steps if trained else client.steps, quiet=len(trained) > 1)
         if len(episode.prompt_ids) > self.config.data.max_prompt_length:
             self._end_early(episode, client, TerminationReason.MAX_PROMPT_LENGTH)
         return episode
 
-    def _tokens_from_steps(self, episode: Episode, steps: list[Step]) -> None:
+    def _tokens_from_steps(self, episode: Episode, steps: list[Step], quiet: bool = False) -> None:
         """Token view of recorded model calls: the first prompt, then for each later call the part
         of its prompt that extends the conversation so far (mask 0) and its completion (mask 1).
 
         A call that does not extend the conversation ends the view there (a workflow that starts a
-        new conversation). The response is cut at ``data.max_response_length``.
+        new conversation; the trainer learns from it as a sequence of its own, see
+        ``training.episode_rows``). The response is cut at ``data.max_response_length``.
         """
         if not steps:
             return
@@ -280,9 +362,11 @@ class RolloutEngine:
         for index, step in enumerate(steps):
             extension = list(step.prompt_ids[len(context) :])
             if index and step.prompt_ids[: len(context)] != context:
-                logger.warning(
-                    "Model call %d does not continue the earlier conversation; its tokens are left out", index + 1
-                )
+                if not quiet:
+                    logger.warning(
+                        "Model call %d does not continue the earlier conversation; it is trained as a sequence of its own",
+                        index + 1,
+                    )
                 break
             _append(episode, extension, 0)
             _append(episode, step.response_ids, 1, step.logprobs)
@@ -351,10 +435,50 @@ class RolloutEngine:
         episode.termination_reason = reason
 
 
+class _WorkflowFailed(Exception):
+    """A workflow episode that ended with an error: the error's text and traceback, and the episode
+    with the trajectories collected before it."""
+
+    def __init__(self, episode: Episode) -> None:
+        details = episode.info.get("error") or {}
+        super().__init__(f"{details.get('error_type', 'Error')}: {details.get('error_message', '')}")
+        self.episode = episode
+        self.traceback = details.get("traceback", "")
+
+
+def _attach_call_tokens(trajectories: list[Trajectory], calls: list[Step]) -> None:
+    """Give each step without token ids those of its model call: its ``model_output``'s, else the
+    first unused recorded call whose text is the step's ``model_response``."""
+    claimed = {id(step.model_output) for t in trajectories for step in t.steps if step.model_output is not None}
+    unused = [call for call in calls if id(call.model_output) not in claimed]
+    for trajectory in trajectories:
+        for step in trajectory.steps:
+            output = step.model_output
+            if step.response_ids:
+                continue
+            if output is not None and output.completion_ids:
+                step.prompt_ids, step.response_ids = list(output.prompt_ids or []), list(output.completion_ids)
+                step.logprobs = list(output.logprobs or [0.0] * len(output.completion_ids))
+                continue
+            match = next((call for call in unused if call.model_response == step.model_response), None)
+            if match is not None:
+                unused.remove(match)
+                step.prompt_ids, step.response_ids, step.logprobs = match.prompt_ids, match.response_ids, match.logprobs
+
+
 def _append(episode: Episode, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
     episode.response_ids.extend(ids)
     episode.response_mask.extend([mask] * len(ids))
     episode.response_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+
+async def _close_client(client: Any) -> None:
+    """Close an ``openai`` client the engine made for a run function (sync or async)."""
+    if client is None:
+        return
+    closing = client.close()
+    if inspect.isawaitable(closing):
+        await closing
 
 
 def _as_reward_output(value: Any, source: str) -> RewardOutput:
@@ -366,7 +490,7 @@ def _as_reward_output(value: Any, source: str) -> RewardOutput:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
+    text = str(exc) if isinstance(exc, _WorkflowFailed) else f"{type(exc).__name__}: {exc}".strip()
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
@@ -389,4 +513,9 @@ def summarize_episodes(episodes: list[Episode]) -> dict[str, float]:
     for reason in TerminationReason:
         summary[f"termination/{reason.value}"] = mean([float(e.termination_reason == reason) for e in episodes])
     summary["error_rate"] = summary[f"termination/{TerminationReason.ERROR.value}"]
+    # What workflows report per episode (rLLM's <name>_acc, solver_acc, ...): their means.
+    for key in sorted({k for e in episodes for k in e.metrics} - set(summary)):
+        values = [float(e.metrics[key]) for e in episodes if isinstance(e.metrics.get(key), (int, float))]
+        if values:
+            summary[key] = sum(values) / len(values)
     return summary

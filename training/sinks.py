@@ -79,6 +79,12 @@ class MultiSink:
 
     def __init__(self, sinks: list[MetricSink] | None = None) -> None:
         self.sinks: list[MetricSink] = list(sinks or [])
+        self.sources: list[Any] = []
+
+    def add_source(self, source: Any) -> None:
+        """Extra metrics merged into each logged step: ``source.collect()`` returns them (e.g. system
+        metrics averaged since the last step; empty when nothing new), ``source.close()`` stops it."""
+        self.sources.append(source)
 
     def add(self, sink: MetricSink) -> None:
         if not isinstance(sink, MetricSink):
@@ -87,6 +93,8 @@ class MultiSink:
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for source in self.sources:
+            clean.update(source.collect())
         self._each("log_metrics", step, clean)
 
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
@@ -94,6 +102,9 @@ class MultiSink:
             self._each("log_episodes", step, episodes)
 
     def close(self) -> None:
+        for source in self.sources:
+            source.close()
+        self.sources.clear()
         self._each("close")
 
     def _each(self, method: str, *args: Any) -> None:

@@ -30,6 +30,7 @@ DIRECT = {
     "lr_scheduler_type": "actor_rollout_ref.actor.optim.lr_scheduler_type",
     "max_grad_norm": "actor_rollout_ref.actor.grad_clip",
     "epsilon": "actor_rollout_ref.actor.clip_ratio",
+    "epsilon_high": "actor_rollout_ref.actor.clip_ratio_high",
     "num_iterations": "actor_rollout_ref.actor.ppo_epochs",
     "entropy_coef": "actor_rollout_ref.actor.entropy_coeff",
     "num_generations": "actor_rollout_ref.rollout.n",
@@ -48,7 +49,7 @@ DIRECT = {
 BATCH_NAMES = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size")
 # Names handled below with a rule of their own.
 SPECIAL = {"beta", "scale_rewards", "save_strategy", "save_steps", "save_total_limit", "eval_strategy", "eval_steps",
-           "use_cpu", "epsilon_high", "report_to", *BATCH_NAMES}
+           "use_cpu", "report_to", "loss_type", "importance_sampling_level", *BATCH_NAMES}
 # Names with no bearing on what is trained (this trainer sets them itself).
 NO_EFFECT = {"remove_unused_columns", "disable_tqdm", "dataloader_num_workers", "logging_dir", "overwrite_output_dir",
              "log_completions", "num_completions_to_print", "logging_first_step"}
@@ -67,7 +68,6 @@ REASONS = {
     "bf16": "mixed precision is not available on the trl backend; actor_rollout_ref.model.dtype=bfloat16 loads the weights in bfloat16",
     "use_vllm": "generation with vLLM belongs to the verl backend; choose backend=verl",
     "top_k": "top-k sampling is not available; use top_p",
-    "loss_type": "the trl backend trains with TRL's default loss",
     "warmup_ratio": "give warmup_steps instead",
 }
 
@@ -134,10 +134,14 @@ def translate_trl_names(flat: dict[str, Any], current: dict[str, Any], origin: d
     _evaluation(names, put)
     if names.get("use_cpu") is True:
         put("use_cpu", "trainer.device", "cpu")
-    if names.get("epsilon_high") is not None and names["epsilon_high"] != names.get("epsilon", defaults.get("epsilon", 0.2)):
-        raise ConfigError("epsilon_high", "an upper clip range apart from epsilon cannot be honoured on the trl backend; remove it.")
+    _loss(names, put)
     if names.get("report_to", "none") not in ("none", [], ["none"], None):
-        raise ConfigError("report_to", f"{names['report_to']!r} cannot be honoured: this trainer reports through trainer.logger (console, jsonl).")
+        report_to = names["report_to"]
+        tools = [report_to] if isinstance(report_to, str) else list(report_to)
+        refused = [tool for tool in tools if tool not in ("wandb", "tensorboard", "mlflow", "swanlab")]
+        if refused:
+            raise ConfigError("report_to", f"{refused} cannot be honoured: trainer.logger takes wandb, tensorboard, mlflow and swanlab.")
+        put("report_to", "trainer.logger", list(dict.fromkeys([*current["trainer"]["logger"], *tools])))
     if any(name in names for name in BATCH_NAMES):
         _batch_sizes(names, current, defaults, put)
 
@@ -171,6 +175,26 @@ def _saving(names: dict[str, Any], put: Any) -> None:
         put("save_steps" if "save_steps" in names else "save_strategy", "trainer.save_freq", names.get("save_steps", 500))
     if "save_total_limit" in names:
         put("save_total_limit", "trainer.max_checkpoints", names["save_total_limit"] or 0)
+
+
+def _loss(names: dict[str, Any], put: Any) -> None:
+    """TRL's loss_type and importance_sampling_level as verl's loss keys (the trl backend maps them back)."""
+    from training.backends.trl_backend import TRL_IMPORTANCE_SAMPLING, TRL_LOSS_TYPES
+    from training.config import ConfigError
+
+    if "loss_type" in names:
+        modes = {trl: verl for verl, trl in TRL_LOSS_TYPES.items()}
+        if names["loss_type"] not in modes:
+            raise ConfigError(
+                "loss_type", f"{names['loss_type']!r} cannot be honoured: use one of {', '.join(modes)} "
+                "(verl's actor_rollout_ref.actor.loss_agg_mode), or the verl backend's policy_loss.loss_mode.",
+            )
+        put("loss_type", "actor_rollout_ref.actor.loss_agg_mode", modes[names["loss_type"]])
+    if "importance_sampling_level" in names:
+        levels = {trl: verl for verl, trl in TRL_IMPORTANCE_SAMPLING.items()}
+        if names["importance_sampling_level"] not in levels:
+            raise ConfigError("importance_sampling_level", f"{names['importance_sampling_level']!r} cannot be honoured: use 'token' or 'sequence'.")
+        put("importance_sampling_level", "actor_rollout_ref.actor.policy_loss.loss_mode", levels[names["importance_sampling_level"]])
 
 
 def _evaluation(names: dict[str, Any], put: Any) -> None:

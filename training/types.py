@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 
 class TerminationReason(str, enum.Enum):
-    """Why an episode stopped. Stored as its string value in metrics and in the database."""
+    """Why an episode stopped. Stored as its string value in metrics and in the database.
+
+    rLLM's names (``MAX_TURNS_EXCEEDED``, ``MAX_PROMPT_LENGTH_EXCEEDED``,
+    ``MAX_RESPONSE_LENGTH_EXCEEDED``) are aliases of the shorter ones: the same members.
+    """
 
     ENV_DONE = "env_done"
     MAX_TURNS = "max_turns"
@@ -17,40 +21,131 @@ class TerminationReason(str, enum.Enum):
     MAX_RESPONSE_LENGTH = "max_response_length"
     TIMEOUT = "timeout"
     ERROR = "error"
+    UNKNOWN = "unknown"
+    MAX_TURNS_EXCEEDED = "max_turns"
+    MAX_PROMPT_LENGTH_EXCEEDED = "max_prompt_length"
+    MAX_RESPONSE_LENGTH_EXCEEDED = "max_response_length"
+
+    @classmethod
+    def _missing_(cls, value: object) -> "TerminationReason | None":
+        # rLLM stores "max_turns_exceeded" etc.; read those back as the same members.
+        if isinstance(value, str) and value.endswith("_exceeded"):
+            return cls(value[: -len("_exceeded")])
+        return None
+
+
+@dataclass
+class ModelOutput:
+    """One model call as rLLM's rollout engines return it: the text, split into ``reasoning``
+    (inside ``<think>...</think>``) and ``content``, with the exact token ids and logprobs."""
+
+    text: str | None = None
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[Any] | None = None
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    multi_modal_inputs: dict[str, list] | None = None
+    logprobs: list[float] | None = None
+    prompt_length: int = 0
+    completion_length: int = 0
+    finish_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tool_calls"] = None if self.tool_calls is None else [_plain(call) for call in self.tool_calls]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelOutput":
+        return cls(**{f.name: data.get(f.name, f.default) for f in fields(cls)})
 
 
 @dataclass
 class Action:
     """What an agent hands to its environment after reading the model's response."""
 
-    action: Any
+    action: Any = None
 
 
 @dataclass
 class Step:
-    """One turn: what the model saw, what it said, and what the environment answered."""
+    """One turn: what the model saw, what it said, and what the environment answered.
+
+    The fields are rLLM's. Token fields are filled by the rollout engine, or taken from
+    ``model_output`` when a workflow builds its steps from ``get_model_response`` results.
+    """
 
     chat_completions: list[dict[str, str]] = field(default_factory=list)
     observation: Any = None
-    model_response: str = ""
+    thought: str = ""
     action: Any = None
+    model_response: str = ""
+    model_output: ModelOutput | None = None
     reward: float = 0.0
     done: bool = False
+    mc_return: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
-    # Token view of this turn (filled by the rollout engine).
     prompt_ids: list[int] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["action"] = self.action.action if isinstance(self.action, Action) else _plain(self.action)
+        data["model_output"] = self.model_output.to_dict() if self.model_output is not None else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Step":
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        if values.get("model_output") is not None:
+            values["model_output"] = ModelOutput.from_dict(values["model_output"])
+        return cls(**values)
+
 
 @dataclass
 class Trajectory:
-    """The steps of one agent in one episode, plus its total reward."""
+    """The steps of one agent in one episode, plus its total reward. ``uid`` tells trajectories
+    apart; ``name`` says which role produced it (``solver``, ``judge``): trajectories of one
+    name are compared with each other when advantages are computed."""
 
     name: str = "agent"
     steps: list[Step] = field(default_factory=list)
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    task: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uid": self.uid,
+            "name": self.name,
+            "task": _without_images(self.task),
+            "steps": [step.to_dict() for step in self.steps],
+            "reward": float(self.reward),
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Trajectory":
+        return cls(
+            uid=data.get("uid") or str(uuid.uuid4()),
+            name=data.get("name", "agent"),
+            task=data.get("task"),
+            steps=[Step.from_dict(step) for step in data.get("steps", [])],
+            reward=data.get("reward", 0.0),
+            info=data.get("info", {}),
+        )
+
+    def is_cumulative(self) -> bool:
+        """True when each step's chat_completions begins with the previous step's: the whole
+        trajectory is one growing conversation."""
+        for previous, step in zip(self.steps, self.steps[1:]):
+            before = previous.chat_completions
+            if step.chat_completions[: len(before)] != before:
+                return False
+        return True
 
 
 @dataclass
@@ -86,11 +181,33 @@ class Episode:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly view, used by metric sinks and the episode viewer."""
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["task"] = _without_images(self.task)
+        data["trajectories"] = [t.to_dict() for t in self.trajectories]
         data["termination_reason"] = self.termination_reason.value if self.termination_reason else None
         data["reward"] = self.reward
         data["num_turns"] = self.num_turns
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Episode":
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["trajectories"] = [Trajectory.from_dict(t) for t in data.get("trajectories", [])]
+        reason = data.get("termination_reason")
+        values["termination_reason"] = TerminationReason(reason) if reason else TerminationReason.UNKNOWN
+        return cls(**values)
+
+
+def _without_images(task: Any) -> Any:
+    """Tasks without their image payloads (large, not JSON), as rLLM logs them."""
+    if isinstance(task, dict):
+        return {k: v for k, v in task.items() if k not in ("image", "images")}
+    return task
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses (tool calls, actions) as dicts; everything else as it is."""
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
 
 
 @dataclass(frozen=True)

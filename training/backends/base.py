@@ -20,7 +20,10 @@ from training.config import Config
 from training.data import dataset_to_tasks, load_dataset, require_columns, require_rows
 from training.processor import TrainerProcessor
 from training.rewards import RewardFunction, load_reward
+from training.sdk.run_func import check_task_fields
 from training.sinks import ConsoleSink, JsonlSink
+from training.system_metrics import SystemMetrics
+from training.trackers import tracker_sinks
 
 logger = logging.getLogger("training")
 
@@ -97,6 +100,10 @@ class BuiltinProcessor(TrainerProcessor):
         if self.chat_agent is not None:
             self.agent_spec = self.chat_agent.to_spec(self.reward_fn, data.prompt_key).validate()
             self._probe_agent_and_env(first_task)
+        else:
+            self._apply_rllm_keys(first_task)
+        if self.agent_spec.run_func_style == "kwargs":
+            check_task_fields(self.agent_spec.agent_run_func, first_task)
         if self.agent_spec.kind == "single_turn":
             require_columns(
                 self.train_dataset, [data.prompt_key], "train_dataset",
@@ -140,14 +147,43 @@ class BuiltinProcessor(TrainerProcessor):
             logger.info("agent %s sets %s=%r (the run's config wins where it sets the key too)", self.chat_agent.name, key, value)
         return keys
 
+    def _apply_rllm_keys(self, first_task: dict) -> None:
+        """rLLM's ``rllm.agent.agent_args`` / ``rllm.env.env_args`` / ``rllm.workflow.workflow_args``
+        join the spec's arguments (probed again when they change an agent and env), and
+        ``rllm.workflow.use_workflow`` is checked against what was given."""
+        from training.config import ConfigError
+
+        rllm = self.config.rllm
+        if rllm.workflow.use_workflow and self.agent_spec.kind not in ("workflow", "agent_env"):
+            raise ConfigError(
+                "rllm.workflow.use_workflow",
+                "is true but no workflow_class (or agent_class and env_class) was given; give one, or set it to false.",
+            )
+        if rllm.disable_thinking:
+            raise ConfigError(
+                "rllm.disable_thinking",
+                "is not implemented here: chat templates are rendered as the tokenizer defines them. Set it to "
+                "false, or give a tokenizer whose template does not think.",
+            )
+        merged = self.agent_spec.with_config_args(self.config)
+        if merged is not self.agent_spec:
+            self.agent_spec = merged
+            if merged.kind == "agent_env":
+                self._probe_agent_and_env(first_task)
+
     # -- helpers ---------------------------------------------------------------------------
-    def attach_default_sinks(self) -> None:
-        """The sinks named in ``trainer.logger``, beside those the caller added."""
+    def attach_default_sinks(self, trackers_elsewhere: tuple[str, ...] = ()) -> None:
+        """The sinks named in ``trainer.logger``, beside those the caller added, and the system
+        metrics sampler. ``trackers_elsewhere``: trackers the backend's own engine writes to."""
         names = self.config.trainer.logger
         if "console" in names:
             self.sinks.add(ConsoleSink(self.config.trainer.total_training_steps))
-        if "jsonl" in names:
+        if "jsonl" in names or "file" in names:
             self.sinks.add(JsonlSink(self.run_path))
+        for sink in tracker_sinks(self.config, self.path, skip=trackers_elsewhere):
+            self.sinks.add(sink)
+        if self.config.trainer.system_metrics_interval > 0:
+            self.sinks.add_source(SystemMetrics(self.config.trainer.system_metrics_interval).start())
 
     def write_config(self) -> Path:
         """The final config, with the agent, reward and backend, as ``config.yaml`` in the run directory."""
@@ -156,6 +192,7 @@ class BuiltinProcessor(TrainerProcessor):
             "backend": self.name,
             "agent": self.chat_agent.describe() if self.chat_agent is not None else self.agent_spec.describe(),
             "reward": getattr(self.reward_fn, "name", None),
+            "ignored_keys": self.config.ignored_keys,
             **self.config.to_dict(),
         }
         target = self.path / "config.yaml"
@@ -177,9 +214,27 @@ class BuiltinProcessor(TrainerProcessor):
             env = spec.env_class.from_dict({**task, **spec.env_args})
             env.reset()
             env.close()
+        except KeyError as exc:
+            missing = exc.args[0] if exc.args else None
+            if isinstance(missing, str) and missing not in task and missing not in spec.env_args:
+                raise ValueError(
+                    f"train_dataset {_describe(self.train_source)} has no field {missing!r}, which env_class "
+                    f"{spec.env_class.__name__} needs in every row (the rows have: {', '.join(map(str, task))}). "
+                    "Choose a dataset made for this environment, or an agent made for this dataset."
+                ) from exc
+            raise self._env_error(task, exc) from exc
         except Exception as exc:
-            raise ValueError(
-                f"env_class {spec.env_class.__name__} could not be built and reset from the first row of "
-                f"train_dataset (fields {', '.join(map(str, task))}) with env_args {spec.env_args}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+            raise self._env_error(task, exc) from exc
+
+    def _env_error(self, task: dict, exc: Exception) -> ValueError:
+        spec = self.agent_spec
+        return ValueError(
+            f"env_class {spec.env_class.__name__} could not be built and reset from the first row of "
+            f"train_dataset (fields {', '.join(map(str, task))}) with env_args {spec.env_args}: "
+            f"{type(exc).__name__}: {exc}"
+        )
+
+
+def _describe(source: Any) -> str:
+    """A dataset as the user gave it: its name or path, else what it is."""
+    return repr(source) if isinstance(source, (str, Path)) else f"({type(source).__name__})"

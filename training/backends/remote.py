@@ -42,6 +42,7 @@ from training.data import dataset_to_tasks
 from training.generation import GenerationOutput
 from training.log import logger
 from training.outcomes import OutcomeMonitor
+from training.recipes import clip_range, refuse_recipe_keys
 from training.types import Episode
 from training.utils import is_package_available
 
@@ -203,6 +204,9 @@ class RemoteProcessor(BuiltinProcessor):
         return super().check_config(apply_aliases(config, self.aliases))
 
     def check_backend(self, config: Config) -> None:
+        from training.episode_rows import refuse_row_options
+
+        refuse_row_options(config, f"the {self.name} backend trains one sequence per episode; use backend=trl")
         problems = self.environment_problems()
         if problems:
             raise ValueError(f"backend: the {self.name} backend cannot run here: " + "; ".join(problems))
@@ -212,6 +216,12 @@ class RemoteProcessor(BuiltinProcessor):
             raise ConfigError("actor_rollout_ref.rollout.n", "group advantages compare episodes of one prompt; use 2 or more.")
         if config.trainer.nnodes != 1:
             raise ConfigError("trainer.nnodes", f"the {self.name} service places the job itself; leave trainer.nnodes at 1.")
+        from training.advantages import check_estimator
+
+        check_estimator(config.algorithm.adv_estimator, self.name)
+        # the service sums its loss over tokens: one aggregation, one ratio per token
+        clip_keys = {"actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high"} if config.remote.loss_fn == "ppo" else set()
+        refuse_recipe_keys(config, self.name, honoured={"reward_model.overlong_buffer.enable", *clip_keys})
 
     @classmethod
     def environment_problems(cls) -> list[str]:
@@ -415,27 +425,36 @@ class RemoteTrainingLoop:
             batch.append(self.tasks[self._orders[epoch][position]])
         return batch
 
-    def _advantages(self, episodes: list[Episode], n: int) -> tuple[list[float], float]:
+    def _advantages(self, episodes: list[Episode], n: int) -> tuple[list[list[float]], float]:
+        """verl's token advantages of each episode, on its response tokens (environment tokens get 0)."""
         import torch
 
         from training.advantages import compute_advantages, equal_reward_groups
+        from training.recipes import overlong_penalties
 
         algorithm = self.config.algorithm
-        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)
-        advantages = compute_advantages(rewards, n, algorithm.adv_estimator, norm_by_std=algorithm.norm_adv_by_std_in_grpo)
+        responses = [list(e.response_ids) for e in episodes]
+        shaped = [e.reward + p for e, p in zip(episodes, overlong_penalties(self.config, responses))]
+        rewards = torch.tensor(shaped, dtype=torch.float32)
+        width = max([len(r) for r in responses] + [1])
+        model_tokens, sequence = torch.zeros(len(episodes), width), torch.zeros(len(episodes), width)
+        for row, episode in enumerate(episodes):
+            sequence[row, : len(episode.response_ids)] = 1.0
+            model_tokens[row, : len(episode.response_mask)] = torch.tensor(list(episode.response_mask), dtype=torch.float32)
+        advantages = compute_advantages(rewards, model_tokens, n, algorithm, sequence_mask=sequence)
         dropped = 0.0
         if algorithm.filter_groups.enable:
             equal = equal_reward_groups(rewards, n)
-            advantages = advantages * (~equal).repeat_interleave(n).float()
+            advantages = advantages * (~equal).repeat_interleave(n).float().unsqueeze(1)
             dropped = float(equal.float().mean())
-        return advantages.tolist(), dropped
+        return [row[: len(r)].tolist() for row, r in zip(advantages, responses)], dropped
 
-    def _datums(self, session: ServiceSession, chunk: list[tuple[Episode, float]]) -> tuple[list[Any], list[list[float]]]:
+    def _datums(self, session: ServiceSession, chunk: list[tuple[Episode, list[float]]]) -> tuple[list[Any], list[list[float]]]:
         """One Datum per episode: inputs are the tokens but the last, targets the tokens but the first;
         the advantage and the sampling log-probability sit on the model's own tokens only."""
         types = session.types
         datums, sampled = [], []
-        for episode, advantage in chunk:
+        for episode, advantages in chunk:
             if not episode.response_ids:
                 continue  # no tokens: the first prompt was too long
             tokens = list(episode.prompt_ids) + list(episode.response_ids)
@@ -443,7 +462,7 @@ class RemoteTrainingLoop:
             mask = [0] * prompt + list(episode.response_mask)
             logprobs = [0.0] * prompt + list(episode.response_logprobs)
             targets = tokens[1:]
-            weights = [float(advantage) * m for m in mask[1:]]
+            weights = ([0.0] * prompt + list(advantages))[1:]  # zero on the prompt and on environment tokens
             old = [lp if m else 0.0 for lp, m in zip(logprobs[1:], mask[1:])]
             datums.append(
                 types.Datum(
@@ -463,7 +482,8 @@ class RemoteTrainingLoop:
         actor, remote = cfg.actor_rollout_ref.actor, cfg.remote
         loss_config = None
         if remote.loss_fn == "ppo":
-            loss_config = {"clip_low_threshold": 1.0 - actor.clip_ratio, "clip_high_threshold": 1.0 + actor.clip_ratio}
+            low, high = clip_range(cfg)
+            loss_config = {"clip_low_threshold": 1.0 - low, "clip_high_threshold": 1.0 + high}
         adam = session.types.AdamParams(
             learning_rate=actor.optim.lr, beta1=remote.adam_beta1, beta2=remote.adam_beta2, eps=remote.adam_eps,
             weight_decay=actor.optim.weight_decay, grad_clip_norm=actor.grad_clip,

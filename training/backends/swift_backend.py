@@ -30,6 +30,7 @@ from training.data import dataset_to_tasks
 from training.log import logger
 from training.models import TINY_MODEL
 from training.outcomes import OutcomeMonitor
+from training.recipes import refuse_recipe_keys
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = PROJECT_ROOT / ".venv-swift" / "bin" / "python"
@@ -109,6 +110,9 @@ class SwiftProcessor(BuiltinProcessor):
             raise ConfigError("actor_rollout_ref.rollout.n", "GRPO compares episodes of one prompt; use 2 or more.")
         if config.trainer.nnodes != 1:
             raise ConfigError("trainer.nnodes", "the swift backend runs on one machine here; leave it at 1.")
+        if config.algorithm.adv_estimator != "grpo":
+            raise ConfigError("algorithm.adv_estimator", "ms-swift computes GRPO advantages itself; leave it at grpo or use the trl or verl backend.")
+        refuse_recipe_keys(config, "swift")
         self.reward_reference()
 
     def reward_reference(self) -> str:

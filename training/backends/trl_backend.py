@@ -13,6 +13,7 @@ maps to ``max_steps``); with the defaults each step generates ``data.train_batch
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import time
@@ -67,6 +68,24 @@ class TRLProcessor(BuiltinProcessor):
             raise ValueError("actor_rollout_ref.rollout.n: GRPO compares episodes of one prompt; use 2 or more.")
         if config.trainer.nnodes != 1:
             raise ValueError("trainer.nnodes: the trl backend runs on one machine; use the verl backend to scale out.")
+        _check_loss_options(config)
+        if config.actor_rollout_ref.rollout.server_url and not _is_vllm_available():
+            raise ValueError(
+                "actor_rollout_ref.rollout.server_url: generating on a vLLM server needs the vllm package here: TRL "
+                "pushes the weights to the server through it (pip install vllm on the GPU machine), or leave it unset."
+            )
+        if self.agent_spec.kind == "single_turn":
+            from training.episode_rows import refuse_row_options
+
+            refuse_row_options(config, "a plain single-turn prompt is generated and trained by TRL itself; give an agent or a workflow")
+        if config.rllm.rejection_sample.multiplier != 1:
+            from training.config import ConfigError
+
+            raise ConfigError(
+                "rllm.rejection_sample.multiplier",
+                "sampling extra tasks to refill rejected ones is not available on the trl backend, whose batches "
+                "are TRL's; set it to 1 (rejected tasks are then masked, not replaced).",
+            )
         if config.trainer.test_freq > 0 and self.test_dataset is None:
             raise ValueError(
                 f"trainer.test_freq: scoring every {config.trainer.test_freq} steps needs a test dataset; "
@@ -112,11 +131,12 @@ class _TRLRun:
         self.pending_episode_metrics: list[dict[str, float]] = []
         self.pending_samples: list[dict[str, Any]] = []
         self.last_metrics: dict[str, float] = {}
-        self.last_rewards: list[float] = []
         self.step_started = time.perf_counter()
         test = processor.test_dataset
         self.val_tasks = validation_tasks(test, self.config) if test is not None else []
         self.pending_val_metrics: dict[str, float] = {}  # reported with the step's training metrics
+        self.rows = None  # the current generation batch as training rows (multi-turn)
+        self.endpoint = None  # the OpenAI-compatible endpoint of an rLLM-style agent_run_func, while training
 
     # -- building the trainer ----------------------------------------------------------------
     def grpo_args(self):
@@ -148,10 +168,10 @@ class _TRLRun:
             lr_scheduler_type=scheduler,
             max_grad_norm=actor.grad_clip,
             beta=actor.kl_loss_coef if actor.use_kl_loss else 0.0,
-            epsilon=actor.clip_ratio,
             num_iterations=actor.ppo_epochs,
             entropy_coef=actor.entropy_coeff,
-            scale_rewards="group" if cfg.algorithm.norm_adv_by_std_in_grpo else "none",
+            **trl_loss_options(cfg),
+            **_vllm_server_options(cfg),
             logging_steps=cfg.trainer.log_freq,
             save_strategy="no" if save_freq == -1 else "steps",
             save_steps=max(save_freq, 1),
@@ -170,9 +190,13 @@ class _TRLRun:
 
         trainer_cls = _agent_grpo_trainer_class()
         multi_turn = self.spec.is_multi_turn
+        from training.recipes import overlong_punishment
+
+        reward = self.multi_turn_reward if multi_turn else self.single_turn_reward
+        punishment = overlong_punishment(self.config)  # weighted by grpo_args' reward_weights
         trainer = trainer_cls(
             model=self.model,
-            reward_funcs=self.multi_turn_reward if multi_turn else self.single_turn_reward,
+            reward_funcs=[reward] if punishment is None else [reward, punishment],
             args=self.grpo_args(),
             train_dataset=self.trl_dataset(),
             processing_class=self.tokenizer,
@@ -216,7 +240,10 @@ class _TRLRun:
             self.config.actor_rollout_ref.rollout.n, self.spec.kind,
         )
         self.step_started = time.perf_counter()
-        self.trainer.train(resume_from_checkpoint=resume)
+        from training.sdk.server import chat_endpoint_for
+
+        with chat_endpoint_for(self.spec, self.tokenizer, self.config.actor_rollout_ref.model.path) as self.endpoint:
+            self.trainer.train(resume_from_checkpoint=resume)
         stopped = self.processor.should_stop()
         steps = self.trainer.state.global_step
         self.outcomes.check_finished(steps, stopped, hint=self._steps_hint())
@@ -249,7 +276,6 @@ class _TRLRun:
             {"task": task, "response": text, "reward": out.reward, "is_correct": out.is_correct}
             for task, text, out in zip(tasks, texts, scored)
         ]
-        self.last_rewards = rewards
         self.pending_episode_metrics.append(
             {"solve_rate": sum(s["is_correct"] for s in samples) / max(len(samples), 1), "turns": 1.0}
         )
@@ -257,48 +283,87 @@ class _TRLRun:
         return rewards
 
     # -- multi turn ------------------------------------------------------------------------
-    def rollout(self, prompts: list[str], trainer: Any) -> dict[str, list]:
-        """TRL ``rollout_func``: one episode per prompt entry (TRL repeats each prompt n times)."""
+    def start_rollout(self, inputs: list[dict], trainer: Any) -> list[dict]:
+        """Run one episode per input (TRL repeats each prompt n times) and lay the episodes out as
+        training rows (``training.episode_rows``). Returns TRL's inputs: the same ones when each
+        episode is one row, else one input per row (then ``finish_rollout`` sets the advantages)."""
+        from training.episode_rows import episode_rows, equal_reward_groups, pad_rows
         from training.generation import HFBatchGenerator
         from training.rollout import RolloutEngine, summarize_episodes
 
-        tasks = [self.tasks[int(p)] for p in prompts]
+        tasks = [self.tasks[int(x["prompt"])] for x in inputs]
         model = trainer.accelerator.unwrap_model(trainer.model)
         rollout_cfg = self.config.actor_rollout_ref.rollout
-        generator = HFBatchGenerator(
-            model, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
-            seed=self.config.trainer.seed + trainer.state.global_step,
-        )
+        seed = self.config.trainer.seed + trainer.state.global_step
+        if rollout_cfg.server_url:  # TRL has pushed this step's weights to the server
+            from training.vllm_server import VLLMServerGenerator
+
+            generator = VLLMServerGenerator(
+                rollout_cfg.server_url, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, seed=seed,
+            )
+        else:
+            generator = HFBatchGenerator(
+                model, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, seed=seed,
+            )
         step = self.outcomes.step = trainer.state.global_step + 1
-        engine = RolloutEngine(self.spec, generator, self.tokenizer, self.config, self.reward_fn)
+        engine = RolloutEngine(self.spec, generator, self.tokenizer, self.config, self.reward_fn, self.endpoint)
         episodes = asyncio.run(engine.run_episodes(tasks, n=1))
-        self.pending_episode_metrics.append(summarize_episodes(episodes))
+        summary = summarize_episodes(episodes)
         self.pending_samples = [e.to_dict() for e in episodes[:SAMPLE_EPISODES_PER_STEP]]
         try:
             self.outcomes.check_episodes(episodes, step)
         except TooManyEpisodeErrors:  # the failed episodes stay visible next to the error
             self.processor.sinks.log_episodes(step, self.pending_samples)
             raise
+        # TRL's groups: the n consecutive inputs of one prompt.
+        self.rows = episode_rows(episodes, [str(i // trainer.num_generations) for i in range(len(inputs))], self.config)
+        summary.update(self.rows.metrics)
+        self.pending_episode_metrics.append(summary)
+        if not self.rows.expanded:
+            return inputs
+        if self.config.algorithm.filter_groups.enable:
+            dropped = equal_reward_groups(self.rows)
+            for row in self.rows.rows:
+                row.trainable = row.trainable and row.group not in dropped
+            summary["dropped_groups"] = len(dropped) / max(len({row.group for row in self.rows.rows}), 1)
+        # TRL splits the rows into groups of n and into optimizer steps: pad with masked rows.
+        pad_rows(self.rows, math.lcm(trainer.num_generations, trainer.args.steps_per_generation))
+        return [{"prompt": str(k)} for k in range(len(self.rows.rows))]
+
+    def rollout(self, prompts: list[str], trainer: Any) -> dict[str, list]:
+        """TRL ``rollout_func``: the rows laid out by ``start_rollout``, one per prompt entry."""
+        rows = self.rows.rows
+        if len(prompts) != len(rows):
+            raise RuntimeError(f"TRL asked for {len(prompts)} completions for a batch of {len(rows)} rows.")
         eos = self.tokenizer.eos_token_id
         completion_ids, logprobs, env_mask = [], [], []
-        for episode in episodes:
-            ids, lps, mask = list(episode.response_ids), list(episode.response_logprobs), list(episode.response_mask)
+        for row in rows:
+            ids, lps, mask = list(row.response_ids), list(row.logprobs), list(row.loss_mask)
             if not ids:  # TRL needs at least one token; an empty response is an EOS the model is not trained on
                 ids, lps, mask = [eos], [0.0], [0]
             completion_ids.append(ids)
             logprobs.append(lps)
             env_mask.append(mask)
         return {
-            "prompt_ids": [list(e.prompt_ids) or [eos] for e in episodes],
+            "prompt_ids": [list(row.prompt_ids) or [eos] for row in rows],
             "completion_ids": completion_ids,
             "logprobs": logprobs,
             "env_mask": env_mask,
-            "episode_reward": [e.reward for e in episodes],
+            "episode_reward": [row.reward for row in rows],
         }
 
-    def multi_turn_reward(self, prompts: list, completions: list, episode_reward: list[float], **_: Any) -> list[float]:
-        """The rollout already scored each episode; hand those rewards to TRL."""
-        self.last_rewards = list(episode_reward)
+    def finish_rollout(self, output: dict[str, Any]) -> dict[str, Any]:
+        """Advantages of expanded rows: each unit compared within its group (``episode_rows``)."""
+        from training.episode_rows import row_advantages
+
+        completion_mask = output["completion_mask"]
+        model_tokens = completion_mask * output["tool_mask"] if "tool_mask" in output else completion_mask
+        advantages = row_advantages(self.rows, self.config.algorithm).to(completion_mask.device)
+        output["advantages"] = advantages.unsqueeze(1) * model_tokens  # token-level, as verl's estimators give
+        return output
+
+    def multi_turn_reward(self, prompts: list, completions: list, episode_reward: list[float | None], **_: Any) -> list:
+        """The rollout already scored each row; hand those rewards to TRL (None: a padding row)."""
         return list(episode_reward)
 
     def _steps_hint(self) -> str:
@@ -341,8 +406,11 @@ class _TRLRun:
             for summary in self.pending_episode_metrics:
                 for k, v in summary.items():
                     merged.setdefault(k, []).append(v)
+            # TRL's reward is per row; where episodes became several rows, the episodes' own reward is the one to show.
+            episode_level = ("reward", "reward_std") if self.rows is not None and self.rows.expanded else ()
             for k, values in merged.items():
-                metrics.setdefault(k, sum(values) / len(values))
+                if k in episode_level or k not in metrics:
+                    metrics[k] = sum(values) / len(values)
             self.pending_episode_metrics.clear()
         now = time.perf_counter()
         metrics["step_time"] = (now - self.step_started) / max(self.config.trainer.log_freq, 1)
@@ -384,11 +452,71 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# verl's actor.loss_agg_mode -> TRL's loss_type (the same aggregation of token losses).
+TRL_LOSS_TYPES = {
+    "token-mean": "dapo",
+    "seq-mean-token-mean": "grpo",
+    "seq-mean-token-sum": "luspo",
+    "seq-mean-token-sum-norm": "dr_grpo",
+}
+# verl's actor.policy_loss.loss_mode -> TRL's importance_sampling_level.
+TRL_IMPORTANCE_SAMPLING = {"vanilla": "token", "gspo": "sequence"}
+
+
+def _check_loss_options(config: Config) -> None:
+    """Refuse by name what TRL's loss cannot do: verl's other policy losses and the estimators
+    that need a critic, a baseline rollout or several reward components."""
+    from training.advantages import check_estimator
+    from training.config import ConfigError
+
+    check_estimator(config.algorithm.adv_estimator, "trl")
+    mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
+    if mode not in TRL_IMPORTANCE_SAMPLING:
+        raise ConfigError(
+            "actor_rollout_ref.actor.policy_loss.loss_mode",
+            f"{mode!r} cannot be honoured by the trl backend (it offers {', '.join(TRL_IMPORTANCE_SAMPLING)}); "
+            "use the verl backend for verl's other policy losses.",
+        )
+
+
+def trl_loss_options(config: Config) -> dict[str, Any]:
+    """GRPOConfig options for verl's loss keys (see training/recipes.py)."""
+    from training.recipes import clip_range
+
+    actor = config.actor_rollout_ref.actor
+    low, high = clip_range(config)
+    options: dict[str, Any] = {
+        "loss_type": TRL_LOSS_TYPES[actor.loss_agg_mode],
+        "importance_sampling_level": TRL_IMPORTANCE_SAMPLING[actor.policy_loss.loss_mode],
+        "epsilon": low,
+        "epsilon_high": high,
+        # TRL's own advantages are replaced by verl's (AgentGRPOTrainer); its scaling stays consistent for its logs
+        "scale_rewards": "group" if config.algorithm.norm_adv_by_std_in_grpo else "none",
+    }
+    buffer = config.reward_model.overlong_buffer
+    if buffer.enable:
+        options["reward_weights"] = [1.0, buffer.penalty_factor]
+    return options
+
+
+def _vllm_server_options(config: Config) -> dict[str, Any]:
+    url = config.actor_rollout_ref.rollout.server_url
+    if not url:
+        return {}
+    return {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": url}
+
+
+def _is_vllm_available() -> bool:
+    from trl.import_utils import is_vllm_available
+
+    return is_vllm_available()
+
+
 _TRAINER_CLASS = None
 
 
 def _agent_grpo_trainer_class():
-    """GRPOTrainer with our advantage estimators and group filtering (built on first use,
+    """GRPOTrainer with verl's advantage estimators and group filtering (built on first use,
     so that importing this module does not import TRL)."""
     global _TRAINER_CLASS
     if _TRAINER_CLASS is not None:
@@ -401,22 +529,32 @@ def _agent_grpo_trainer_class():
     class AgentGRPOTrainer(GRPOTrainer):
         agent_run: _TRLRun
 
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            weights = self.reward_weights.to(rewards_per_func.device)
+            self.episode_rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # as TRL sums them
+            return rewards_per_func
+
         def _generate_and_score_completions(self, inputs):
+            run = self.agent_run
+            if run.spec.is_multi_turn:  # our rollout; several rows per episode where it has several trajectories
+                inputs = run.start_rollout(inputs, self)
             output = super()._generate_and_score_completions(inputs)
+            if run.spec.is_multi_turn and run.rows.expanded:
+                return run.finish_rollout(output)
             algorithm = self.agent_run.config.algorithm
-            if algorithm.adv_estimator == "grpo" and not algorithm.filter_groups.enable:
-                return output  # TRL's own GRPO advantages are the same computation
-            rewards = torch.tensor(self.agent_run.last_rewards, dtype=torch.float32)
+            completion_mask = output["completion_mask"]
+            model_tokens = completion_mask * output["tool_mask"] if "tool_mask" in output else completion_mask
+            rewards = self.episode_rewards.detach().float().cpu()
             group = self.num_generations
-            if algorithm.adv_estimator != "grpo":
-                advantages = compute_advantages(
-                    rewards, group, algorithm.adv_estimator, norm_by_std=algorithm.norm_adv_by_std_in_grpo
-                )
-                output["advantages"] = advantages.to(output["advantages"].device)
+            advantages = compute_advantages(rewards, model_tokens.cpu(), group, algorithm, sequence_mask=completion_mask.cpu())
+            output["advantages"] = advantages.to(completion_mask.device)
             if algorithm.filter_groups.enable:
                 dropped = equal_reward_groups(rewards, group).repeat_interleave(group)
-                keep = (~dropped).to(output["completion_mask"].device)
-                output["completion_mask"] = output["completion_mask"] * keep.unsqueeze(1).to(output["completion_mask"].dtype)
+                keep = (~dropped).to(completion_mask.device)
+                output["completion_mask"] = completion_mask * keep.unsqueeze(1).to(completion_mask.dtype)
+                # token-mean over the groups that teach something, as verl's DAPO batch holds only those
+                output["num_items_in_batch"] = (model_tokens * keep.unsqueeze(1).to(model_tokens.dtype)).sum()
                 self._metrics["train"]["dropped_groups"].append(float(dropped.float().mean()))
             return output
 
@@ -453,6 +591,8 @@ def _make_sink_callback(run: _TRLRun):
         def _poll(control):
             if run.processor.should_stop():
                 control.should_training_stop = True
+                # A stopped run keeps a checkpoint of its last step: a later attempt resumes from it.
+                control.should_save = True
 
     return SinkCallback()
 

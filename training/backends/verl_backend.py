@@ -31,8 +31,10 @@ from training.backends.base import BuiltinProcessor, TrainResult
 from training.config import Config, ConfigError, ConfigInput, flatten, parse_overrides, valid_keys
 from training.log import logger
 from training.outcomes import OutcomeMonitor, TrainingFailed
+from training.recipes import clip_range
 from training.rewards import RewardFunction, load_reward
 from training.sinks import MultiSink
+from training.trackers import VERL_TRACKERS, verl_tracker_names, verl_tracking_environment
 from training.types import Episode, Step, TerminationReason, Trajectory
 from training.utils import cuda_device_count, is_verl_available
 
@@ -160,8 +162,10 @@ def _our_keys_in_verl(config: Config, run_path: Path) -> dict[str, Any]:
         "actor_rollout_ref.actor.ppo_mini_batch_size": actor.ppo_mini_batch_size or data.train_batch_size,
         "actor_rollout_ref.actor.ppo_epochs": actor.ppo_epochs,
         "actor_rollout_ref.actor.clip_ratio": actor.clip_ratio,
-        "actor_rollout_ref.actor.clip_ratio_low": actor.clip_ratio,
-        "actor_rollout_ref.actor.clip_ratio_high": actor.clip_ratio,
+        "actor_rollout_ref.actor.clip_ratio_low": clip_range(config)[0],
+        "actor_rollout_ref.actor.clip_ratio_high": clip_range(config)[1],
+        "actor_rollout_ref.actor.loss_agg_mode": actor.loss_agg_mode,
+        "actor_rollout_ref.actor.policy_loss.loss_mode": actor.policy_loss.loss_mode,
         "actor_rollout_ref.actor.entropy_coeff": actor.entropy_coeff,
         "actor_rollout_ref.actor.use_kl_loss": actor.use_kl_loss,
         "actor_rollout_ref.actor.kl_loss_coef": actor.kl_loss_coef,
@@ -200,10 +204,18 @@ def _our_keys_in_verl(config: Config, run_path: Path) -> dict[str, Any]:
         "trainer.max_actor_ckpt_to_keep": trainer.max_checkpoints or None,
         "trainer.device": "cuda",
         # verl's Tracking writes every step to a JSONL file (its "file" backend) that the
-        # metrics bridge reads into our sinks; our console sink prints the headline.
-        "trainer.logger": ["file"],
+        # metrics bridge reads into our sinks; our console sink prints the headline. The external
+        # trackers the user named are verl's own (training/trackers.py says where they write).
+        "trainer.logger": ["file", *verl_tracker_names(config)],
         "trainer.rollout_data_dir": str(run_path / "verl_rollouts"),
     }
+    overlong = config.reward_model.overlong_buffer
+    if overlong.enable:  # verl's DAPO reward manager applies the soft overlong punishment
+        keys["reward.reward_manager.name"] = "dapo"
+        keys["+reward.reward_kwargs.max_resp_len"] = data.max_response_length
+        keys["+reward.reward_kwargs.overlong_buffer_cfg"] = {
+            "enable": True, "len": overlong.len, "penalty_factor": overlong.penalty_factor, "log": False,
+        }
     if trainer.ray_address is not None:  # ray_init holds ray.init's keyword arguments
         keys["+ray_kwargs.ray_init.address"] = trainer.ray_address
     if model.path == "tiny-char":
@@ -642,6 +654,9 @@ class VerlProcessor(BuiltinProcessor):
         return final
 
     def check_backend(self, config: Config) -> None:
+        from training.episode_rows import refuse_row_options
+
+        refuse_row_options(config, f"the {self.name} backend trains one sequence per episode; use backend=trl")
         if not is_verl_available():
             raise ValueError("the verl backend needs verl: pip install 'verl[vllm]' (or choose trl).")
         gpus = cuda_device_count()
@@ -706,7 +721,8 @@ class VerlProcessor(BuiltinProcessor):
         runner_cls = TaskRunnerV1
         if not verl.trainer.use_v1:
             from verl.trainer.main_ppo_v0 import TaskRunner as runner_cls
-        runner = _OnDriverNode(runner_cls, _runner_env_vars(metrics_path))
+        env = {**_runner_env_vars(metrics_path), **verl_tracking_environment(self.config, self.path)}
+        runner = _OnDriverNode(runner_cls, env)
         stopped = threading.Event()
 
         def honour_stop() -> None:
@@ -718,7 +734,7 @@ class VerlProcessor(BuiltinProcessor):
                 logger.info("%s: ending the verl job (checkpoints so far are kept)", "the run failed" if failed else "stop requested")
                 ray.kill(runner.handle)
 
-        self.attach_default_sinks()
+        self.attach_default_sinks(trackers_elsewhere=VERL_TRACKERS)
         outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate)
         bridge = VerlMetricsBridge(
             self.sinks, metrics_path, verl.trainer.rollout_data_dir, on_poll=honour_stop, outcomes=outcomes

@@ -1,0 +1,233 @@
+"""Workflows: a whole episode written as code, with rLLM's ``Workflow`` API.
+
+A workflow calls the model as often as it likes through
+``await self.rollout_engine.get_model_response(messages)``, which returns a ``ModelOutput`` with
+the exact token ids and logprobs of the call, and hands back an ``Episode`` of one or more
+trajectories (a solver and a judge, say). Every trajectory is trained with its own reward.
+
+The life of one episode, as in rLLM: the rollout engine builds the workflow with
+``(rollout_engine, executor, **workflow_args)`` and calls ``run_with_termination_handling``.
+``run`` may return an ``Episode`` (used as it is), or None, or raise ``TerminationEvent``: then
+the trajectories it committed with ``commit`` (and those of its agents) are collected and
+``postprocess_episode`` computes rewards and correctness. An exception ends the episode with
+termination ``error`` and the error's details in ``episode.info["error"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import traceback
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from concurrent.futures import Executor
+from typing import Any, Callable
+
+from training.types import Episode, ModelOutput, TerminationReason, Trajectory
+
+
+class RolloutEngine:
+    """rLLM's interface for calling the model from a workflow: ``await get_model_response(messages)``.
+
+    The rollout engine hands each workflow a ``training.generation.ModelClient``, which records
+    every call's tokens for training. (Not to be confused with ``training.rollout.RolloutEngine``,
+    which runs whole episodes.)
+    """
+
+    async def get_model_response(self, messages: list[dict], **kwargs: Any) -> ModelOutput:
+        raise NotImplementedError(f"{type(self).__name__} does not implement get_model_response.")
+
+    async def wake_up(self) -> None:
+        """Called before a batch of rollouts (rLLM's hook; nothing to do here)."""
+
+    async def sleep(self) -> None:
+        """Called after a batch of rollouts (rLLM's hook; nothing to do here)."""
+
+
+class TerminationEvent(Exception):
+    """Raised inside ``run`` to end the episode early with ``reason`` (what was committed is kept)."""
+
+    def __init__(self, reason: TerminationReason = TerminationReason.UNKNOWN) -> None:
+        super().__init__(f"Terminated: {reason}")
+        self.reason = reason
+
+
+class Workflow(ABC):
+    """Base class of workflows, with rLLM's constructor and hooks.
+
+    ``gamma`` > 0 turns step rewards into discounted returns; ``reward_bonus_coeff`` > 0 adds a
+    shaping bonus for improvement over the previous step (both in ``adjust_step_rewards``).
+    ``self.model`` is the same object as ``self.rollout_engine``; its ``chat``/``complete``
+    methods return our ``GenerationOutput`` for code written against them.
+    """
+
+    def __init__(
+        self,
+        rollout_engine: Any = None,
+        executor: Executor | None = None,
+        timeout: float = 1e6,
+        gamma: float = 0.0,
+        reward_bonus_coeff: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        self.rollout_engine = rollout_engine
+        self.executor = executor
+        self.timeout = float(timeout)
+        self.gamma = gamma
+        self.reward_bonus_coeff = reward_bonus_coeff
+        self.kwargs = kwargs
+        self.uid: str | None = None
+        self.task: Any = None
+        self._completed_trajectories: list[Trajectory] = []
+
+    @property
+    def model(self) -> Any:
+        return self.rollout_engine
+
+    @abstractmethod
+    async def run(self, task: dict, uid: str, **kwargs: Any) -> Episode | None:
+        """Run one episode of ``task``; ``uid`` names it uniquely."""
+
+    async def run_with_termination_handling(self, task: dict, uid: str, **kwargs: Any) -> Episode:
+        """``run`` with termination events, the workflow's ``timeout`` and errors turned into an Episode.
+
+        Errors of the model or of the run's watched reward are not the workflow's: they propagate,
+        so the run stops instead of counting them as failed episodes.
+        """
+        self.uid, self.task = uid, task
+        try:
+            output = await asyncio.wait_for(self.run(task, uid, **kwargs), timeout=self.timeout)
+        except TerminationEvent as event:
+            return self.postprocess_episode(self.collect_trajectories(), event.reason)
+        except TimeoutError:
+            return self.postprocess_episode(self.collect_trajectories(), TerminationReason.TIMEOUT)
+        except Exception as exc:
+            if _stops_the_run(exc):
+                raise
+            details = {"error_message": str(exc), "error_type": type(exc).__name__, "traceback": traceback.format_exc()}
+            return self.postprocess_episode(self.collect_trajectories(), TerminationReason.ERROR, error=details)
+        if isinstance(output, Episode):
+            return output  # already post-processed by the workflow, as in rLLM
+        return self.postprocess_episode(self.collect_trajectories(), TerminationReason.UNKNOWN)
+
+    # -- trajectories --------------------------------------------------------------------------
+
+    def commit(
+        self, name: str | None = None, agent: Any = None, trajectory: Trajectory | None = None, reset: bool = False
+    ) -> None:
+        """Keep a finished trajectory (an agent's, or one given) for training; ``reset`` resets the agent."""
+        if (agent is None) == (trajectory is None):
+            raise ValueError("commit() takes either agent= or trajectory=, exactly one of them.")
+        kept = agent.trajectory if agent is not None else trajectory
+        if name:
+            kept.name = name
+        if kept.steps:
+            self._completed_trajectories.append(copy.deepcopy(kept))
+        if agent is not None and reset:
+            agent.reset()
+
+    def collect_trajectories(self) -> Episode:
+        """The committed trajectories, then those of the workflow's agents not committed yet."""
+        episode = Episode(trajectories=list(self._completed_trajectories))
+        committed = {t.uid for t in self._completed_trajectories}
+        for agent in self._attributes_of_type(_base_agent()):
+            trajectory = agent.trajectory
+            if trajectory.steps and trajectory.uid not in committed:
+                episode.trajectories.append(copy.deepcopy(trajectory))
+        return episode
+
+    # -- post-processing hooks (rLLM's) --------------------------------------------------------
+
+    def compute_trajectory_reward(self, trajectory: Trajectory) -> None:
+        """The trajectory's reward; by default the sum of its step rewards."""
+        trajectory.reward = float(sum(step.reward for step in trajectory.steps))
+
+    def adjust_step_rewards(self, trajectory: Trajectory) -> None:
+        """Reward shaping (``reward_bonus_coeff``) and discounting (``gamma``) of step rewards.
+
+        Each step's discounted return is also kept in ``step.mc_return``."""
+        steps = trajectory.steps
+        if self.reward_bonus_coeff > 0.0:
+            raw = [step.reward for step in steps]
+            for i in range(1, len(steps)):
+                steps[i].reward += self.reward_bonus_coeff * (raw[i] - raw[i - 1])
+        if self.gamma > 0.0:
+            running = 0.0
+            for step in reversed(steps):
+                running = step.reward + self.gamma * running
+                step.reward = step.mc_return = running
+
+    def assign_episode_correctness(self, episode: Episode) -> None:
+        """Correct when the trajectories' rewards add up to more than 0."""
+        episode.is_correct = sum(t.reward for t in episode.trajectories) > 0
+
+    def collect_metrics(self, episode: Episode) -> None:
+        """``<name>_acc``: the mean reward of the trajectories of each name."""
+        by_name: dict[str, list[float]] = defaultdict(list)
+        for trajectory in episode.trajectories:
+            by_name[trajectory.name].append(trajectory.reward)
+        episode.metrics = {f"{name}_acc": sum(values) / len(values) for name, values in by_name.items()}
+
+    def postprocess_episode(
+        self, episode: Episode, termination_reason: TerminationReason | None = None, error: dict | None = None
+    ) -> Episode:
+        """Fill in the episode: id and task, trajectory rewards, step rewards, correctness, metrics."""
+        episode.id = self.uid if self.uid is not None else episode.id
+        episode.task = self.task
+        for trajectory in episode.trajectories:
+            # Ended between update_from_env and update_from_model: the last step has no model call.
+            if trajectory.steps and not trajectory.steps[-1].chat_completions:
+                trajectory.steps.pop()
+            self.compute_trajectory_reward(trajectory)
+            if len(trajectory.steps) > 1:
+                self.adjust_step_rewards(trajectory)
+        self.assign_episode_correctness(episode)
+        self.collect_metrics(episode)
+        if error is not None:
+            episode.info["error"] = error
+        episode.termination_reason = termination_reason or TerminationReason.UNKNOWN
+        return episode
+
+    # -- agents, environments and threads ------------------------------------------------------
+
+    def reset(self, task: dict | None = None, uid: str | None = None) -> None:
+        """Start a new episode: remember the task, forget committed trajectories, reset every
+        agent and environment held in the workflow's attributes."""
+        self.uid, self.task = uid, task
+        self._completed_trajectories = []
+        for agent in self._attributes_of_type(_base_agent()):
+            agent.reset()
+            agent.trajectory.task = task
+        for env in self._attributes_of_type(_base_env()):
+            env.reset(task=task)
+
+    def is_multithread_safe(self) -> bool:
+        return all(env.is_multithread_safe() for env in self._attributes_of_type(_base_env()))
+
+    async def run_in_executor(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run blocking ``fn`` in the workflow's thread pool (the loop's default one if it has none)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def _attributes_of_type(self, cls: type) -> list[Any]:
+        return [value for name, value in vars(self).items() if not name.startswith("_") and isinstance(value, cls)]
+
+
+def _base_agent() -> type:
+    from training.agents import BaseAgent
+
+    return BaseAgent
+
+
+def _base_env() -> type:
+    from training.agents import BaseEnv
+
+    return BaseEnv
+
+
+def _stops_the_run(exc: BaseException) -> bool:
+    from training.generation import ModelCallError
+    from training.outcomes import TrainingFailed
+
+    return isinstance(exc, (ModelCallError, TrainingFailed))
