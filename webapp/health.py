@@ -16,7 +16,7 @@ def _database_state() -> str:
 
 
 def _broker_state() -> str:
-    from workers.celery_app import app
+    from webapp.celery_app import app
 
     try:
         with app.connection_for_write() as conn:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 
 # Hundreds of viewers may connect at once; the kernel's default listen queue would reset some.
 BACKLOG = 1024
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    # The run form's checks run in a sandboxed child of a warm checking server; start it now.
+    from training import probe
+
+    threading.Thread(target=probe.warm, name="run-checker-warmup", daemon=True).start()
     uvicorn.run(
         "webapp.asgi:application", host=args.host, port=args.port, log_level=args.log_level, backlog=BACKLOG,
         loop="uvloop", http="httptools", ws="websockets-sansio",

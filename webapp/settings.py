@@ -7,6 +7,7 @@ A bad value raises ImproperlyConfigured naming the variable.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -60,16 +61,42 @@ def envredis(name: str) -> str | None:
     return value or None
 
 
-DEBUG = envbool("DEBUG", "true")
-SECRET_KEY = os.environ.get("SECRET_KEY", "").strip() or "dev-only-insecure-secret-key-change-me"
-if not DEBUG and SECRET_KEY.startswith("dev-only-"):
-    raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
-ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
-CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
+def secret_key(var_dir: Path) -> str:
+    """$SECRET_KEY, else a random key made once and kept in ``var_dir/secret_key`` (readable by its
+    owner only), so that sessions survive a restart and no key is shared between installs."""
+    value = os.environ.get("SECRET_KEY", "").strip()
+    if value:
+        return value
+    path = var_dir / "secret_key"
+    if not path.exists():
+        import secrets
+        import tempfile
+
+        var_dir.mkdir(parents=True, exist_ok=True)
+        # Written aside, then linked into place: processes starting together all read one whole key.
+        with tempfile.NamedTemporaryFile("w", dir=var_dir, prefix=".secret_key.", delete=False) as file:
+            file.write(secrets.token_urlsafe(50))
+        try:
+            os.link(file.name, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(file.name)
+    return path.read_text().strip()
+
 
 # Where runs write checkpoints and logs, and where the embedded broker keeps its messages.
 VAR_DIR = Path(os.environ.get("PLATFORM_VAR_DIR", "").strip() or BASE_DIR / "var")
 RUNS_DIR = VAR_DIR / "runs"
+# Directories under which admins may register models by path (registry Model entries); runs name
+# models only through those entries, never by a path of their own.
+MODEL_ROOTS = [Path(p) for p in envlist("MODEL_ROOTS", str(VAR_DIR / "models"))]
+
+# Off unless asked for: Django's debug pages list every URL pattern and setting to whoever asks.
+DEBUG = envbool("DEBUG", "false")
+SECRET_KEY = secret_key(VAR_DIR)
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -85,9 +112,13 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files for /api/docs/, served from the package (no CDN)
+    "axes",  # login lockout: repeated wrong passwords for one account from one address
     "webapp.teams",
     "webapp.api",
     "webapp.fleet",
+    "webapp.integrations",
+    "webapp.sweeps",
 ]
 
 MIDDLEWARE = [
@@ -98,6 +129,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into its 429 page
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -130,6 +163,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # refuses a locked-out account before the password is checked
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "runs:list"
 LOGOUT_REDIRECT_URL = "login"
@@ -159,7 +196,7 @@ if REDIS_URL:
         "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
     }
 else:
-    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_URL = "filesystem://localhost//"  # kombu warns at every connection when the host is left out
     for _folder in ("messages", "control"):
         (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -180,21 +217,62 @@ CELERY_TASK_DEFAULT_QUEUE = "cpu"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # Run lifecycle.
-RUN_HEARTBEAT_SECONDS = envint("RUN_HEARTBEAT_SECONDS", "5", minimum=1)
-# A running run whose heartbeat is older than this is marked failed (its worker died).
-RUN_STALE_SECONDS = envint("RUN_STALE_SECONDS", "120", minimum=10)
+RUN_HEARTBEAT_SECONDS = envint("RUN_HEARTBEAT_SECONDS", "3", minimum=1)
+# A running platform run whose worker sent no heartbeat for this long is lost: it is queued again
+# (or failed after its backend's max_attempts). Detected within this plus RUN_SWEEP_SECONDS.
+RUN_STALE_SECONDS = envint("RUN_STALE_SECONDS", "15", minimum=2)
+if RUN_STALE_SECONDS <= RUN_HEARTBEAT_SECONDS:
+    raise ImproperlyConfigured("RUN_STALE_SECONDS must be longer than RUN_HEARTBEAT_SECONDS.")
+# External runs report from elsewhere (training.remote heartbeats every 20 s): failed after this long silent.
+EXTERNAL_RUN_STALE_SECONDS = envint("EXTERNAL_RUN_STALE_SECONDS", "120", minimum=10)
+# How often each worker's housekeeping thread looks for lost runs and sends due queued runs.
+RUN_SWEEP_SECONDS = envint("RUN_SWEEP_SECONDS", "3", minimum=1)
+# A queued run sent to its queue but not claimed within this long is sent again (a message lost
+# with the broker); a duplicate is harmless, the claim takes a run once.
+RUN_REDISPATCH_SECONDS = envint("RUN_REDISPATCH_SECONDS", "300", minimum=1)
+# On SIGTERM (a deploy) a worker's runs save a checkpoint at their next step and are queued again;
+# a run that has not stopped after this long is killed and resumes from its previous checkpoint.
+RUN_SHUTDOWN_GRACE_SECONDS = envint("RUN_SHUTDOWN_GRACE_SECONDS", "60", minimum=1)
+# While the database is down a run goes on: reports are buffered in memory (up to
+# RUN_BUFFER_MAX_POINTS metric points per run) and row changes retried for this long.
+RUN_DATABASE_RETRY_SECONDS = envint("RUN_DATABASE_RETRY_SECONDS", "900", minimum=1)
+RUN_BUFFER_MAX_POINTS = envint("RUN_BUFFER_MAX_POINTS", "1000000", minimum=1000)
 # After a cancel, how long the training process gets to stop at its next step before it is killed.
 RUN_CANCEL_GRACE_SECONDS = envint("RUN_CANCEL_GRACE_SECONDS", "30", minimum=0)
 # Log lines kept per run in the database (the full log stays in the run directory).
 RUN_LOG_MAX_LINES = envint("RUN_LOG_MAX_LINES", "5000", minimum=10)
+# Checking a run before it is queued runs its registry code in a child process with these limits
+# (seconds of wall-clock and CPU time; megabytes of memory beyond the warm checker's).
+RUN_CHECK_TIMEOUT_SECONDS = envint("RUN_CHECK_TIMEOUT_SECONDS", "20", minimum=1)
+RUN_CHECK_MEMORY_MB = envint("RUN_CHECK_MEMORY_MB", "2048", minimum=256)
+
+# Alerts (webapp/integrations): the outbox's retries, the sender's queue, links in messages.
+ALERT_MAX_ATTEMPTS = envint("ALERT_MAX_ATTEMPTS", "8", minimum=1)
+ALERT_RETRY_BASE_SECONDS = envint("ALERT_RETRY_BASE_SECONDS", "10", minimum=1)
+ALERT_RETRY_MAX_SECONDS = envint("ALERT_RETRY_MAX_SECONDS", "3600", minimum=1)
+ALERT_QUEUE = os.environ.get("ALERT_QUEUE", "cpu")
+# Webhooks to private or loopback addresses are refused (a member's rule must not reach the
+# platform's own network) unless this is set, e.g. on a closed network.
+ALERT_WEBHOOKS_MAY_BE_PRIVATE = envbool("ALERT_WEBHOOKS_MAY_BE_PRIVATE", "false")
+PLATFORM_URL = os.environ.get("PLATFORM_URL", "http://127.0.0.1:8000")
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("EMAIL_PORT", "25", minimum=1)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "agent-trainer@localhost")
 
 # The REST API (webapp/api): token auth for scripts and the library, session auth (with CSRF) for browsers.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "webapp.api.auth.ExpiringTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": [
+        "webapp.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "EXCEPTION_HANDLER": "webapp.api.parsers.capped_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
@@ -204,6 +282,9 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Modules imported before any AgentTrainer is built, in the web process and in training processes:
@@ -215,4 +296,50 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO").upper()},
+}
+
+
+# -- Hardening (docs/security.md) ------------------------------------------------------------------
+# Login lockout (django-axes), on the login page, the admin's and /api/token/ alike: after
+# LOGIN_FAILURE_LIMIT wrong passwords for one account from one address, that pair is refused
+# (429) for LOGIN_LOCKOUT_MINUTES; a successful login resets the count.
+AXES_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", "5", minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=envint("LOGIN_LOCKOUT_MINUTES", "15", minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# API tokens (webapp/api/auth.py) expire after this long and end when their user logs out.
+API_TOKEN_TTL_SECONDS = envint("API_TOKEN_TTL_SECONDS", str(30 * 24 * 3600), minimum=60)
+
+# Cookies only over HTTPS (browsers also send them to http://localhost) and out of scripts' reach.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = envbool("SECURE_COOKIES", "false" if DEBUG else "true")
+SESSION_COOKIE_HTTPONLY = CSRF_COOKIE_HTTPONLY = True
+# HSTS is sent on HTTPS responses only; redirecting http to https is for a deployment with TLS
+# (SECURE_SSL_REDIRECT=1), BEHIND_HTTPS_PROXY=1 when a proxy terminates it (X-Forwarded-Proto).
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", "0" if DEBUG else "31536000", minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", "true")
+SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "true")
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "false")
+if envbool("BEHIND_HTTPS_PROXY", "false"):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+X_FRAME_OPTIONS = "DENY"
+
+# Content-Security-Policy (django-csp): scripts from this site or inline with the page's nonce
+# ({{ request.csp_nonce }}), no inline event handlers; styles inline too (Plotly writes them).
+from csp.constants import NONCE, NONE, SELF  # noqa: E402
+
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, "'unsafe-inline'"],
+        "img-src": [SELF, "data:", "blob:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "worker-src": [SELF, "blob:"],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
 }

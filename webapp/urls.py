@@ -1,11 +1,14 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from webapp.health import healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
@@ -13,5 +16,7 @@ urlpatterns = [
     path("api/", include("webapp.api.urls")),
     path("fleet/", include("webapp.fleet.urls")),
     path("", include("webapp.teams.urls")),
+    path("", include("webapp.integrations.urls")),
+    path("", include("webapp.sweeps.urls")),
     path("", include("webapp.runs.urls")),
 ]

@@ -1,22 +1,16 @@
-"""The Celery app. Its settings come from Django's (``CELERY_*`` in webapp/settings.py)."""
+"""The Celery app of the workers: the web side's app (``webapp.celery_app``, settings from Django's
+``CELERY_*``) with the workers' tasks, their ``gpus`` inspect command, and the housekeeping thread
+(lost runs, the outbox of queued runs, the graceful stop on SIGTERM; ``workers.housekeeping``)."""
 
 import os
 
-from celery import Celery
-from celery.signals import worker_ready
 from celery.worker.control import inspect_command
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
-app = Celery("workers", include=["workers.tasks"])
-app.config_from_object("django.conf:settings", namespace="CELERY")
+from webapp.celery_app import app  # noqa: E402 (Django's settings module must be named first)
 
-
-@worker_ready.connect
-def _fail_runs_of_dead_workers(**kwargs) -> None:
-    from webapp.runs.models import Run
-
-    Run.objects.mark_stale_failed()
+app.conf.include = ["workers.tasks"]
 
 
 @inspect_command()
@@ -25,3 +19,8 @@ def gpus(state) -> list[dict]:
     from workers.gpus import inventory
 
     return inventory()
+
+
+from workers import housekeeping  # noqa: E402 (also connects the graceful stop on SIGTERM)
+
+app.steps["worker"].add(housekeeping.HousekeepingStep)

@@ -1,9 +1,16 @@
 """Executing a run: the plain functions behind the Celery task.
 
-``execute_run`` (in the Celery worker process) claims the run, starts ``train_run`` in a child
-process of its own process group, heartbeats, watches for a cancel, and kills the group when a
-cancelled run does not stop at its next step. ``train_run`` (in the child) builds the
-``AgentTrainer`` from the row and records what it reports. Both are callable directly in tests.
+``execute_run`` (in the Celery worker process) claims the run, starting its next attempt, starts
+``train_run`` in a child process of its own process group, heartbeats, watches for a cancel, and
+kills the group when a cancelled run does not stop at its next step. ``train_run`` (in the child)
+builds the ``AgentTrainer`` from the row and records what it reports. Both are callable directly
+in tests.
+
+Nothing here gives a run up lightly. A run is ``cancelled`` only when a person cancelled it. When
+the worker shuts down (SIGTERM: a deploy) or the supervising worker process disappears, the
+training process saves a checkpoint at its next step and queues the run again; the next attempt
+resumes from that checkpoint in the run's own folder. While the database is down both processes
+keep going: reports are buffered (``webapp.batching``) and row changes retried until it is back.
 """
 
 from __future__ import annotations
@@ -13,17 +20,22 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback as traceback_module
+from datetime import timedelta
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import DatabaseError, close_old_connections, transaction
+from django.utils import timezone
 
 from webapp.dashboard.recording import DashboardSink
+from webapp.integrations.tracking import prepare_run
 from webapp.registry.models import Backend
 from webapp.runs.models import Run, RunLog
-from webapp.runs.trainer_args import run_trainer_kwargs
+from webapp.runs.trainer_args import check_spec, load_training_plugins, run_trainer_kwargs
 from webapp.runs.recording import DatabaseSink, RunLogHandler, RunRecorder
 
 logger = logging.getLogger(__name__)
@@ -33,19 +45,20 @@ SKIPPED, BUSY = "skipped", "busy"
 POLL_SECONDS = 0.5
 # How often the training process checks the database for a cancel (the library polls once per step).
 CANCEL_CHECK_SECONDS = 1.0
+# A run whose backend is at max_concurrent_runs is sent again this much later.
+BUSY_RETRY_SECONDS = 30
+# The training process's exit code when it stopped to be resumed by a later attempt.
+EXIT_REQUEUED = 75
 
-
-def run_path_for(run_id: int) -> Path:
-    return Path(settings.RUNS_DIR) / str(run_id)
+T = TypeVar("T")
 
 
 def claim(run_id: int, worker_name: str) -> str | Run:
     """Claim a queued run, respecting its backend's ``max_concurrent_runs``.
 
     Returns the claimed Run, SKIPPED (not queued any more: cancelled, or another worker has it)
-    or BUSY (the backend is at its limit; try again later).
+    or BUSY (the backend is at its limit: the dispatcher sends it again in BUSY_RETRY_SECONDS).
     """
-    Run.objects.mark_stale_failed()
     with transaction.atomic():
         run = Run.objects.select_related("backend").filter(pk=run_id).first()
         if run is None or run.status != Run.Status.QUEUED:
@@ -53,16 +66,19 @@ def claim(run_id: int, worker_name: str) -> str | Run:
         # Lock the backend row so two workers cannot both take its last free slot.
         backend = Backend.objects.select_for_update().get(pk=run.backend_id)
         if not backend.has_capacity():
+            later = timezone.now() + timedelta(seconds=BUSY_RETRY_SECONDS)
+            Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED).update(dispatch_at=later)
             return BUSY
         if not run.claim(worker_name):
             return SKIPPED
-    Run.objects.filter(pk=run.pk).update(run_path=str(run_path_for(run.pk)))
-    run.run_path = str(run_path_for(run.pk))
+    run.run_path = str(run.folder())  # a resumed attempt gets the folder (and checkpoints) of the first
+    Run.objects.filter(pk=run.pk).update(run_path=run.run_path)
     return run
 
 
 def execute_run(run_id: int, worker_name: str) -> str:
-    """Claim run ``run_id`` and see it through to a final status. Returns that status, SKIPPED or BUSY."""
+    """Claim run ``run_id`` and see this attempt through. Returns the status the run has after it
+    (final, or queued when it was re-queued), SKIPPED or BUSY."""
     claimed = claim(run_id, worker_name)
     if not isinstance(claimed, Run):
         return claimed
@@ -70,7 +86,9 @@ def execute_run(run_id: int, worker_name: str) -> str:
     run_path = Path(run.run_path)
     run_path.mkdir(parents=True, exist_ok=True)
     output_path = run_path / "process.log"
-    _log(run, "INFO", f"Claimed by {worker_name}; starting the training process.")
+    limit = run.backend.max_attempts
+    resuming = f" (attempt {run.attempts} of {limit}, resuming from its last checkpoint)" if run.attempts > 1 else ""
+    _log(run, "INFO", f"Claimed by {worker_name}{resuming}; starting the training process.")
     try:
         with open(output_path, "ab") as output:
             process = subprocess.Popen(
@@ -88,29 +106,85 @@ def execute_run(run_id: int, worker_name: str) -> str:
 def _supervise(run: Run, process: subprocess.Popen, output_path: Path) -> str:
     last_beat = time.monotonic()
     cancel_seen_at: float | None = None
+    database_down = False
     while process.poll() is None:
         time.sleep(POLL_SECONDS)
         now = time.monotonic()
-        if now - last_beat >= settings.RUN_HEARTBEAT_SECONDS:
-            run.heartbeat()
-            last_beat = now
-        if cancel_seen_at is None and run.cancel_requested():
-            cancel_seen_at = now
-            _log(run, "INFO", "Cancel requested; stopping at the next training step.")
+        try:
+            if now - last_beat >= settings.RUN_HEARTBEAT_SECONDS:
+                if not run.heartbeat() and _given_up(run):
+                    logger.warning("Run %s: attempt %s was given up on; stopping its training process.", run.pk, run.attempts)
+                    _terminate_group(process)
+                    return Run.objects.get(pk=run.pk).status
+                last_beat = now
+            if cancel_seen_at is None and run.cancel_requested():
+                cancel_seen_at = now
+                _log(run, "INFO", "Cancel requested; stopping at the next training step.")
+            if database_down:
+                logger.warning("Run %s: the database is back.", run.pk)
+                database_down = False
+        except DatabaseError as exc:  # training goes on; heartbeats resume when the database is back
+            if not database_down:
+                logger.warning("Run %s: the database is unreachable (%s); the run goes on.", run.pk, exc)
+            database_down = True
+            close_old_connections()
+            continue
         if cancel_seen_at is not None and now - cancel_seen_at > settings.RUN_CANCEL_GRACE_SECONDS:
             _log(run, "WARNING", f"The training process did not stop within {settings.RUN_CANCEL_GRACE_SECONDS} s; terminating it.")
             _terminate_group(process)
             run.finish(Run.Status.CANCELLED, error="Cancelled; the training process was terminated.")
             return Run.Status.CANCELLED
+    return _with_database(lambda: _after_exit(run, process, output_path), "record how the run ended")
+
+
+def _given_up(run: Run) -> bool:
+    """After a refused heartbeat: True when another attempt (or nobody) holds the run now, False
+    when this attempt's training process has just recorded the end itself."""
+    current = Run.objects.filter(pk=run.pk).values_list("status", "attempts").first()
+    return current is None or not (current[0] in Run.FINAL and current[1] == run.attempts)
+
+
+def _after_exit(run: Run, process: subprocess.Popen, output_path: Path) -> str:
     close_old_connections()
+    attempt = run.attempts
     run.refresh_from_db()
-    if not run.is_final:  # the process died before recording an end (crash, OOM kill, signal)
-        tail = _tail(output_path)
-        if run.cancel_requested():
-            run.finish(Run.Status.CANCELLED, error="Cancelled.", traceback=tail)
-        else:
-            run.finish(Run.Status.FAILED, error=f"The training process exited with code {process.returncode}.", traceback=tail)
+    code = process.returncode
+    if run.attempts != attempt or run.is_final or run.status == Run.Status.QUEUED:
+        return run.status  # it recorded its end or re-queued itself, or another attempt has the run
+    tail = _tail(output_path)
+    if run.cancel_requested():
+        run.finish(Run.Status.CANCELLED, error="Cancelled.", traceback=tail)
+        return run.status
+    if code == EXIT_REQUEUED:
+        return _requeue_or_recover(run, "the training process stopped to be resumed.")
+    if code < 0:  # killed by a signal (OOM killer, an operator): worth another attempt
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        return run.recover(f"The training process was killed by {name}.") or run.status
+    run.finish(Run.Status.FAILED, error=f"The training process exited with code {code}.", traceback=tail)
     return run.status
+
+
+def _requeue_or_recover(run: Run, reason: str) -> str:
+    if run.requeue(reason):
+        return Run.Status.QUEUED
+    run.refresh_from_db()
+    return run.status
+
+
+def _with_database(action: Callable[[], T], what: str) -> T:
+    """``action()``, retried with backoff while the database is unreachable (up to RUN_DATABASE_RETRY_SECONDS)."""
+    deadline = time.monotonic() + settings.RUN_DATABASE_RETRY_SECONDS
+    delay = 0.5
+    while True:
+        try:
+            return action()
+        except DatabaseError as exc:
+            if time.monotonic() > deadline:
+                raise
+            logger.warning("Cannot %s yet, the database is unreachable (%s); retrying in %.0f s.", what, exc, delay)
+            close_old_connections()
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
 
 def _terminate_group(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:
@@ -189,80 +263,113 @@ def _log(run: Run, level: str, message: str) -> None:
 
 # -- the training process ------------------------------------------------------------------------
 
-class _CancelCheck:
-    """``should_stop`` for the library: a cancel requested in the browser, read at most once a second.
+class _StopCheck:
+    """``should_stop`` for the library, and why it said stop.
 
-    Also stops when the supervising worker process is gone (a worker shut down hard): nobody would
-    heartbeat or watch this run any more.
+    A cancel requested in the browser (read at most once a second) stops the run for good. A
+    SIGTERM (the worker shuts down) or the loss of the supervising worker process pauses it: it
+    stops at the next step with a checkpoint and is queued again. A database that does not answer
+    is no reason to stop.
     """
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self._last = 0.0
-        self._cancelled = False
         self._parent = os.getppid()
+        self.cancelled = False
+        self.pause_reason = ""
+
+    def pause(self, reason: str) -> None:
+        if not self.pause_reason:
+            self.pause_reason = reason
+            logging.getLogger("training").warning("Stopping at the next step to be resumed later: %s", reason)
 
     def __call__(self) -> bool:
         now = time.monotonic()
-        if not self._cancelled and now - self._last >= CANCEL_CHECK_SECONDS:
+        if not (self.cancelled or self.pause_reason) and now - self._last >= CANCEL_CHECK_SECONDS:
             self._last = now
-            self._cancelled = self.run.cancel_requested()
-            if not self._cancelled and os.getppid() != self._parent:
-                logging.getLogger("training").warning("The worker process is gone; stopping this run.")
-                self.run.request_cancel()
-                self._cancelled = True
-        return self._cancelled
+            if os.getppid() != self._parent:
+                self.pause("the supervising worker process is gone.")
+            try:
+                self.cancelled = self.run.cancel_requested()
+            except DatabaseError:
+                close_old_connections()
+        return self.cancelled or bool(self.pause_reason)
 
 
 def train_run(run_id: int) -> str:
-    """Train a claimed (running) run in this process and record its end. Returns the final status."""
+    """Train a claimed (running) run in this process and record its end. Returns the run's status
+    after it: final, or queued when the run stopped to be resumed by a later attempt."""
+    from training.probe import check_platform_keys
     from training.trainer import AgentTrainer
 
     run = Run.objects.select_related("agent", "dataset", "reward", "backend").get(pk=run_id)
     if run.status != Run.Status.RUNNING:
         raise ValueError(f"Run {run_id} is {run.status}, not running; claim it first.")
-    run_path = run.run_path or str(run_path_for(run.pk))
+    run_path = str(run.folder())
     recorder = RunRecorder(run.pk).start()
     handler = RunLogHandler(recorder)
     training_logger = logging.getLogger("training")
     training_logger.addHandler(handler)
     if training_logger.getEffectiveLevel() > logging.INFO:
         training_logger.setLevel(logging.INFO)
-    should_stop = _CancelCheck(run)
+    should_stop = _StopCheck(run)
+    previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: should_stop.pause("the worker is shutting down.")) \
+        if threading.current_thread() is threading.main_thread() else None
     try:
-        sinks = [DatabaseSink(recorder), DashboardSink(run.pk)]
-        trainer = AgentTrainer(**run_trainer_kwargs(run, run_path), sinks=sinks, should_stop=should_stop)
+        load_training_plugins()
+        kwargs = run_trainer_kwargs(run, run_path)
+        sinks = [DatabaseSink(recorder), DashboardSink(run.pk), *prepare_run(run, kwargs)]  # the project's trackers, alerts
+        trainer = AgentTrainer(**kwargs, sinks=sinks, should_stop=should_stop)
+        spec = check_spec(kwargs, run.config_overrides)  # what the form checked, checked again where it runs
+        check_platform_keys(trainer, spec["pinned"], spec["user_keys"])
         if hasattr(trainer.train_processor, "remote_ids_callback"):  # remote backends: show job/deployment ids as they appear
             trainer.train_processor.remote_ids_callback = lambda ids: Run.objects.filter(pk=run.pk).update(remote_ids=ids)
         final_config = trainer.final_config
         Run.objects.filter(pk=run.pk).update(final_config=final_config.to_dict() if hasattr(final_config, "to_dict") else None)
-        training_logger.info("Run %s: training on backend %s in %s", run.pk, trainer.train_engine_name, run_path)
+        training_logger.info("Run %s: training on backend %s in %s (attempt %s)", run.pk, trainer.train_engine_name, run_path, run.attempts)
         result = trainer.train()
     except BaseException as exc:  # also KeyboardInterrupt/SystemExit: the row must not stay running
         training_logger.error("Run %s failed: %s", run.pk, exc)
         recorder.close()
         training_logger.removeHandler(handler)
-        status = Run.Status.CANCELLED if should_stop._cancelled else Run.Status.FAILED
+        if isinstance(exc, Exception) and should_stop.pause_reason and not should_stop.cancelled:
+            # Stopping to be resumed went wrong: count it as a lost attempt (a limited number are retried).
+            reason = f"{should_stop.pause_reason[:-1]}, and stopping raised {exc.__class__.__name__}: {exc}."
+            return _with_database(lambda: run.recover(reason) or run.status, "re-queue the run")
+        status = Run.Status.CANCELLED if should_stop.cancelled else Run.Status.FAILED
         # The library's own outcome failures carry their cause and the user code's traceback.
         error = getattr(exc, "summary", None) or f"{exc.__class__.__name__}: {exc}"
-        run.finish(status, error=error, traceback=getattr(exc, "user_traceback", None) or traceback_module.format_exc())
+        trace = getattr(exc, "user_traceback", None) or traceback_module.format_exc()
+        _with_database(lambda: run.finish(status, error=error, traceback=trace), "record the run's end")
         if not isinstance(exc, Exception):
             raise
         return status
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
 
     stopped = bool(getattr(result, "stopped", False))
-    metrics = {k: v for k, v in (getattr(result, "metrics", None) or {}).items() if _finite(v)}
-    checkpoint = getattr(result, "checkpoint", None) or ""
     steps = int(getattr(result, "steps", 0) or 0)
-    training_logger.info("Run %s %s after %d step(s).", run.pk, "stopped (cancelled)" if stopped else "finished", steps)
     recorder.close()
     training_logger.removeHandler(handler)
+    if should_stop.pause_reason and not should_stop.cancelled:
+        reason = f"{should_stop.pause_reason[0].upper()}{should_stop.pause_reason[1:-1]}; stopped after step {steps} with a checkpoint."
+        return _with_database(lambda: _requeue_or_recover(run, reason), "re-queue the run")
+    metrics = {k: v for k, v in (getattr(result, "metrics", None) or {}).items() if _finite(v)}
+    checkpoint = getattr(result, "checkpoint", None) or ""
+    training_logger.info("Run %s %s after %d step(s).", run.pk, "stopped (cancelled)" if stopped else "finished", steps)
+    return _with_database(lambda: _record_end(run, stopped or should_stop.cancelled, steps, metrics, str(checkpoint)),
+                          "record the run's end")
+
+
+def _record_end(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint: str) -> str:
     if checkpoint:
         from webapp.runs.models import Checkpoint
 
-        Checkpoint.objects.update_or_create(run=run, step=steps, defaults={"path": str(checkpoint)})
-    status = Run.Status.CANCELLED if stopped or should_stop._cancelled else Run.Status.SUCCEEDED
-    fields = {"final_metrics": metrics, "checkpoint": str(checkpoint)}
+        Checkpoint.objects.update_or_create(run=run, step=steps, defaults={"path": checkpoint})
+    status = Run.Status.CANCELLED if cancelled else Run.Status.SUCCEEDED
+    fields = {"final_metrics": metrics, "checkpoint": checkpoint}
     if status == Run.Status.SUCCEEDED and not steps:  # never a success without a trained step
         fields["error"] = f"The {run.backend.processor} backend ended after 0 training steps; nothing was learned."
         status = Run.Status.FAILED

@@ -1,15 +1,22 @@
 """Celery tasks: thin wrappers over plain functions in ``workers.execute``."""
 
 from workers.celery_app import app
-from workers.execute import BUSY, execute_run
-
-# How long a run waits before trying again when its backend is at max_concurrent_runs.
-BUSY_RETRY_SECONDS = 30
+from workers.execute import execute_run
 
 
-@app.task(name="workers.execute_run", bind=True, acks_late=True, max_retries=None)
+@app.task(name="workers.execute_run", bind=True, acks_late=True)
 def execute_run_task(self, run_id: int) -> str:
-    outcome = execute_run(run_id, worker_name=self.request.hostname or "worker")
-    if outcome == BUSY:
-        raise self.retry(countdown=BUSY_RETRY_SECONDS)
-    return outcome
+    # A run whose backend is full stays queued with a later dispatch_at: the dispatcher sends it again.
+    return execute_run(run_id, worker_name=self.request.hostname or "worker")
+
+
+@app.task(name="integrations.deliver_alerts", bind=True, acks_late=True, max_retries=None)
+def deliver_alerts_task(self) -> dict:
+    """Send the alerts that are due; come back when the next retry is due."""
+    from webapp.integrations.alerts import deliver_due, next_due_in
+
+    counts = deliver_due()
+    wait = next_due_in()
+    if wait is not None:
+        raise self.retry(countdown=max(1.0, wait))
+    return counts

@@ -5,3 +5,10 @@ class ApiConfig(AppConfig):
     name = "webapp.api"
     label = "api"
     verbose_name = "REST API"
+
+    def ready(self) -> None:
+        from django.contrib.auth.signals import user_logged_out
+
+        from webapp.api.auth import end_tokens_at_logout
+
+        user_logged_out.connect(end_tokens_at_logout, dispatch_uid="api-end-tokens-at-logout")

@@ -8,7 +8,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
+from webapp.runs import limits
 from webapp.runs.models import Run, RunLog
 from webapp.teams.models import Project
 
@@ -44,6 +45,12 @@ class DatasetSerializer(serializers.ModelSerializer):
     class Meta:
         model = Dataset
         fields = ["id", "name", "description", "source", "identifier", "train_split", "val_split", "column_mapping", "project"]
+
+
+class ModelSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Model
+        fields = ["id", "name", "description", "source", "identifier", "tokenizer", "trust_remote_code", "project"]
 
 
 class RewardFunctionSerializer(serializers.ModelSerializer):
@@ -86,6 +93,7 @@ class RunUpdateSerializer(serializers.ModelSerializer):
     """PATCH: what may change on an existing run."""
 
     tags = serializers.ListField(child=serializers.CharField(max_length=100), max_length=50, required=False)
+    notes = serializers.CharField(max_length=limits.MAX_NOTES_CHARS, required=False, allow_blank=True)
 
     class Meta:
         model = Run
@@ -109,16 +117,20 @@ class RunCreateSerializer(serializers.Serializer):
     dataset = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="Dataset name.")
     reward = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="Reward function name.")
     backend = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="Backend name.")
-    model = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    model = serializers.CharField(
+        max_length=100, required=False, allow_blank=True, default="",
+        help_text="A registered model's name (GET /api/models/) or run:<id>, the model a run you may see trained.",
+    )
     overrides = serializers.DictField(
         required=False, default=dict,
         help_text='Config overrides, flat dotted keys or nested: {"trainer.total_training_steps": 3}.',
     )
     tags = serializers.ListField(child=serializers.CharField(max_length=100), max_length=50, required=False, default=list)
-    notes = serializers.CharField(required=False, allow_blank=True, default="")
+    notes = serializers.CharField(max_length=limits.MAX_NOTES_CHARS, required=False, allow_blank=True, default="")
 
     def validate_overrides(self, value: dict) -> dict:
         _no_nul(value, "overrides")
+        limits.check_json_overrides(value)
         return value
 
 

@@ -1,22 +1,25 @@
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.authtoken.views import obtain_auth_token
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
 from webapp.api import views
+from webapp.api.token_view import ObtainExpiringToken
+from webapp.sweeps.api import SweepViewSet
 
 router = DefaultRouter()
 router.register("projects", views.ProjectViewSet, basename="project")
 router.register("agents", views.AgentViewSet, basename="agent")
 router.register("datasets", views.DatasetViewSet, basename="dataset")
+router.register("models", views.ModelViewSet, basename="model")
 router.register("rewards", views.RewardFunctionViewSet, basename="reward")
 router.register("backends", views.BackendViewSet, basename="backend")
 router.register("runs", views.RunViewSet, basename="run")
+router.register("sweeps", SweepViewSet, basename="sweep")
 
 app_name = "api"
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
-    path("token/", obtain_auth_token, name="token"),
+    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="docs"),
+    path("token/", ObtainExpiringToken.as_view(), name="token"),
     path("", include(router.urls)),
 ]

@@ -18,11 +18,11 @@ from webapp.api import ingest
 from webapp.api.serializers import (
     AfterQuerySerializer, AgentSerializer, BackendSerializer, DatasetSerializer, FinishSerializer,
     HeartbeatSerializer, LogLineSerializer, LogsIngestSerializer, MetricsIngestSerializer, ProjectSerializer,
-    RewardFunctionSerializer, RunCreateSerializer, RunListQuerySerializer, RunSerializer, RunUpdateSerializer,
+    ModelSerializer, RewardFunctionSerializer, RunCreateSerializer, RunListQuerySerializer, RunSerializer, RunUpdateSerializer,
     SeriesQuerySerializer,
 )
 from webapp.dashboard import series
-from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs.access import can_in_project, get_run_for_user, projects_for
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.runs.models import Run
@@ -54,6 +54,10 @@ class AgentViewSet(_RegistryViewSet):
 
 class DatasetViewSet(_RegistryViewSet):
     model, serializer_class = Dataset, DatasetSerializer
+
+
+class ModelViewSet(_RegistryViewSet):
+    model, serializer_class = Model, ModelSerializer
 
 
 class RewardFunctionViewSet(_RegistryViewSet):

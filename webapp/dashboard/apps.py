@@ -7,12 +7,48 @@ class DashboardConfig(AppConfig):
     verbose_name = "Dashboard"
 
     def ready(self) -> None:
-        from webapp.runs.models import run_status_changed
+        from django.db.models.signals import post_delete, post_save
+
+        from webapp.runs.models import Run, run_status_changed
+        from webapp.teams.models import Membership, ShareLink, share_link_revoked
 
         run_status_changed.connect(_push_status, dispatch_uid="dashboard-run-status")
+        # Open websockets re-check their access when it may have shrunk.
+        for signal in (post_save, post_delete):
+            signal.connect(_membership_changed, sender=Membership, dispatch_uid=f"dashboard-membership-{signal is post_save}")
+        post_delete.connect(_share_link_ended, sender=ShareLink, dispatch_uid="dashboard-share-link-deleted")
+        post_save.connect(_share_link_saved, sender=ShareLink, dispatch_uid="dashboard-share-link-saved")
+        share_link_revoked.connect(_share_link_ended, sender=ShareLink, dispatch_uid="dashboard-share-link-revoked")
+        # Runs are saved only when edited (visibility, project, tags, notes); workers use update().
+        post_save.connect(_run_changed, sender=Run, dispatch_uid="dashboard-run-saved")
+        post_delete.connect(_run_changed, sender=Run, dispatch_uid="dashboard-run-deleted")
 
 
 def _push_status(sender, run, **kwargs) -> None:
     from webapp.dashboard import live
 
     live.publish_status(run.pk, run.status, run.steps, run.error)
+
+
+def _membership_changed(sender, instance, **kwargs) -> None:
+    from webapp.dashboard import live
+
+    live.recheck_access(live.user_group(instance.user_id))
+
+
+def _share_link_saved(sender, instance, created=False, **kwargs) -> None:
+    if instance.revoked_at is not None:
+        _share_link_ended(sender, instance)
+
+
+def _share_link_ended(sender, instance, **kwargs) -> None:
+    from webapp.dashboard import live
+
+    live.recheck_access(live.share_link_group(instance.pk))
+
+
+def _run_changed(sender, instance, created=False, **kwargs) -> None:
+    if not created:
+        from webapp.dashboard import live
+
+        live.recheck_access(live.group_name(instance.pk))

@@ -14,6 +14,12 @@ layer (``webapp.dashboard.filelayer``) is shared through files.
 Viewers do not join the run's group one by one: a ``RunHub`` holds one channel-layer subscription
 per run per process and hands each event to that process's viewers, serialized once. Five hundred
 viewers of a run cost Redis one message per event, not five hundred.
+
+Access can end while a socket is open: each viewer also joins the group of its user and, when it
+came through a share link, that link's group (``live.access_groups``). Revoking the link or
+removing the user from a team sends ``access.check`` there, and editing or deleting the run sends
+it to the run's group (``webapp.dashboard.apps``); the viewer asks ``can`` again and closes with
+code 4403 when the answer is no.
 """
 
 from __future__ import annotations
@@ -112,20 +118,31 @@ class RunHub:
         self.relay = asyncio.create_task(self._relay())
 
     async def _relay(self) -> None:
+        failing = False  # one warning per outage, not a traceback a second
         while True:
             try:
-                event = Event(await self.layer.receive(self.channel))
+                message = await self.layer.receive(self.channel)
+                if message["type"] == "access.check":  # the run's visibility changed, or it was deleted
+                    for viewer in list(self.viewers):
+                        await viewer.access_check(message)
+                    continue
+                event = Event(message)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a broker hiccup: the viewers' reconnect or the next event repairs it
-                logger.exception("receiving run %s's events failed", self.run_id)
+            except Exception as exc:  # a broker outage: the viewers' reconnect or the next event repairs it
+                if not failing:
+                    logger.warning("receiving run %s's events failed (%s: %s); retrying every second",
+                                   self.run_id, exc.__class__.__name__, exc)
+                failing = True
                 await asyncio.sleep(1)
                 continue
+            failing = False
             for position, viewer in enumerate(list(self.viewers), 1):
                 try:
                     await viewer.deliver(event)
-                except Exception:
-                    logger.exception("relaying an event of run %s failed", self.run_id)
+                except Exception as exc:  # its socket is gone: it leaves the fan-out now, not at every event
+                    logger.warning("dropping a viewer of run %s: %s: %s", self.run_id, exc.__class__.__name__, exc)
+                    self.viewers.discard(viewer)
                 if position % FAN_OUT_SLICE == 0:
                     # A send only queues the frame; the server writes it when the loop runs. Yielding
                     # now and then lets the first viewers' frames leave while the rest are queued.
@@ -142,17 +159,35 @@ class RunHub:
         except Exception:  # noqa: BLE001 (never joined: nothing to leave)
             return
         self.relay.cancel()
+        try:  # until it has left the layer's receive (channels-redis counts receivers per loop)
+            await self.relay
+        except asyncio.CancelledError:
+            pass
         await self.layer.group_discard(live.group_name(self.run_id), self.channel)
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # however the consumer ends (an error included), it leaves the fan-out at once
+            await self._leave_hub()
+
+    async def _leave_hub(self) -> None:
+        hub = self.__dict__.pop("hub", None)
+        if hub is not None:
+            await hub.leave(self)
+
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         query = parse_qs(self.scope.get("query_string", b"").decode())
-        share_token = query.get("share", [None])[0]
-        if not await database_sync_to_async(_may_view)(self.scope.get("user"), self.run_id, share_token):
+        self.share_token = query.get("share", [None])[0]
+        if not await database_sync_to_async(_may_view)(self.scope.get("user"), self.run_id, self.share_token):
             await self.close(code=4403)
             return
+        self.access_groups = await database_sync_to_async(live.access_groups)(self.scope.get("user"), self.run_id, self.share_token)
+        for group in self.access_groups:
+            await self.channel_layer.group_add(group, self.channel_name)
         after = _int(query.get("after", ["-1"])[0], -1)
         after_log = _int(query.get("after_log", ["0"])[0], 0)
         # Join before reading the backlog: what is published meanwhile waits in ``pending``.
@@ -161,8 +196,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         try:
             await self._start(after, after_log)
         except BaseException:
-            await self.hub.leave(self)
-            del self.hub
+            await self._leave_hub()
             raise
 
     async def _start(self, after: int, after_log: int) -> None:
@@ -195,8 +229,15 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         task = getattr(self, "catch_up", None)
         if task:
             task.cancel()
-        if hasattr(self, "hub"):
-            await self.hub.leave(self)
+        await self._leave_hub()
+        for group in getattr(self, "access_groups", ()):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def access_check(self, message: dict) -> None:
+        """Someone's access may have ended (a share link revoked, a member removed): ask again."""
+        if not await database_sync_to_async(_may_view)(self.scope.get("user"), self.run_id, self.share_token):
+            await self.close(code=4403)
+            await self.disconnect(4403)  # stop relaying now, not when the client acknowledges
 
     async def receive_json(self, content, **kwargs) -> None:
         pass  # the browser only listens; zoom and search go through the JSON endpoints

@@ -23,6 +23,43 @@ def group_name(run_id: int) -> str:
     return f"run-{run_id}"
 
 
+def user_group(user_id: int) -> str:
+    """The websockets ``user_id`` has open (any run): told to re-check access when theirs shrinks."""
+    return f"viewer-user-{user_id}"
+
+
+def share_link_group(link_id: int) -> str:
+    """The websockets opened through share link ``link_id``."""
+    return f"viewer-share-{link_id}"
+
+
+def access_groups(user, run_id: int, share_token: str | None) -> list[str]:
+    """The groups a viewer of ``run_id`` joins, so that losing access closes its socket."""
+    from webapp.teams.models import ShareLink
+
+    groups = [user_group(user.pk)] if user is not None and user.is_authenticated else []
+    if share_token:
+        link = ShareLink.objects.active().filter(run_id=run_id, token=share_token).values_list("pk", flat=True).first()
+        if link is not None:
+            groups.append(share_link_group(link))
+    return groups
+
+
+def recheck_access(group: str) -> None:
+    """Ask the sockets in ``group`` to re-check their access once the current transaction commits
+    (before that, their check would still see the old rows)."""
+    from asgiref.sync import async_to_sync
+    from django.db import transaction
+
+    def send() -> None:
+        try:
+            async_to_sync(get_channel_layer().group_send)(group, {"type": "access.check"})
+        except Exception:  # the change stands; a broker outage only delays the sockets' closing
+            logger.exception("asking %s to re-check access failed", group)
+
+    transaction.on_commit(send)
+
+
 class Publisher:
     """Sends ``(run_id, event)`` pairs to the run's group from a background thread."""
 
@@ -44,6 +81,7 @@ class Publisher:
     def _loop(self) -> None:
         loop = asyncio.new_event_loop()
         layer = self._layer or get_channel_layer()
+        failing = False
         while True:
             batch = [self._queue.get()]
             while True:
@@ -57,8 +95,14 @@ class Publisher:
                     continue
                 try:
                     loop.run_until_complete(layer.group_send(group_name(run_id), event))
-                except Exception:  # a broker hiccup loses live pushes only; the database has the points
-                    logger.exception("publishing to run %s failed", run_id)
+                    if failing:
+                        logger.warning("publishing live updates works again")
+                    failing = False
+                except Exception as exc:  # a broker outage loses live pushes only; the database has the points
+                    if not failing:  # one warning per outage
+                        logger.warning("publishing to run %s failed (%s: %s); live updates pause until the broker is back",
+                                       run_id, exc.__class__.__name__, exc)
+                    failing = True
 
 
 def _merge(batch: list[tuple]) -> list[tuple]:

@@ -21,7 +21,10 @@ _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logpro
 
 
 class DashboardSink(BackgroundFlusher):
-    """A ``training.sinks.MetricSink`` for one run: series blocks + episodes + live push."""
+    """A ``training.sinks.MetricSink`` for one run: series blocks + episodes + live push.
+
+    While the database is down, points and episodes stay buffered (``webapp.batching``); the live
+    push goes on meanwhile, so viewers still see the run train."""
 
     def __init__(self, run_id: int, flush_seconds: float = 0.5, publish: bool = True) -> None:
         super().__init__(f"run-{run_id}-dashboard", flush_seconds)
@@ -53,10 +56,18 @@ class DashboardSink(BackgroundFlusher):
         if self.publish:
             live.publish(self.run_id, {"type": "run.episodes", "step": step, "count": len(episodes)})
 
-    def flush(self) -> int:
-        with self._lock:
-            points, self._points = self._points, []
-            episodes, self._episodes = self._episodes, []
+    def take(self):
+        points, self._points = self._points, []
+        episodes, self._episodes = self._episodes, []
+        return points, episodes
+
+    def restore(self, batch) -> None:
+        points, episodes = batch
+        self._points = points + self._points  # the writer keeps the last value of a re-sent step
+        self._episodes = episodes + self._episodes
+
+    def write(self, batch) -> int:
+        points, episodes = batch
         if points:
             self.writer.write(points)
         if episodes:
@@ -73,10 +84,15 @@ class DashboardSink(BackgroundFlusher):
 
 
 def episode_row(run_id: int, step: int, position: int, episode: dict[str, Any]) -> EpisodeSample:
+    # Token ids are dropped; their counts stay, so the viewer can say how many tokens each turn trained.
     data = {k: v for k, v in episode.items() if k not in _TOKEN_FIELDS}
+    if isinstance(episode.get("response_mask"), list):
+        data["trained_tokens"] = sum(1 for m in episode["response_mask"] if m)
     data["trajectories"] = [
         {**{k: v for k, v in trajectory.items() if k != "steps"},
-         "steps": [{k: v for k, v in turn.items() if k not in _TOKEN_FIELDS} for turn in trajectory.get("steps", [])]}
+         "steps": [{**{k: v for k, v in turn.items() if k not in _TOKEN_FIELDS},
+                    **({"response_tokens": len(turn["response_ids"])} if isinstance(turn.get("response_ids"), list) else {})}
+                   for turn in trajectory.get("steps", [])]}
         for trajectory in episode.get("trajectories", [])
     ]
     reward = episode.get("reward")

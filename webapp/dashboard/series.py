@@ -11,10 +11,11 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
-from django.db import connection
-from django.db.models import Max, Sum
+from django.db import connection, transaction
+from django.db.models import Max, OuterRef, Subquery, Sum
 
 from webapp.dashboard.models import BLOCK_SIZE, SeriesBlock, unpack
+from webapp.runs.models import Run
 
 # Points per series per chart: a bucket gives two (its min and max), plus the last point.
 DEFAULT_POINTS = 1500
@@ -26,11 +27,16 @@ SUMMARY_FIELDS = ("run_id", "key", "index", "first_step", "last_step", "count",
 
 
 class SeriesWriter:
-    """Appends points of one run to its blocks. Not thread-safe: one writer thread owns it."""
+    """Appends points of one run to its blocks.
+
+    Each write reads the open blocks it extends in the same transaction, under a lock on the run's
+    row: two writers of one run (an attempt resumed beside the one it replaced, reports arriving
+    over the API at once) each rewriting an open block from their own copy would drop each other's
+    points. A step written again replaces its value, so a replayed step is stored once.
+    """
 
     def __init__(self, run_id: int) -> None:
         self.run_id = run_id
-        self._open: dict[str, tuple[int, list[int], list[float]]] = {}  # key -> (index, steps, values)
 
     def write(self, points: Iterable[tuple[str, int, float | None]]) -> int:
         """Store ``(key, step, value)`` points; a step sent again replaces its value. Returns how many."""
@@ -40,29 +46,29 @@ class SeriesWriter:
             clean = math.nan if value is None or not math.isfinite(value) else float(value)
             by_key.setdefault(key, {})[int(step)] = clean
             count += 1
-        rows: list[SeriesBlock] = []
-        for key, new in by_key.items():
-            index, steps, values = self._open_block(key)
-            if index > 0 and min(new) < (steps[0] if steps else math.inf):
-                rows.extend(self._rewrite_closed(key, new, index))
-            merged = dict(zip(steps, values))
-            merged.update(new)
-            ordered = sorted(merged.items())
-            while ordered:
-                chunk, ordered = ordered[:BLOCK_SIZE], ordered[BLOCK_SIZE:]
-                rows.append(block_row(self.run_id, key, index, chunk))
-                if len(chunk) == BLOCK_SIZE and ordered:
+        if not by_key:
+            return 0
+        with transaction.atomic():
+            list(Run.objects.select_for_update().filter(pk=self.run_id).values_list("pk"))
+            opened = self._open_blocks(list(by_key))
+            rows: list[SeriesBlock] = []
+            for key, new in by_key.items():
+                index, steps, values = opened.get(key, (0, [], []))
+                if index > 0 and min(new) < (steps[0] if steps else math.inf):
+                    rows.extend(self._rewrite_closed(key, new, index))
+                merged = dict(zip(steps, values))
+                merged.update(new)
+                ordered = sorted(merged.items())
+                while ordered:
+                    chunk, ordered = ordered[:BLOCK_SIZE], ordered[BLOCK_SIZE:]
+                    rows.append(block_row(self.run_id, key, index, chunk))
                     index += 1
-                else:
-                    self._open[key] = (index, [s for s, _ in chunk], [v for _, v in chunk])
-                    if len(chunk) == BLOCK_SIZE:  # full: the next point starts a new block
-                        self._open[key] = (index + 1, [], [])
-        if rows:
-            SeriesBlock.objects.bulk_create(
-                rows, update_conflicts=True, unique_fields=["run", "key", "index"],
-                update_fields=["first_step", "last_step", "count", "min_value", "min_step", "max_value",
-                               "max_step", "last_value", "steps", "values"],
-            )
+            if rows:
+                SeriesBlock.objects.bulk_create(
+                    rows, update_conflicts=True, unique_fields=["run", "key", "index"],
+                    update_fields=["first_step", "last_step", "count", "min_value", "min_step", "max_value",
+                                   "max_step", "last_value", "steps", "values"],
+                )
         return count
 
     def _rewrite_closed(self, key: str, new: dict[int, float], open_index: int) -> list[SeriesBlock]:
@@ -81,17 +87,17 @@ class SeriesWriter:
                 rows.append(block_row(self.run_id, key, block.index, list(zip(steps.tolist(), values.tolist()))))
         return rows
 
-    def _open_block(self, key: str) -> tuple[int, list[int], list[float]]:
-        if key not in self._open:
-            last = SeriesBlock.objects.filter(run_id=self.run_id, key=key).order_by("-index").first()
-            if last is None:
-                self._open[key] = (0, [], [])
-            elif last.count >= BLOCK_SIZE:
-                self._open[key] = (last.index + 1, [], [])
+    def _open_blocks(self, keys: list[str]) -> dict[str, tuple[int, list[int], list[float]]]:
+        """{key: (index, steps, values)} of the block each key's next points go to (one query)."""
+        last_index = SeriesBlock.objects.filter(run_id=OuterRef("run_id"), key=OuterRef("key")).order_by("-index").values("index")[:1]
+        opened = {}
+        for last in SeriesBlock.objects.filter(run_id=self.run_id, key__in=keys, index=Subquery(last_index)):
+            if last.count >= BLOCK_SIZE:
+                opened[last.key] = (last.index + 1, [], [])
             else:
                 steps, values = last.arrays()
-                self._open[key] = (last.index, steps.tolist(), values.tolist())
-        return self._open[key]
+                opened[last.key] = (last.index, steps.tolist(), values.tolist())
+        return opened
 
 
 def block_row(run_id: int, key: str, index: int, points: list[tuple[int, float]]) -> SeriesBlock:
@@ -116,6 +122,11 @@ def block_row(run_id: int, key: str, index: int, points: list[tuple[int, float]]
 
 def keys_of(run_id: int) -> list[str]:
     return sorted(SeriesBlock.objects.filter(run_id=run_id).values_list("key", flat=True).distinct())
+
+
+def keys_of_runs(run_ids: list[int]) -> list[str]:
+    """Every key any of these runs has logged."""
+    return sorted(SeriesBlock.objects.filter(run_id__in=run_ids).values_list("key", flat=True).distinct())
 
 
 def last_step_of(run_id: int) -> int:

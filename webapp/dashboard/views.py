@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
+from django import forms
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpRequest, JsonResponse
-from django.shortcuts import render
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
 from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET
 
+from webapp.sweeps.compare import parameter_context
+from webapp.api.serializers import MAX_STEP
 from webapp.dashboard import series
 from webapp.dashboard.models import EpisodeSample
 from webapp.runs.access import get_run_for_user
@@ -46,8 +50,46 @@ def _share_token(request: HttpRequest) -> str | None:
     return request.GET.get("share") or None
 
 
+class RangeQuery(forms.Form):
+    """The numbers a chart request may carry: whole numbers in range, or a 400 naming the parameter
+    (``inf``, ``nan``, ``1e999`` and ``1.5`` are not whole numbers). Zooming left of step 0 asks
+    for a negative ``start``, so steps may be negative here."""
+
+    start = forms.IntegerField(required=False, min_value=-MAX_STEP, max_value=MAX_STEP)
+    end = forms.IntegerField(required=False, min_value=-MAX_STEP, max_value=MAX_STEP)
+    step = forms.IntegerField(required=False, min_value=-MAX_STEP, max_value=MAX_STEP)
+    points = forms.IntegerField(required=False, min_value=1, max_value=series.MAX_POINTS)
+
+
+class BadQuery(Exception):
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        self.errors = errors
+
+
+def _range_query(request: HttpRequest) -> dict[str, int | None]:
+    query = RangeQuery(request.GET)
+    if not query.is_valid():
+        raise BadQuery({name: list(messages) for name, messages in query.errors.items()})
+    return query.cleaned_data
+
+
+def bad_query_is_400(view):
+    """A ``BadQuery`` raised by ``view`` answers 400 with each parameter's error."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs):
+        try:
+            return view(request, *args, **kwargs)
+        except BadQuery as exc:
+            text = "; ".join(f"{name}: {' '.join(messages)}" for name, messages in exc.errors.items())
+            return JsonResponse({"error": text, "errors": exc.errors}, status=400)
+
+    return wrapper
+
+
 @login_or_share_link_required
 @require_GET
+@bad_query_is_400
 def run_series(request: HttpRequest, pk: int) -> JsonResponse:
     """``?keys=a,b`` (default: the headline charts) ``&start=&end=`` (a zoomed range) ``&points=``."""
     run = get_run_for_user(request.user, pk, "view", share_token=_share_token(request))
@@ -55,8 +97,8 @@ def run_series(request: HttpRequest, pk: int) -> JsonResponse:
     wanted = _list(request.GET.get("keys")) or [
         k for k in all_keys if k in HEADLINE_KEYS or k.startswith((TERMINATION_PREFIX, VALIDATION_PREFIX))
     ]
-    start, end = _optional_int(request.GET.get("start")), _optional_int(request.GET.get("end"))
-    points = _optional_int(request.GET.get("points")) or series.DEFAULT_POINTS
+    query = _range_query(request)
+    start, end, points = query["start"], query["end"], query["points"] or series.DEFAULT_POINTS
     return JsonResponse({
         "run": run.pk, "status": run.status, "keys": all_keys, "last_step": series.last_step_of(run.pk),
         "series": {key: series.downsample(run.pk, key, start, end, points) for key in wanted[:MAX_KEYS_PER_REQUEST]},
@@ -65,12 +107,13 @@ def run_series(request: HttpRequest, pk: int) -> JsonResponse:
 
 @login_or_share_link_required
 @require_GET
+@bad_query_is_400
 def run_episodes(request: HttpRequest, pk: int) -> JsonResponse:
     """Steps that have sampled episodes, and the samples of ``?step=`` (default: the latest)."""
     run = get_run_for_user(request.user, pk, "view", share_token=_share_token(request))
     samples = EpisodeSample.objects.filter(run=run)
     steps = sorted(set(samples.values_list("step", flat=True)))
-    step = _optional_int(request.GET.get("step"))
+    step = _range_query(request)["step"]
     if step is None and steps:
         step = steps[-1]
     episodes = [
@@ -86,20 +129,24 @@ def run_episodes(request: HttpRequest, pk: int) -> JsonResponse:
 def compare(request: HttpRequest):
     runs = list(Run.objects.visible_to(request.user).filter(pk__in=_ints(",".join(request.GET.getlist("runs"))))
                 .select_related("agent", "dataset").order_by("pk")[:MAX_COMPARE_RUNS])
+    # Open with the compare charts some chosen run has data for (no always-empty chart); offer every key they have.
+    keys = series.keys_of_runs([r.pk for r in runs])
     return render(request, "dashboard/compare.html", {
-        "runs": runs, "run_ids": ",".join(str(r.pk) for r in runs), "headline_keys": HEADLINE_KEYS,
-        "compare_keys": COMPARE_KEYS,
+        "runs": runs, "run_ids": ",".join(str(r.pk) for r in runs), "all_keys": keys,
+        "compare_keys": [key for key in COMPARE_KEYS if key in keys],
+        **parameter_context(runs),  # the config keys that differ, a metric against one of them
     })
 
 
 @login_required
 @require_GET
+@bad_query_is_400
 def compare_series(request: HttpRequest) -> JsonResponse:
     """``?runs=1,2,..&key=reward&points=&start=&end=``: one downsampled series per visible run."""
     key = request.GET.get("key") or "reward"
     runs = {r.pk: r for r in Run.objects.visible_to(request.user).filter(pk__in=_ints(",".join(request.GET.getlist("runs"))))[:MAX_COMPARE_RUNS]}
-    points = _optional_int(request.GET.get("points")) or COMPARE_POINTS
-    start, end = _optional_int(request.GET.get("start")), _optional_int(request.GET.get("end"))
+    query = _range_query(request)
+    start, end, points = query["start"], query["end"], query["points"] or COMPARE_POINTS
     by_run = series.downsample_many(sorted(runs), key, start, end, points) if runs else {}
     return JsonResponse({
         "key": key,
@@ -109,29 +156,30 @@ def compare_series(request: HttpRequest) -> JsonResponse:
 
 @login_required
 def dashboard_page(request: HttpRequest, pk: int):
-    """The dashboard panel on a page of its own (the run page embeds the same panel)."""
+    """The dashboard's old page of its own: the run page has everything now."""
     run = get_run_for_user(request.user, pk, "view")
-    return render(request, "dashboard/run_page.html", {"run": run})
+    return redirect(run, permanent=True)
 
 
 @require_GET
 @cache_control(max_age=86400, public=True)
-def plotly_js(request: HttpRequest) -> FileResponse:
-    """plotly.min.js from the installed ``plotly`` package: no CDN, no copy in the repository."""
-    path = _plotly_path()
-    if path is None:
+def plotly_js(request: HttpRequest) -> HttpResponse:
+    """plotly.min.js from the installed ``plotly`` package: no CDN, no copy in the repository.
+    Read once and kept (3.5 MB): a file streamed from a synchronous iterator makes the ASGI server warn."""
+    script = _plotly_script()
+    if script is None:
         raise Http404("The plotly package is not installed.")
-    return FileResponse(open(path, "rb"), content_type="application/javascript")
+    return HttpResponse(script, content_type="application/javascript")
 
 
 @functools.cache
-def _plotly_path() -> Path | None:
+def _plotly_script() -> bytes | None:
     try:
         import plotly
     except ImportError:
         return None
     path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-    return path if path.exists() else None
+    return path.read_bytes() if path.exists() else None
 
 
 def _list(value: str | None) -> list[str]:
@@ -139,11 +187,8 @@ def _list(value: str | None) -> list[str]:
 
 
 def _ints(value: str | None) -> list[int]:
-    return [int(item) for item in _list(value) if item.isdigit()]
+    """Run ids: ASCII digits that fit a bigint (``str.isdigit`` also takes '²'), at most ``MAX_COMPARE_RUNS``."""
+    return [int(item) for item in _list(value) if _RUN_ID.fullmatch(item)][:MAX_COMPARE_RUNS]
 
 
-def _optional_int(value: str | None) -> int | None:
-    try:
-        return int(float(value)) if value not in (None, "") else None
-    except ValueError:
-        return None
+_RUN_ID = re.compile(r"[0-9]{1,18}")

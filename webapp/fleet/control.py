@@ -12,8 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from workers.celery_app import app as celery_app
-
+from webapp.celery_app import app as celery_app
 from webapp.fleet.models import WorkerState
 from webapp.runs.models import Run
 

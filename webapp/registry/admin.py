@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 
-from webapp.registry.models import Agent, Backend, Dataset, RewardFunction, Tool
+from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction, Tool
 
 
 class AgentAdminForm(forms.ModelForm):
@@ -40,6 +40,13 @@ class ToolAdmin(admin.ModelAdmin):
 class DatasetAdmin(admin.ModelAdmin):
     list_display = ("name", "source", "identifier", "train_split", "val_split")
     list_filter = ("source",)
+    search_fields = ("name", "identifier")
+
+
+@admin.register(Model)
+class ModelAdmin(admin.ModelAdmin):
+    list_display = ("name", "source", "identifier", "tokenizer", "trust_remote_code", "project")
+    list_filter = ("source", "trust_remote_code")
     search_fields = ("name", "identifier")
 
 

@@ -6,10 +6,20 @@ arguments (``webapp.runs.trainer_args``).
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
+
+from webapp.runs.limits import check_limit_table
+
+# A Hugging Face hub id: "name" or "owner/name", letters, digits, '-', '_' and '.', never a path.
+_HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$")
+BUILTIN_MODELS = ("tiny-char",)
 
 
 def _dict_only(value: Any) -> None:
@@ -65,12 +75,13 @@ class Tool(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from training.tools import load_tool
+        """The tool must load and have a schema the model can read; checked in a sandboxed child
+        process, as registry code never runs in the web server."""
+        from webapp.runs.trainer_args import check_isolated
 
-        try:
-            load_tool(self.path)
-        except ValueError as exc:  # not importable, or no schema the model could read
-            raise ValidationError({"path": str(exc)}) from exc
+        answer = check_isolated({"plugins": list(settings.TRAINING_PLUGINS), "tools": [self.path]})
+        if not answer["ok"]:
+            raise ValidationError({"path": answer["message"]})
 
 
 class Agent(RegistryEntry):
@@ -193,6 +204,68 @@ class Dataset(RegistryEntry):
         return {self.COLUMN_ROLES[role]: column for role, column in (self.column_mapping or {}).items()}
 
 
+def path_under_model_roots(value: str, what: str) -> str:
+    """``value`` resolved (symlinks followed); ValueError unless it lies under one of ``MODEL_ROOTS``."""
+    resolved = Path(value).resolve()
+    roots = [Path(root).resolve() for root in settings.MODEL_ROOTS]
+    if not Path(value).is_absolute() or not any(resolved.is_relative_to(root) for root in roots):
+        raise ValueError(
+            f"{what} {value!r} is not under the model roots ({', '.join(map(str, roots))}); "
+            "copy the model there or add its folder to MODEL_ROOTS."
+        )
+    return str(resolved)
+
+
+class Model(RegistryEntry):
+    """A policy model people may train, kept by admins: a hub id (from the workers' Hugging Face
+    cache), a directory under ``MODEL_ROOTS``, or one built in code (``tiny-char``). Runs choose
+    among these (or a run's trained model), never a path of their own."""
+
+    class Source(models.TextChoices):
+        BUILTIN = "builtin", "Built in code (tiny-char)"
+        HUB = "hub", "Hugging Face hub id"
+        PATH = "path", "Directory under MODEL_ROOTS"
+
+    source = models.CharField(max_length=20, choices=Source.choices, default=Source.HUB)
+    identifier = models.CharField(max_length=500, help_text="tiny-char, a hub id (Qwen/Qwen2.5-0.5B) or an absolute directory.")
+    tokenizer = models.CharField(
+        max_length=500, blank=True, help_text="Hub id or directory under MODEL_ROOTS; empty: the model's own.",
+    )
+    trust_remote_code = models.BooleanField(
+        default=False,
+        help_text="Let this model's own Python code (config.json auto_map) run on the workers. Only for code an "
+                  "administrator has read: no run can turn this on.",
+    )
+
+    def clean(self) -> None:
+        try:
+            self.trainer_config()
+        except ValueError as exc:
+            raise ValidationError({"identifier" if "tokenizer" not in str(exc) else "tokenizer": str(exc)}) from exc
+
+    def trainer_config(self) -> dict[str, Any]:
+        """The model keys of a run's config (path, tokenizer, trust_remote_code), checked again at use:
+        a directory must still lie under ``MODEL_ROOTS`` (a symlink may have moved)."""
+        if self.source == self.Source.BUILTIN:
+            if self.identifier not in BUILTIN_MODELS:
+                raise ValueError(f"model {self.identifier!r} is not built in; built-in models: {', '.join(BUILTIN_MODELS)}.")
+            path = self.identifier
+        elif self.source == self.Source.PATH:
+            path = path_under_model_roots(self.identifier, "model")
+        elif _HUB_ID.match(self.identifier) and not (Path(settings.BASE_DIR) / self.identifier).exists():
+            path = self.identifier  # (a relative directory of that name would be loaded instead of the hub's)
+        else:
+            raise ValueError(f"model {self.identifier!r} is not a hub id (owner/name); for a directory choose the path source.")
+        tokenizer = None
+        if self.tokenizer:
+            tokenizer = self.tokenizer if _HUB_ID.match(self.tokenizer) else path_under_model_roots(self.tokenizer, "tokenizer")
+        return {
+            "actor_rollout_ref.model.path": path,
+            "actor_rollout_ref.model.tokenizer_path": tokenizer,
+            "actor_rollout_ref.model.trust_remote_code": bool(self.trust_remote_code),
+        }
+
+
 class RewardFunction(RegistryEntry):
     """A reward built into the library (``exact_match``) or any function by dotted path."""
 
@@ -215,6 +288,16 @@ class Backend(models.Model):
         help_text='Dotted config keys applied under every run\'s overrides, e.g. {"trainer.device": "cpu"}.',
     )
     max_concurrent_runs = models.PositiveIntegerField(default=0, help_text="0: no limit.")
+    config_limits = models.JSONField(
+        default=dict, blank=True, validators=[check_limit_table],
+        help_text='Upper bounds of numeric config keys for this backend\'s runs, over the platform\'s '
+                  '(docs/security.md), e.g. {"trainer.total_training_steps": 1000000}.',
+    )
+    max_attempts = models.PositiveIntegerField(
+        default=3, validators=[MinValueValidator(1)],
+        help_text="Attempts a run gets: a run whose worker is lost is queued again (resuming from its last "
+                  "checkpoint) until it has had this many.",
+    )
     python = models.CharField(
         max_length=500, blank=True,
         help_text="Interpreter its training process runs in (e.g. .venv-swift/bin/python for swift); "

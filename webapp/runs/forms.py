@@ -4,18 +4,26 @@
 from __future__ import annotations
 
 import re
-import tempfile
 from typing import Any
 
 import yaml
 from django import forms
 
-from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
+from webapp.runs import limits
 from webapp.runs.models import Run
-from webapp.runs.trainer_args import ADMIN_ONLY_KEYS, MODEL_KEY, field_for_error, trainer_kwargs
+from webapp.runs.trainer_args import (
+    check_isolated, check_spec, field_for_error, model_config, refused_override, trainer_kwargs,
+)
 from webapp.teams.models import Project
 
 _KEY_VALUE_LINE = re.compile(r"^\s*[A-Za-z_][\w.\-]*\s*=")
+# The run form's own fields for the most changed config keys.
+COMMON_FIELDS = {
+    "steps": "trainer.total_training_steps", "batch_size": "data.train_batch_size",
+    "group_size": "actor_rollout_ref.rollout.n", "learning_rate": "actor_rollout_ref.actor.optim.lr",
+    "max_turns": "rllm.agent.max_steps",
+}
 
 
 def parse_overrides_text(text: str) -> dict[str, Any]:
@@ -47,6 +55,33 @@ def parse_overrides_text(text: str) -> dict[str, Any]:
     return flatten(loaded)
 
 
+def check_each_key(overrides: dict[str, Any], text: str) -> tuple[dict[str, Any], list[str]]:
+    """Each override checked on its own against the config's keys, types and bounds: the ones that
+    pass, and one message per one that does not (``line 3: trainer.total_training_steps: ...``)."""
+    from training.config import Config, ConfigError
+
+    def error(keys: dict[str, Any]) -> ConfigError | None:
+        try:
+            Config.build(keys)
+        except ConfigError as exc:
+            return exc
+        return None
+
+    if error(overrides) is None:
+        return overrides, []
+    lines = {line.split("=", 1)[0].strip(): number for number, line in enumerate(text.splitlines(), 1)
+             if _KEY_VALUE_LINE.match(line)}
+    suspects = {key for key, value in overrides.items() if error({key: value})}
+    # A key that only fails against the defaults (a mini-batch above the default batch) is fine next to the others.
+    others = {key: value for key, value in overrides.items() if key not in suspects}
+    problems = {key: exc for key in suspects if (exc := error({**others, key: overrides[key]}))}
+    good = {key: value for key, value in overrides.items() if key not in problems}
+    if not problems:  # only the keys together are wrong: the trainer's own message says how
+        return good, []
+    in_order = sorted(problems, key=lambda key: lines.get(key, 0))
+    return good, [f"line {lines[key]}: {problems[key]}" if key in lines else str(problems[key]) for key in in_order]
+
+
 def overrides_text(overrides: dict[str, Any]) -> str:
     """Flat overrides as the YAML mapping ``parse_overrides_text`` reads back to the same values."""
     return yaml.safe_dump(overrides, default_flow_style=False, sort_keys=False) if overrides else ""
@@ -61,6 +96,7 @@ class RunEditForm(forms.ModelForm):
     """What can change on an existing run: its tags, notes and who sees it."""
 
     tags = forms.CharField(max_length=500, required=False, help_text="Comma separated.")
+    notes = forms.CharField(max_length=limits.MAX_NOTES_CHARS, required=False, widget=forms.Textarea(attrs={"rows": 3}))
 
     class Meta:
         model = Run
@@ -101,25 +137,50 @@ class RunForm(forms.Form):
     reward = forms.ModelChoiceField(RewardFunction.objects.all(), required=False, help_text="Needed for single-turn tasks.")
     backend = BackendChoiceField(Backend.objects.all())
     model = forms.CharField(
-        max_length=500, required=False,
-        help_text="Hub id or path of the policy model ('tiny-char' builds a tiny model in code); empty: the backend's default.",
+        max_length=100, widget=forms.Select,
+        help_text="The policy model: one an administrator registered, or a model one of your visible runs trained.",
     )
+    # The settings most runs change, as fields of their own (empty: the config's default, shown as a placeholder).
+    steps = forms.IntegerField(required=False, min_value=1, label="Training steps")
+    batch_size = forms.IntegerField(required=False, min_value=1, label="Tasks per step")
+    group_size = forms.IntegerField(required=False, min_value=1, label="Episodes per task (group size)")
+    learning_rate = forms.FloatField(required=False, min_value=0, label="Learning rate")
+    max_turns = forms.IntegerField(required=False, min_value=1, label="Max turns per episode")
     overrides = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false"}),
+        max_length=limits.MAX_OVERRIDES_CHARS, validators=[limits.check_overrides_text],
         help_text="One key=value per line (data.train_batch_size=4) or a YAML mapping.",
     )
     tags = forms.CharField(max_length=500, required=False, help_text="Comma separated.")
-    notes = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}))
+    notes = forms.CharField(max_length=limits.MAX_NOTES_CHARS, required=False, widget=forms.Textarea(attrs={"rows": 3}))
 
     def __init__(self, *args: Any, user=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.final_config: dict[str, Any] | None = None
+        self.user = user
+        from webapp.runs.config_fields import config_fields
+
+        fields = {f["key"]: f for f in config_fields()}
+        for name, key in COMMON_FIELDS.items():
+            self.fields[name].help_text = f"{fields[key]['doc']} ({key}; default {fields[key]['default']})"
+            self.fields[name].widget.attrs["placeholder"] = fields[key]["default"]
         if user is not None:  # the registry entries and projects this user may use
             from webapp.runs.access import projects_for
 
             for name, model in (("agent", Agent), ("dataset", Dataset), ("reward", RewardFunction)):
                 self.fields[name].queryset = model.objects.visible_to(user)
             self.fields["project"].queryset = projects_for(user, "run")
+        self.fields["model"].widget.choices = self._model_choices(user)
+
+    @staticmethod
+    def _model_choices(user) -> list[tuple[str, str]]:
+        """Registered models, then the trained models of the 50 latest succeeded runs ``user`` may see."""
+        entries = Model.objects.visible_to(user) if user is not None else Model.objects.all()
+        choices = [("", "---------")] + [(m.name, f"{m.name} ({m.identifier})") for m in entries]
+        if user is not None:
+            runs = Run.objects.visible_to(user).filter(status=Run.Status.SUCCEEDED, kind=Run.Kind.PLATFORM)[:50]
+            choices += [(f"run:{run.pk}", f"run {run.pk} {run.name}: its trained model".replace("  ", " ")) for run in runs]
+        return choices
 
     @staticmethod
     def initial_from(run: Run) -> dict[str, Any]:
@@ -143,13 +204,32 @@ class RunForm(forms.Form):
             raise forms.ValidationError(f"Backend '{backend.name}' is disabled by an administrator; choose another.")
         return backend
 
+    def clean_model(self) -> str:
+        choice = self.cleaned_data["model"].strip()
+        try:
+            model_config(choice, self.user)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return choice
+
     def clean_overrides(self) -> dict[str, Any]:
-        overrides = parse_overrides_text(self.cleaned_data.get("overrides", ""))
-        if MODEL_KEY in overrides and self.data.get("model"):
-            raise forms.ValidationError(f"{MODEL_KEY} is set both here and in Model; keep one.")
-        for key, what in ADMIN_ONLY_KEYS.items():
-            if key in overrides:
-                raise forms.ValidationError(f"{key}: {what} is chosen by the backend's administrator, not per run.")
+        text = self.cleaned_data.get("overrides", "")
+        overrides = parse_overrides_text(text)
+        for name, key in COMMON_FIELDS.items():
+            value = self.cleaned_data.get(name)
+            if value is not None and key in overrides and overrides[key] != value:
+                raise forms.ValidationError(f"{key} is set both in '{self.fields[name].label}' and here; keep one.")
+            if value is not None:
+                overrides[key] = value
+        for key in overrides:
+            why = refused_override(key)
+            if why is not None:
+                raise forms.ValidationError(f"{key} cannot be set per run: {why}.")
+        limits.check_config_bounds(overrides, self.cleaned_data.get("backend"))
+        # Every bad key at once, each with its line; the good ones still go through the trainer's checks.
+        self.checked_overrides, problems = check_each_key(overrides, text)
+        if problems:
+            raise forms.ValidationError(problems)
         return overrides
 
     def clean(self) -> dict[str, Any]:
@@ -158,6 +238,10 @@ class RunForm(forms.Form):
             self.add_error("visibility", "A run without a project has no team to share it with; choose a project.")
         if not self.errors:
             self._validate_with_trainer(cleaned)
+        elif set(self.errors) == {"overrides"} and hasattr(self, "checked_overrides"):
+            # Say what else is wrong (a wrong agent/dataset pair, ...) in the same answer.
+            self._validate_with_trainer({**cleaned, "overrides": self.checked_overrides})
+        limits.cap_errors(self)
         return cleaned
 
     def save(self, owner) -> Run:
@@ -173,23 +257,19 @@ class RunForm(forms.Form):
         return run
 
     def _validate_with_trainer(self, cleaned: dict[str, Any]) -> None:
-        """Build the AgentTrainer exactly as the worker will (in a scratch directory) and put each
-        problem next to its field."""
-        from training.trainer import AgentTrainer
-
-        with tempfile.TemporaryDirectory(prefix="run-validate-") as scratch:
+        """Build the AgentTrainer exactly as the worker will, in a sandboxed child process (the
+        registry code it imports never runs in this one), and put each problem next to its field."""
+        overrides = cleaned.get("overrides") or {}
+        try:
             kwargs = trainer_kwargs(
                 agent=cleaned["agent"], dataset=cleaned["dataset"], reward=cleaned.get("reward"),
-                backend=cleaned["backend"], model=cleaned.get("model", ""),
-                overrides=cleaned.get("overrides") or {}, run_path=scratch,
+                backend=cleaned["backend"], model=cleaned["model"], overrides=overrides, run_path="", user=self.user,
             )
-            try:
-                trainer = AgentTrainer(**kwargs)
-            except ValueError as exc:
-                self.add_error(field_for_error(exc), str(exc))
-                return
-            except Exception as exc:  # user code imported during validation can raise anything
-                self.add_error(field_for_error(exc), f"Validation raised {exc.__class__.__name__}: {exc}")
-                return
-            final = trainer.final_config
-            self.final_config = final.to_dict() if hasattr(final, "to_dict") else None
+        except ValueError as exc:  # the chosen model changed since clean_model (moved, unregistered)
+            self.add_error("model", str(exc))
+            return
+        answer = check_isolated(check_spec(kwargs, overrides))
+        if not answer["ok"]:
+            self.add_error(field_for_error(answer["message"], answer.get("key")), answer["message"])
+            return
+        self.final_config = answer["final_config"]

@@ -2,13 +2,21 @@
 reports: metric points, log lines, checkpoints.
 
 State changes are filtered ``update()`` calls that return whether the row changed, so two workers
-can never both claim a run and a late writer never overwrites a final status.
+can never both claim a run and a late writer never overwrites a final status. Each claim starts a new
+attempt; the changes a running attempt makes are filtered by its number too, so the supervisor of
+an attempt that was given up on (its worker lost, the run re-queued) can no longer touch the run.
+
+The web side never sends anything to a worker: a queued platform run *is* the request for one (an
+outbox row), and the workers' dispatcher (``workers.housekeeping``) sends it when ``dispatch_at``
+is due, again if nobody claimed it in time.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -40,14 +48,19 @@ class RunQuerySet(models.QuerySet):
         # The JSON text holds each tag quoted; this works on SQLite, where JSON ``contains`` does not.
         return self.filter(tags__icontains=json.dumps(tag))
 
-    def mark_stale_failed(self) -> int:
-        """Fail running runs whose worker stopped sending heartbeats (it died or lost the machine)."""
-        cutoff = timezone.now() - timedelta(seconds=settings.RUN_STALE_SECONDS)
-        return self.filter(status=Run.Status.RUNNING, heartbeat_at__lt=cutoff).update(
-            status=Run.Status.FAILED,
-            finished_at=timezone.now(),
-            error=f"The worker stopped sending heartbeats for over {settings.RUN_STALE_SECONDS} s; it probably died.",
-        )
+    def lost(self) -> "RunQuerySet":
+        """Running runs nobody vouches for: a platform run whose worker sent no heartbeat for
+        ``RUN_STALE_SECONDS``, an external run that reported nothing for ``EXTERNAL_RUN_STALE_SECONDS``."""
+        now = timezone.now()
+        platform = models.Q(kind=Run.Kind.PLATFORM, heartbeat_at__lt=now - timedelta(seconds=settings.RUN_STALE_SECONDS))
+        external = models.Q(kind=Run.Kind.EXTERNAL,
+                            heartbeat_at__lt=now - timedelta(seconds=settings.EXTERNAL_RUN_STALE_SECONDS))
+        return self.filter(platform | external, status=Run.Status.RUNNING)
+
+    def due_for_dispatch(self) -> "RunQuerySet":
+        """Queued platform runs the dispatcher should send to their queue now (the outbox)."""
+        due = models.Q(dispatch_at__isnull=True) | models.Q(dispatch_at__lte=timezone.now())
+        return self.filter(due, status=Run.Status.QUEUED, kind=Run.Kind.PLATFORM)
 
 
 class Run(models.Model):
@@ -92,12 +105,22 @@ class Run(models.Model):
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True)
     task_id = models.CharField(max_length=100, blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text="Attempts started: each claim by a worker is one.")
+    lost_attempts = models.PositiveIntegerField(
+        default=0, help_text="Attempts that ended with their worker or training process lost (a deploy's stop is not one).",
+    )
+    # The outbox: when the dispatcher sends this queued run to its worker queue (null: at once);
+    # after a send it is pushed forward, so a run nobody claimed is sent again.
+    dispatch_at = models.DateTimeField(null=True, blank=True)
 
     error = models.TextField(blank=True)
     traceback = models.TextField(blank=True)
     final_config = models.JSONField(null=True, blank=True)
     final_metrics = models.JSONField(default=dict, blank=True)
     steps = models.PositiveIntegerField(default=0)
+    # Names the run's folder: ids start again at 1 after a database reset, and a new run must never
+    # resume from (or write into) an old run's files left on disk.
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     run_path = models.CharField(max_length=500, blank=True)
     checkpoint = models.CharField(max_length=500, blank=True, help_text="Latest checkpoint location.")
     remote_ids = models.JSONField(
@@ -116,6 +139,11 @@ class Run(models.Model):
     def get_absolute_url(self) -> str:
         return reverse("runs:detail", args=[self.pk])
 
+    def folder(self) -> Path:
+        """Where this run's files live: its recorded ``run_path`` (kept for runs from before ``uid``),
+        else ``RUNS_DIR/<id>-<uid>``, a folder no other run, past or future, is given."""
+        return Path(self.run_path) if self.run_path else Path(settings.RUNS_DIR) / f"{self.pk}-{self.uid.hex}"
+
     @property
     def is_final(self) -> bool:
         return self.status in self.FINAL
@@ -130,8 +158,14 @@ class Run(models.Model):
         return "\n".join(f"{key}={value}" for key, value in self.config_overrides.items())
 
     # -- lifecycle: every change is a filtered update returning whether it happened ----------
-    def _transition(self, allowed: tuple[str, ...], **changes: Any) -> bool:
-        changed = Run.objects.filter(pk=self.pk, status__in=allowed).update(**changes)
+    def _transition(self, allowed: tuple[str, ...], same_attempt: bool = False, **changes: Any) -> bool:
+        """Apply ``changes`` if the run's status is one of ``allowed`` (and, with ``same_attempt``,
+        it is still in the attempt this instance holds). Sends ``run_status_changed`` on a status
+        change: the one hook for whatever follows a run's status (live pages, alerts)."""
+        rows = Run.objects.filter(pk=self.pk, status__in=allowed)
+        if same_attempt:
+            rows = rows.filter(attempts=self.attempts)
+        changed = rows.update(**changes)
         if changed:
             for field, value in changes.items():
                 setattr(self, field, value)
@@ -140,23 +174,49 @@ class Run(models.Model):
         return bool(changed)
 
     def claim(self, worker: str) -> bool:
-        """Take a queued run for ``worker``. False when another worker (or a cancel) got there first."""
+        """Take a queued run for ``worker``, starting its next attempt. False when another worker
+        (or a cancel) got there first."""
         now = timezone.now()
         return self._transition(
-            (self.Status.QUEUED,), status=self.Status.RUNNING, worker=worker, started_at=now, heartbeat_at=now
+            (self.Status.QUEUED,), same_attempt=True, status=self.Status.RUNNING, worker=worker,
+            started_at=self.started_at or now, heartbeat_at=now, attempts=self.attempts + 1,
         )
 
     def heartbeat(self) -> bool:
-        return self._transition((self.Status.RUNNING,), heartbeat_at=timezone.now())
+        """False when this attempt no longer holds the run (it ended, or was given up on and re-queued)."""
+        same_attempt = self.kind == self.Kind.PLATFORM
+        return self._transition((self.Status.RUNNING,), same_attempt=same_attempt, heartbeat_at=timezone.now())
 
     def finish(self, status: str, error: str = "", traceback: str = "", **fields: Any) -> bool:
-        """Record the final status of a running run. False when it had already ended."""
+        """Record the final status of a running run. False when it had already ended (or this
+        attempt no longer holds it)."""
         if status not in self.FINAL:
             raise ValueError(f"{status!r} is not a final status; use one of {', '.join(self.FINAL)}.")
         return self._transition(
-            (self.Status.RUNNING,), status=status, error=error, traceback=traceback,
-            finished_at=timezone.now(), **fields,
+            (self.Status.RUNNING,), same_attempt=self.kind == self.Kind.PLATFORM, status=status, error=error,
+            traceback=traceback, finished_at=timezone.now(), **fields,
         )
+
+    def requeue(self, reason: str, **fields: Any) -> bool:
+        """Give this running attempt up and queue the run for the next one (it resumes from its last
+        checkpoint in its own folder), sent to a worker at once. False when this attempt no longer
+        holds the run."""
+        if not self._transition((self.Status.RUNNING,), same_attempt=True, status=self.Status.QUEUED, worker="",
+                                dispatch_at=None, **fields):
+            return False
+        RunLog.objects.create(run=self, level="WARNING", message=f"Attempt {self.attempts} ended: {reason} Queued again.")
+        return True
+
+    def recover(self, reason: str) -> str:
+        """A running attempt nobody looks after any more: re-queue the run while its backend allows
+        another attempt, fail it (naming ``reason``) once it does not. Returns the status it got
+        ('' when the attempt had already been dealt with)."""
+        if self.kind == self.Kind.PLATFORM and self.backend_id and self.lost_attempts + 1 < self.backend.max_attempts:
+            return self.Status.QUEUED if self.requeue(reason, lost_attempts=self.lost_attempts + 1) else ""
+        limit = ""
+        if self.kind == self.Kind.PLATFORM:
+            limit = f" {self.lost_attempts + 1} attempt(s) were lost, the most its backend allows ({self.backend.max_attempts})."
+        return self.Status.FAILED if self.finish(self.Status.FAILED, error=f"{reason}{limit}") else ""
 
     def request_cancel(self) -> bool:
         """Cancel: a queued run ends now; a running one is asked to stop (the worker finishes it)."""
@@ -169,16 +229,10 @@ class Run(models.Model):
         return Run.objects.filter(pk=self.pk, cancel_requested_at__isnull=False).exists()
 
     def enqueue(self) -> None:
-        """Send the run to its backend's worker queue once the row is committed."""
-        from django.db import transaction
-
-        def send() -> None:
-            from workers.tasks import execute_run_task
-
-            result = execute_run_task.apply_async(args=[self.pk], queue=self.backend.queue)
-            Run.objects.filter(pk=self.pk).update(task_id=result.id or "")
-
-        transaction.on_commit(send)
+        """Ask for a worker now: the workers' dispatcher sends a queued run whose ``dispatch_at`` is
+        due. Written to the row itself, so a run is never recorded without its request for a worker."""
+        Run.objects.filter(pk=self.pk, status=self.Status.QUEUED).update(dispatch_at=None)
+        self.dispatch_at = None
 
     def log_tail(self, lines: int = 200) -> list["RunLog"]:
         return list(reversed(self.logs.order_by("-id")[:lines]))

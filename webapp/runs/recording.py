@@ -21,7 +21,8 @@ from webapp.runs.models import MetricPoint, Run, RunLog
 
 class RunRecorder(BackgroundFlusher):
     """Buffers metric points and log lines of one run and writes them in batches (``start()``
-    the background writer, or call ``flush()``)."""
+    the background writer, or call ``flush()``). While the database is down the buffers grow (up
+    to ``RUN_BUFFER_MAX_POINTS`` points) and are written when it is back."""
 
     def __init__(self, run_id: int, flush_seconds: float = 1.0, max_log_lines: int | None = None) -> None:
         super().__init__(f"run-{run_id}-recorder", flush_seconds)
@@ -31,6 +32,7 @@ class RunRecorder(BackgroundFlusher):
         self._logs: list[RunLog] = []
         self._log_count = RunLog.objects.filter(run_id=run_id).count()
         self._max_step = 0
+        self._dropped = 0
 
     # -- producers (any thread) --------------------------------------------------------------
     def add_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -38,6 +40,9 @@ class RunRecorder(BackgroundFlusher):
         with self._lock:
             for key, value in metrics.items():
                 clean = None if value is None or math.isnan(value) or math.isinf(value) else float(value)
+                if (key, step) not in self._points and len(self._points) >= settings.RUN_BUFFER_MAX_POINTS:
+                    self._dropped += 1  # the database has been down for very long: keep memory bounded
+                    continue
                 # A re-sent (key, step) replaces the buffered one; the database upserts the rest.
                 self._points[(key, step)] = MetricPoint(run_id=self.run_id, key=key, step=step, value=clean, time=now)
             self._max_step = max(self._max_step, step)
@@ -52,14 +57,27 @@ class RunRecorder(BackgroundFlusher):
             self._logs.append(RunLog(run_id=self.run_id, level=level, message=message, time=timezone.now()))
 
     # -- the writer ---------------------------------------------------------------------------
-    def flush(self) -> None:
-        with self._lock:
-            points, self._points = list(self._points.values()), {}
-            logs, self._logs = self._logs, []
-            max_step = self._max_step
+    def take(self):
+        points, self._points = self._points, {}
+        logs, self._logs = self._logs, []
+        if self._dropped:
+            logs.append(RunLog(run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
+                f"{self._dropped} metric point(s) were dropped: the database was unreachable for longer "
+                f"than a buffer of {settings.RUN_BUFFER_MAX_POINTS} points lasts.")))
+            self._dropped = 0
+        return points, logs, self._max_step
+
+    def restore(self, batch) -> None:
+        points, logs, _ = batch
+        self._points = {**points, **self._points}  # what arrived since is newer
+        self._logs = logs + self._logs
+
+    def write(self, batch) -> None:
+        points, logs, max_step = batch
         if points:
             MetricPoint.objects.bulk_create(
-                points, update_conflicts=True, unique_fields=["run", "key", "step"], update_fields=["value", "time"]
+                list(points.values()), update_conflicts=True, unique_fields=["run", "key", "step"],
+                update_fields=["value", "time"],
             )
             Run.objects.filter(pk=self.run_id, steps__lt=max_step).update(steps=max_step)
         if logs:

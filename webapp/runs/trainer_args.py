@@ -17,14 +17,54 @@ from django.core.exceptions import ImproperlyConfigured
 from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
 
 MODEL_KEY = "actor_rollout_ref.model.path"
+TRUST_KEY = "actor_rollout_ref.model.trust_remote_code"
+CHECKPOINT_DIR_KEY = "trainer.default_local_dir"
 PYTHON_KEY = "trainer.python"
-# Keys only an admin sets (in a Backend's default_config or python field): an interpreter runs
-# code, and a service URL would receive the platform's API key.
-ADMIN_ONLY_KEYS = {PYTHON_KEY: "the interpreter", "remote.base_url": "the remote service's URL"}
+RUN_MODEL = re.compile(r"^run:(\d{1,18})$")
+
+# Keys a run's overrides never set, with why. The platform sets each itself (from the chosen Model
+# entry, the Backend an admin configured, and the run's own folder): a path reaches other people's
+# files, an interpreter or a model's own code runs code, a service URL receives the platform's API key.
+# Every key the library marks as naming a location is one of them (``training.config.location_keys``).
+_WHY_PLATFORM_SET = {
+    MODEL_KEY: "the model is chosen in the Model field, among those an administrator registered",
+    "actor_rollout_ref.model.tokenizer_path": "the tokenizer comes with the chosen model",
+    TRUST_KEY: "a model's own code runs only for a model an administrator marked trusted",
+    CHECKPOINT_DIR_KEY: "checkpoints are always written in the run's own folder",
+    "trainer.ray_address": "the Ray cluster is chosen by the backend's administrator",
+    PYTHON_KEY: "the interpreter is chosen by the backend's administrator",
+    "remote.base_url": "the remote service's URL is chosen by the backend's administrator (it would receive the platform's API key)",
+    "actor_rollout_ref.rollout.server_url": "the vLLM server is chosen by the backend's administrator (workers connect where it points)",
+    "trainer.wandb_entity": "the W&B entity comes from the project's tracking targets (it would receive the project's W&B key)",
+}
+
+
+def platform_set_keys() -> dict[str, str]:
+    """Every key only the platform sets -> why, in words for the person who tried to set it."""
+    from training.config import location_keys
+
+    why = {key: "it names a location on the workers, which the platform chooses" for key in location_keys()}
+    return {**why, **_WHY_PLATFORM_SET}
+
+
+# Dict-valued keys (rLLM's) whose entries become arguments of registry code: set by the agent's entry.
+_ARGUMENT_PREFIXES = ("rllm.agent.agent_args", "rllm.agent.engine_args", "rllm.env.env_args", "rllm.workflow.workflow_args")
+
+
+def refused_override(key: str) -> str | None:
+    """Why a run's overrides may not set ``key`` (None: they may). Hydra's ``+key`` is ``key``."""
+    bare = key.lstrip("+")
+    why = platform_set_keys().get(bare)
+    if why is not None:
+        return why
+    if any(bare == prefix or bare.startswith(prefix + ".") for prefix in _ARGUMENT_PREFIXES):
+        return "the arguments of the agent, environment or workflow come from the agent's registry entry"
+    return None
 
 
 def load_training_plugins() -> None:
-    """Import ``settings.TRAINING_PLUGINS`` (they register datasets, rewards, backends by name)."""
+    """Import ``settings.TRAINING_PLUGINS`` (they register datasets, rewards, backends by name).
+    Only in processes that run registry code (the training process, the checks' sandbox), never the web server."""
     for module in settings.TRAINING_PLUGINS:
         try:
             importlib.import_module(module)
@@ -32,16 +72,54 @@ def load_training_plugins() -> None:
             raise ImproperlyConfigured(f"TRAINING_PLUGINS: cannot import {module!r}: {exc}") from exc
 
 
-def merged_config(backend: Backend, dataset: Dataset, model: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Backend defaults, then the dataset's column mapping, then the model, then the owner's overrides."""
+def model_config(choice: str, user=None) -> dict[str, Any]:
+    """The model keys of a run that chose ``choice``: a registered ``Model`` entry's name, or
+    ``run:<id>``, the model a run ``user`` may see trained. ValueError naming the choice otherwise."""
+    from webapp.registry.models import Model
+    from webapp.runs.models import Run
+
+    match = RUN_MODEL.match(choice.strip())
+    if match:
+        from webapp.runs.access import can
+
+        run = Run.objects.filter(pk=int(match.group(1))).first()
+        if run is None or user is None or not can(user, run, "view"):
+            raise ValueError(f"model {choice!r}: there is no run {match.group(1)} that you may see.")
+        trained = run.folder() / "final_model" if run.run_path else None
+        if run.status != Run.Status.SUCCEEDED or trained is None or not (trained / "config.json").is_file():
+            raise ValueError(f"model {choice!r}: run {run.pk} ({run.status}) left no trained model on the workers.")
+        return {MODEL_KEY: str(trained), "actor_rollout_ref.model.tokenizer_path": None, TRUST_KEY: False}
+    entries = Model.objects.visible_to(user) if user is not None else Model.objects.all()
+    entry = entries.filter(name=choice.strip()).first()
+    if entry is None:
+        names = ", ".join(entries.values_list("name", flat=True)[:20]) or "none yet"
+        raise ValueError(
+            f"model {choice!r} is not a model registered on this platform; choose one of: {names} "
+            "(or run:<id>, a run's trained model). An administrator registers models."
+        )
+    return entry.trainer_config()
+
+
+def platform_config(backend: Backend, model: dict[str, Any]) -> dict[str, Any]:
+    """The value of every platform-set key for one run: the model's, the admin's (Backend), else none."""
+    admin = {k: v for k, v in (backend.default_config or {}).items() if k in platform_set_keys()}
+    fixed = {key: None for key in platform_set_keys()}
+    fixed.update(admin)
+    fixed.update(model)
+    fixed[CHECKPOINT_DIR_KEY] = None  # the run's own folder (<run_path>/checkpoints), even if an admin set one
+    if backend.python:
+        fixed[PYTHON_KEY] = backend.python
+    return fixed
+
+
+def merged_config(backend: Backend, dataset: Dataset, overrides: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
+    """Backend defaults, then the dataset's column mapping, then the owner's overrides, then the
+    platform-set keys (``fixed``), which nothing below them changes."""
     config: dict[str, Any] = {}
     config.update(backend.default_config or {})
     config.update(dataset.config_overrides())
-    if model:
-        config[MODEL_KEY] = model
-    config.update({k: v for k, v in overrides.items() if k not in ADMIN_ONLY_KEYS})  # the form refuses them too
-    if backend.python:  # the admin's choice; a run's overrides never pick an interpreter
-        config[PYTHON_KEY] = backend.python
+    config.update({k: v for k, v in overrides.items() if refused_override(k) is None})  # the form refuses them too
+    config.update(fixed)
     return config
 
 
@@ -54,27 +132,49 @@ def trainer_kwargs(
     model: str,
     overrides: dict[str, Any],
     run_path: str,
+    user=None,
 ) -> dict[str, Any]:
-    load_training_plugins()
+    """``AgentTrainer(...)`` arguments of a run. Builds nothing and imports no registry code."""
+    fixed = platform_config(backend, model_config(model, user))
     return {
         **agent.trainer_kwargs(),
         **dataset.trainer_kwargs(),
         "reward_func": reward.path if reward else None,
         "backend": backend.processor,
-        "config": merged_config(backend, dataset, model, overrides),
+        "config": merged_config(backend, dataset, overrides, fixed),
         "run_path": run_path,
     }
+
+
+def check_spec(kwargs: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """What ``training.probe`` checks for a run with these ``AgentTrainer`` kwargs: the platform-set
+    keys must come out as set, and the owner's ``overrides`` reach nothing unchecked."""
+    return {
+        "kwargs": kwargs,
+        "plugins": list(settings.TRAINING_PLUGINS),
+        "pinned": {key: kwargs["config"][key] for key in platform_set_keys()},
+        "user_keys": sorted(overrides),
+        "load_model": True,
+    }
+
+
+def check_isolated(spec: dict[str, Any]) -> dict[str, Any]:
+    """``training.probe.check_isolated`` with the platform's limits: the run's code never runs here."""
+    from training.probe import check_isolated as isolated
+
+    return isolated(spec, timeout_s=settings.RUN_CHECK_TIMEOUT_SECONDS, memory_mb=settings.RUN_CHECK_MEMORY_MB)
 
 
 def run_trainer_kwargs(run, run_path: str) -> dict[str, Any]:
     return trainer_kwargs(
         agent=run.agent, dataset=run.dataset, reward=run.reward, backend=run.backend,
-        model=run.model, overrides=run.config_overrides, run_path=run_path,
+        model=run.model, overrides=run.config_overrides, run_path=run_path, user=run.owner,
     )
 
 
 # Which form field a library error belongs to, by the name the message starts with.
 _FIELD_BY_SUBJECT = [
+    (re.compile(r"^model\b"), "model"),
     (re.compile(r"^(Cannot load )?(agent_class|env_class|workflow_class|agent_run_func|agent)\b"), "agent"),
     (re.compile(r"^(Cannot load )?(train_dataset|val_dataset|test_dataset)\b"), "dataset"),
     (re.compile(r"^(Cannot load )?(reward_func|reward)\b"), "reward"),
@@ -82,12 +182,12 @@ _FIELD_BY_SUBJECT = [
 ]
 
 
-def field_for_error(exc: BaseException) -> str | None:
-    """The run-form field a validation error from ``AgentTrainer(...)`` belongs to (None: the form)."""
-    key = getattr(exc, "key", None)
-    if key is not None:  # training.config.ConfigError
+def field_for_error(message: str, key: str | None = None) -> str | None:
+    """The run-form field a validation error from ``AgentTrainer(...)`` belongs to (None: the form).
+    ``key``: the config key a ``training.config.ConfigError`` names."""
+    if key is not None:
         return "model" if key == MODEL_KEY else "overrides"
-    message = str(exc).strip()
+    message = message.strip()
     for pattern, field in _FIELD_BY_SUBJECT:
         if pattern.match(message):
             return field

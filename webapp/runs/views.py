@@ -9,7 +9,9 @@ from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from webapp.runs import downloads
 from webapp.runs.access import can, get_run_for_user
+from webapp.runs.config_fields import config_fields
 from webapp.runs.forms import RunEditForm, RunForm
 from webapp.runs.models import Run
 
@@ -50,7 +52,41 @@ def run_create(request):
         clone = _int(request.GET.get("clone"))
         initial = RunForm.initial_from(get_run_for_user(request.user, clone, "run")) if clone else None
         form = RunForm(initial=initial, user=request.user)
-    return render(request, "runs/run_form.html", {"form": form})
+    return render(request, "runs/run_form.html", {
+        "form": form, "config_fields": config_fields(), "agent_needs": _agent_needs(form),
+    })
+
+
+# What each kind of agent needs from the rest of the form.
+NEEDS = {
+    "agent+env": "Multi-turn: its environment scores each episode, so no reward function is needed. "
+                 "The dataset's rows are the environment's tasks.",
+    "workflow": "A workflow: it runs and scores its own episodes; no reward function is needed.",
+    "chat": "A chat agent with tools: needs a reward function and a dataset with a prompt column "
+            "(and the column the reward compares against, ground_truth by default).",
+    "single-turn": "Single-turn: needs a reward function and a dataset with a prompt column "
+                   "(and the column the reward compares against, ground_truth by default).",
+}
+
+
+def _agent_needs(form: RunForm) -> dict[str, dict]:
+    """Per agent: what it needs and the datasets that go with it (of the same name), for the form's hints."""
+    datasets = {d.name: d.pk for d in form.fields["dataset"].queryset}
+    return {
+        str(agent.pk): {"needs": NEEDS[agent.kind], "description": agent.description,
+                        "reward": agent.kind in ("chat", "single-turn"), "dataset": datasets.get(agent.name)}
+        for agent in form.fields["agent"].queryset
+    }
+
+
+@login_required
+def run_list_live(request):
+    """The run list's poll: status and steps of the rows it shows (``?ids=``), and the newest run id it may see."""
+    ids = [int(i) for i in request.GET.get("ids", "").split(",") if i.isdigit()][:500]
+    visible = Run.objects.visible_to(request.user)
+    newest = visible.order_by("-pk").values_list("pk", flat=True).first()
+    rows = visible.filter(pk__in=ids).values("pk", "status", "steps")
+    return JsonResponse({"newest": newest, "runs": {str(r["pk"]): {"status": r["status"], "steps": r["steps"]} for r in rows}})
 
 
 @login_required
@@ -62,7 +98,9 @@ def run_detail(request, pk: int):
         "logs": logs,
         "last_log_id": logs[-1].id if logs else 0,
         "metrics": sorted(run.latest_metrics().items()),
-        "checkpoints": run.checkpoints.all(),
+        "total_steps": downloads.total_steps(run),
+        "config_yaml": downloads.config_yaml(run),
+        "archives": downloads.archives(run),
         "may": {action: can(request.user, run, action) for action in ("edit", "run", "cancel", "delete")},
         "edit_form": RunEditForm(instance=run),
         "share_links": run.share_links.active(),

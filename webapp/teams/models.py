@@ -10,6 +10,7 @@ import secrets
 
 from django.conf import settings
 from django.db import models
+from django.dispatch import Signal
 from django.urls import reverse
 from django.utils import timezone
 
@@ -104,4 +105,11 @@ class ShareLink(models.Model):
         return reverse("teams:shared_run", args=[self.token])
 
     def revoke(self) -> bool:
-        return bool(ShareLink.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()))
+        revoked = bool(ShareLink.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()))
+        if revoked:
+            share_link_revoked.send(sender=ShareLink, instance=self)
+        return revoked
+
+
+# Sent by ``ShareLink.revoke`` (a queryset update, so no post_save): the link's open sockets close.
+share_link_revoked = Signal()

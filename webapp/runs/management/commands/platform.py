@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand
 
 from webapp import server
 from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
-from webapp.registry.seed import DEMO_RUN
+from webapp.registry.seed import demo_run
 from webapp.runs.forms import RunForm
 from webapp.runs.models import Run
 
@@ -53,13 +53,13 @@ class Command(BaseCommand):
             if not options["no_worker"]:
                 children.append(self._start_worker(options["queues"]))
             children.append(self._start_web(options["host"], options["port"]))
-            if not options["no_demo_run"]:
-                self._queue_demo_run(user)
+            demo = None if options["no_demo_run"] else self._queue_demo_run(user)
             url = f"http://{options['host']}:{options['port']}/"
             broker = "Redis" if settings.REDIS_URL else f"files under {settings.BROKER_DIR}"
+            watch = f"  demo run (multi-turn FrozenLake, reward climbs in a minute or two): {url.rstrip('/')}{demo.get_absolute_url()}\n" if demo else ""
             self.stdout.write(self.style.SUCCESS(
-                f"\nPlatform running at {url}\n  login: {options['username']} / {options['password']}\n"
-                f"  broker: {broker}\n  database: {settings.DATABASES['default']['NAME']}\nCtrl-C to stop.\n"
+                f"\nPlatform running at {url}\n  login: {options['username']} / {options['password']} (an administrator)\n"
+                f"{watch}  broker: {broker}\n  database: {settings.DATABASES['default']['NAME']}\nCtrl-C to stop.\n"
             ))
             while all(child.poll() is None for child in children):
                 time.sleep(1)
@@ -97,8 +97,8 @@ class Command(BaseCommand):
         self.stdout.write(f"Starting web server: {' '.join(command[1:])}")
         return subprocess.Popen(command, cwd=settings.BASE_DIR)
 
-    def _queue_demo_run(self, user) -> None:
-        demo = DEMO_RUN
+    def _queue_demo_run(self, user) -> Run | None:
+        demo = demo_run()
         form = RunForm(data={
             "name": "demo", "agent": _pk(Agent, demo["agent"]), "dataset": _pk(Dataset, demo["dataset"]),
             "reward": _pk(RewardFunction, demo["reward"]), "backend": _pk(Backend, demo["backend"]),
@@ -107,14 +107,14 @@ class Command(BaseCommand):
         if not form.is_valid():
             problems = "; ".join(f"{field or 'form'}: {' '.join(errors)}" for field, errors in form.errors.items())
             self.stderr.write(f"The demo run is not valid, so it is not queued: {problems}")
-            return
+            return None
         data = form.cleaned_data
         run = Run.objects.create(
-            owner=user, name="demo", agent=data["agent"], dataset=data["dataset"], reward=data["reward"],
+            owner=user, name="demo: FrozenLake", agent=data["agent"], dataset=data["dataset"], reward=data["reward"],
             backend=data["backend"], model=data["model"], config_overrides=data["overrides"],
         )
         run.enqueue()
-        self.stdout.write(f"Queued demo run {run.pk}.")
+        return run
 
     def _stop(self, children: list[subprocess.Popen]) -> None:
         for child in children:

@@ -1,0 +1,270 @@
+"""Alerts: when a run fails, finishes, is cancelled, goes quiet, or a metric crosses a threshold.
+
+Events become rows of an outbox (``AlertDelivery``, one per rule, run and event) in the process
+where they happen; nothing is sent there, so training and status changes never wait on a mail
+server or a webhook. ``deliver_due()`` sends what is due (Celery task ``integrations.deliver_alerts``
+right after the event, and the workers' housekeeping through ``tick()``): email through Django's
+email backend, webhooks (Slack, Discord, generic JSON) through apprise. A failed attempt is retried
+with exponential backoff; after ``ALERT_MAX_ATTEMPTS`` the delivery is marked failed and shows on
+the project page. A claim is a lease (filtered update), so a crashed sender's delivery is sent
+again: at least once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import socket
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.core.validators import validate_email
+from django.db import IntegrityError, models, transaction
+from django.utils import timezone
+
+logger = logging.getLogger(__name__)
+
+# apprise schemes a rule may name: webhooks only (no local files, no shell, no SMTP of the user's).
+WEBHOOK_SCHEMES = {"json", "jsons", "form", "forms", "slack", "discord"}
+LEASE_SECONDS = 60
+FINAL_EVENTS = {"failed", "succeeded", "cancelled"}
+
+
+# -- targets ------------------------------------------------------------------------------------
+
+def check_target(target: str) -> str:
+    """A rule's target as stored: an email address, or an apprise webhook URL. Raises ValueError."""
+    target = target.strip()
+    if "://" not in target:
+        try:
+            validate_email(target.removeprefix("mailto:"))
+        except Exception:
+            raise ValueError(f"{target!r} is neither an email address nor a webhook URL (json://, slack://, discord://).") from None
+        return target.removeprefix("mailto:")
+    scheme = target.split("://", 1)[0].lower()
+    if scheme not in WEBHOOK_SCHEMES:
+        raise ValueError(f"{scheme}:// is not a webhook this platform sends to; use one of {', '.join(sorted(WEBHOOK_SCHEMES))}, or an email address.")
+    import apprise
+
+    if apprise.Apprise.instantiate(target) is None:
+        raise ValueError(f"apprise cannot use {target_label(target)!r}; check the URL's format.")
+    if scheme in ("json", "jsons", "form", "forms"):
+        _refuse_private_host(urlsplit(target).hostname or "")
+    return target
+
+
+def _refuse_private_host(host: str) -> None:
+    """A member's webhook must not reach the platform's own network (Redis, the database, metadata
+    services) unless ``ALERT_WEBHOOKS_MAY_BE_PRIVATE`` says it may (tests, a closed network)."""
+    if settings.ALERT_WEBHOOKS_MAY_BE_PRIVATE:
+        return
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        raise ValueError(f"the webhook's host {host!r} does not resolve.") from None
+    for address in addresses:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        if ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_multicast:
+            raise ValueError(f"the webhook's host {host!r} is on a private network ({ip}); the platform does not post there.")
+
+
+def target_label(target: str) -> str:
+    """The target without its secret parts (webhook tokens, passwords, paths): shown on pages."""
+    if "://" not in target:
+        return target
+    parts = urlsplit(target)
+    return f"{parts.scheme}://{parts.hostname or ''}{':%d' % parts.port if parts.port else ''}/…"
+
+
+# -- events ---------------------------------------------------------------------------------------
+
+def rules_for(run) -> models.QuerySet:
+    from webapp.integrations.models import AlertRule
+
+    mine = models.Q(user_id=run.owner_id)
+    if run.project_id:
+        mine |= models.Q(project_id=run.project_id)
+    return AlertRule.objects.filter(mine, enabled=True)
+
+
+def enqueue(rule, run, event: str, title: str, body: str) -> bool:
+    """Add one delivery to the outbox (once per rule, run and event); sending happens elsewhere."""
+    from webapp.integrations.models import AlertDelivery
+
+    try:
+        with transaction.atomic():
+            AlertDelivery.objects.create(rule=rule, run=run, event=event, title=title[:300], body=body)
+    except IntegrityError:  # already told
+        return False
+    transaction.on_commit(_kick_sender)
+    return True
+
+
+def _kick_sender() -> None:
+    """Ask a worker to send now. No broker (e.g. the web tier lost Redis): housekeeping sends later."""
+    try:
+        from webapp.celery_app import app  # by task name: the web side never imports workers
+
+        app.send_task("integrations.deliver_alerts", queue=settings.ALERT_QUEUE, retry=False)
+    except Exception as exc:
+        logger.warning("alerts: could not queue delivery (%s); the next housekeeping tick sends it", exc)
+
+
+def _run_url(run) -> str:
+    return f"{settings.PLATFORM_URL.rstrip('/')}{run.get_absolute_url()}"
+
+
+def _describe(run) -> str:
+    lines = [f"Run #{run.pk} {run.name}".strip() + f" is {run.status} after {run.steps} step(s).", _run_url(run)]
+    if run.error:
+        lines.insert(1, f"Error: {run.error[:2000]}")
+    return "\n".join(lines)
+
+
+def on_status_changed(sender, run, **kwargs) -> None:
+    """``run_status_changed``: a final status is an event for each rule that asked for it."""
+    if run.status not in FINAL_EVENTS:
+        return
+    for rule in rules_for(run):
+        if run.status in rule.events:
+            enqueue(rule, run, run.status, f"[{run.status}] run #{run.pk} {run.name}".strip(), _describe(run))
+
+
+def connect() -> None:
+    from webapp.runs.models import run_status_changed
+
+    run_status_changed.connect(on_status_changed, dispatch_uid="integrations.alerts")
+
+
+def crossed(rule, step: int, value: float) -> bool:
+    if step < rule.after_step:
+        return False
+    if rule.op == rule.Op.NAN:
+        return math.isnan(value) or math.isinf(value)
+    if math.isnan(value) or rule.threshold is None:
+        return False
+    return value < rule.threshold if rule.op == rule.Op.BELOW else value > rule.threshold
+
+
+class ThresholdSink:
+    """A metric sink in the training process: the first step at which a rule's metric crosses its
+    threshold adds that rule's alert to the outbox (an insert, never a send)."""
+
+    def __init__(self, run) -> None:
+        self.run = run
+        self.rules = [r for r in rules_for(run) if "threshold" in r.events and r.metric and r.op]
+        self.told: set[int] = set()
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        for rule in self.rules:
+            if rule.pk in self.told or rule.metric not in metrics:
+                continue
+            value = metrics[rule.metric]
+            if crossed(rule, step, value):
+                self.told.add(rule.pk)
+                title = f"[threshold] run #{self.run.pk}: {rule.metric}={value:g} at step {step}"
+                enqueue(rule, self.run, "threshold", title,
+                        f"{rule.describe_threshold()}: {rule.metric} was {value:g} at step {step}.\n{_run_url(self.run)}")
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def find_quiet_runs(now=None) -> int:
+    """Running runs with no new step for a rule's ``quiet_minutes``: one alert per rule and run."""
+    from webapp.runs.models import MetricPoint, Run
+
+    now = now or timezone.now()
+    added = 0
+    running = Run.objects.filter(status=Run.Status.RUNNING)
+    for run in running:
+        rules = [r for r in rules_for(run) if "quiet" in r.events and r.quiet_minutes]
+        if not rules:
+            continue
+        last = MetricPoint.objects.filter(run=run).aggregate(last=models.Max("time"))["last"] or run.started_at or run.created_at
+        for rule in rules:
+            if now - last >= timedelta(minutes=rule.quiet_minutes):
+                minutes = int((now - last).total_seconds() // 60)
+                added += enqueue(rule, run, "quiet", f"[quiet] run #{run.pk} {run.name}: no step for {minutes} min".strip(),
+                                 f"Run #{run.pk} has logged no step since {last:%Y-%m-%d %H:%M:%S} UTC "
+                                 f"({minutes} min; the rule says {rule.quiet_minutes}).\n{_run_url(run)}")
+    return added
+
+
+# -- delivery -------------------------------------------------------------------------------------
+
+def backoff(attempts: int) -> timedelta:
+    return timedelta(seconds=min(settings.ALERT_RETRY_BASE_SECONDS * 2 ** (attempts - 1), settings.ALERT_RETRY_MAX_SECONDS))
+
+
+def send(target: str, title: str, body: str) -> None:
+    """One attempt. Raises with the reason on failure."""
+    if "://" not in target:
+        send_mail(title, body, settings.DEFAULT_FROM_EMAIL, [target], fail_silently=False)
+        return
+    import apprise
+
+    notifier = apprise.Apprise()
+    notifier.add(target)
+    with apprise.LogCapture(level=apprise.logging.WARNING) as captured:
+        ok = notifier.notify(title=title, body=body)
+    if not ok:
+        reason = captured.getvalue().strip().splitlines()
+        raise RuntimeError(reason[-1] if reason else "the webhook refused the message")
+
+
+def deliver_due(now=None, limit: int = 50) -> dict[str, int]:
+    """Send due deliveries. Each is claimed with a filtered update (a lease), so two senders never
+    both send it and a sender that dies leaves it to be sent again once the lease expires."""
+    from webapp.integrations.models import AlertDelivery
+
+    now = now or timezone.now()
+    counts = {"sent": 0, "retry": 0, "failed": 0}
+    due = AlertDelivery.objects.filter(status=AlertDelivery.Status.PENDING, next_attempt_at__lte=now)
+    for delivery in due.select_related("rule")[:limit]:
+        lease = now + timedelta(seconds=LEASE_SECONDS)
+        claimed = AlertDelivery.objects.filter(pk=delivery.pk, status=AlertDelivery.Status.PENDING,
+                                               next_attempt_at=delivery.next_attempt_at).update(next_attempt_at=lease)
+        if not claimed:
+            continue
+        attempts = delivery.attempts + 1
+        try:
+            send(delivery.rule.target, delivery.title, delivery.body)
+        except Exception as exc:
+            error = f"attempt {attempts}: {type(exc).__name__}: {exc}"[:2000]
+            if attempts >= settings.ALERT_MAX_ATTEMPTS:
+                AlertDelivery.objects.filter(pk=delivery.pk).update(status=AlertDelivery.Status.FAILED, attempts=attempts, last_error=error)
+                counts["failed"] += 1
+                logger.warning("alert %s failed for good: %s", delivery.pk, error)
+            else:
+                AlertDelivery.objects.filter(pk=delivery.pk).update(attempts=attempts, last_error=error, next_attempt_at=now + backoff(attempts))
+                counts["retry"] += 1
+            continue
+        AlertDelivery.objects.filter(pk=delivery.pk).update(status=AlertDelivery.Status.SENT, attempts=attempts, sent_at=timezone.now())
+        counts["sent"] += 1
+    return counts
+
+
+def next_due_in(now=None) -> float | None:
+    """Seconds until the next pending delivery is due (None: nothing pending)."""
+    from webapp.integrations.models import AlertDelivery
+
+    now = now or timezone.now()
+    first = AlertDelivery.objects.filter(status=AlertDelivery.Status.PENDING).order_by("next_attempt_at").values_list("next_attempt_at", flat=True).first()
+    return None if first is None else max(0.0, (first - now).total_seconds())
+
+
+def tick() -> None:
+    """For a periodic loop (the workers' housekeeping): quiet runs, then due deliveries. Never raises."""
+    try:
+        find_quiet_runs()
+        deliver_due()
+    except Exception:
+        logger.exception("alerts: housekeeping tick failed")

@@ -1,0 +1,78 @@
+"""Turning a sweep request (form or API) into a validated ``Sweep``: the space parses, every key
+may be set by a run's owner, and each value of each key passes the config's own checks on top of
+the base run's overrides, before any trial is queued."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from training.config import Config, ConfigError
+from training.sweep import SAMPLERS, grid_size, parse_space
+from webapp.runs import limits
+from webapp.runs.trainer_args import platform_set_keys
+from webapp.sweeps.engine import MAX_PARALLEL, MAX_TRIALS
+from webapp.sweeps.models import Sweep
+
+
+def check_space(space: Any, sampler: str, base_overrides: dict[str, Any], backend=None) -> dict[str, Any]:
+    """The space as stored (key -> spec). Raises ``forms.ValidationError`` naming the key at fault."""
+    try:
+        distributions = parse_space(space)
+    except ConfigError as exc:
+        raise forms.ValidationError(str(exc)) from None
+    if isinstance(space, str):
+        space = {line.partition(":")[0].strip(): line.partition(":")[2].strip()
+                 for line in space.splitlines() if line.strip() and not line.strip().startswith("#")}
+    fixed = platform_set_keys()
+    for key, distribution in distributions.items():
+        if key in fixed:
+            raise forms.ValidationError(f"{key} cannot be swept: {fixed[key]}.")
+        values = list(distribution.choices) if hasattr(distribution, "choices") else [distribution.low, distribution.high]
+        for value in values:
+            try:
+                limits.check_config_bounds({**base_overrides, key: value}, backend)
+                Config.build({**base_overrides, key: value})
+            except (ConfigError, forms.ValidationError) as exc:
+                message = exc.messages[0] if isinstance(exc, forms.ValidationError) else str(exc)
+                raise forms.ValidationError(f"{key}={value!r} would fail every trial that draws it: {message}") from None
+    if sampler == "grid" and grid_size(distributions) is None:
+        raise forms.ValidationError("A grid needs 'choice' or 'int' ranges; use random or Bayesian for float ranges.")
+    return dict(space)
+
+
+class SweepForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    space = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 5, "placeholder": "actor_rollout_ref.actor.optim.lr: float 1e-4..1e-2 log\ndata.train_batch_size: choice 2, 4"}),
+        help_text="One config key a line: 'choice a, b, c', 'float low..high [log]' or 'int low..high'.",
+    )
+    sampler = forms.ChoiceField(choices=Sweep.Sampler.choices, initial=Sweep.Sampler.TPE)
+    objective = forms.CharField(max_length=200, initial="reward", help_text="Its last logged value is the trial's score.")
+    direction = forms.ChoiceField(choices=Sweep.Direction.choices, initial=Sweep.Direction.MAXIMIZE)
+    max_trials = forms.IntegerField(min_value=1, max_value=MAX_TRIALS, initial=8)
+    parallel = forms.IntegerField(min_value=1, max_value=MAX_PARALLEL, initial=2, help_text="Trials running at once.")
+    prune = forms.BooleanField(required=False, initial=True, help_text="Stop hopeless trials early (Optuna's median pruner).")
+    seed = forms.IntegerField(initial=0, min_value=0, max_value=2**31 - 1, required=False)
+
+    def __init__(self, *args, base_run=None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.base_run = base_run
+
+    def clean(self) -> dict:
+        data = super().clean()
+        if "space" in data and data.get("sampler") in SAMPLERS:
+            try:
+                data["space"] = check_space(data["space"], data["sampler"], self.base_run.config_overrides, self.base_run.backend)
+            except forms.ValidationError as exc:
+                self.add_error("space", exc)
+        return data
+
+    def save(self, owner) -> Sweep:
+        data = self.cleaned_data
+        return Sweep.objects.create(
+            owner=owner, name=data["name"], base_run=self.base_run, space=data["space"], sampler=data["sampler"],
+            objective=data["objective"], direction=data["direction"], max_trials=data["max_trials"],
+            parallel=data["parallel"], prune=data["prune"], seed=data.get("seed") or 0,
+        )

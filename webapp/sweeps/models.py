@@ -1,0 +1,69 @@
+"""A sweep: a base run plus a search space over its config keys; each trial is an ordinary run."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+
+
+class Sweep(models.Model):
+    class Sampler(models.TextChoices):
+        GRID = "grid", "grid (every combination)"
+        RANDOM = "random", "random"
+        TPE = "tpe", "Bayesian (Optuna's TPE)"
+
+    class Direction(models.TextChoices):
+        MAXIMIZE = "maximize"
+        MINIMIZE = "minimize"
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        FINISHED = "finished"
+        CANCELLED = "cancelled"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sweeps")
+    name = models.CharField(max_length=200)
+    base_run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="sweeps_based_on")
+    space = models.JSONField(help_text="Config key to range, e.g. {\"data.train_batch_size\": \"choice 2, 4\"}.")
+    sampler = models.CharField(max_length=10, choices=Sampler.choices, default=Sampler.TPE)
+    objective = models.CharField(max_length=200, default="reward", help_text="The metric to optimise (its last value).")
+    direction = models.CharField(max_length=10, choices=Direction.choices, default=Direction.MAXIMIZE)
+    max_trials = models.PositiveIntegerField(default=8)
+    parallel = models.PositiveIntegerField(default=2, help_text="Trials running at once.")
+    prune = models.BooleanField(default=True, help_text="Stop hopeless trials early (Optuna's median pruner).")
+    seed = models.IntegerField(default=0)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RUNNING)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("sweeps:detail", args=[self.pk])
+
+
+class Trial(models.Model):
+    class State(models.TextChoices):
+        RUNNING = "running"
+        COMPLETE = "complete"
+        PRUNED = "pruned"
+        FAILED = "failed"
+
+    sweep = models.ForeignKey(Sweep, on_delete=models.CASCADE, related_name="trials")
+    number = models.PositiveIntegerField()
+    run = models.OneToOneField("runs.Run", on_delete=models.CASCADE, related_name="sweep_trial")
+    params = models.JSONField()
+    system_attrs = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
+    value = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["sweep", "number"]
+        constraints = [models.UniqueConstraint(fields=["sweep", "number"], name="unique_trial_number")]
+
+    def __str__(self) -> str:
+        return f"{self.sweep} #{self.number}"

@@ -1,0 +1,184 @@
+"""Each worker's housekeeping thread, and its graceful stop.
+
+The thread (started when the worker is ready, in every mode: ``manage.py platform`` starts a worker
+too) does two things:
+
+* the **dispatcher** sends queued platform runs whose ``dispatch_at`` is due to their backend's
+  queue, once a second. The web side only records runs (the outbox); a run created while the broker
+  was down is sent when it is back, and one sent but never claimed is sent again after
+  ``RUN_REDISPATCH_SECONDS``. Every worker dispatches; a filtered update decides which one sends.
+* the **liveness sweep** finds running runs nobody heartbeats for any more (``Run.objects.lost()``)
+  every ``RUN_SWEEP_SECONDS`` and re-queues them (they resume from their last checkpoint) or fails
+  them once their backend's ``max_attempts`` are used. It only judges after this process has
+  reached the database for ``RUN_STALE_SECONDS`` in a row, so a database outage (no heartbeat
+  could be written) is never mistaken for dead workers.
+
+On SIGTERM (a deploy) the worker tells its training processes to stop: each saves a checkpoint at
+its next step and queues its run again (``workers.execute``), instead of holding the deploy for
+the rest of the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+
+from celery import bootsteps
+from celery.signals import worker_shutting_down
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+logger = logging.getLogger(__name__)
+
+DISPATCH_POLL_SECONDS = 1.0
+# After a failed send (broker down) the run is tried again this much later.
+BROKER_RETRY_SECONDS = 2.0
+
+
+def dispatch_due_runs(limit: int = 100) -> int:
+    """Send due queued runs to their queues. Returns how many were sent."""
+    from webapp.runs.models import Run
+    from workers.tasks import execute_run_task
+
+    sent = 0
+    for run in Run.objects.due_for_dispatch().select_related("backend").order_by("created_at")[:limit]:
+        now = timezone.now()
+        # Take this send: another worker's dispatcher may be looking at the same row.
+        taken = Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED, dispatch_at=run.dispatch_at).update(
+            dispatch_at=now + timedelta(seconds=settings.RUN_REDISPATCH_SECONDS)
+        )
+        if not taken:
+            continue
+        try:
+            result = execute_run_task.apply_async(args=[run.pk], queue=run.backend.queue)
+        except Exception as exc:  # the broker is down: the run stays in the outbox
+            Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED).update(
+                dispatch_at=now + timedelta(seconds=BROKER_RETRY_SECONDS)
+            )
+            logger.warning("Sending run %s to queue %s failed (%s); trying again shortly.", run.pk, run.backend.queue, exc)
+            break
+        Run.objects.filter(pk=run.pk).update(task_id=result.id or "")
+        sent += 1
+    return sent
+
+
+def recover_lost_runs() -> dict[int, str]:
+    """Re-queue or fail the running runs nobody looks after. Returns {run id: status given}."""
+    from webapp.runs.models import Run
+
+    outcome = {}
+    for run in Run.objects.lost().select_related("backend"):
+        if run.kind == Run.Kind.PLATFORM:
+            reason = f"its worker ({run.worker}) sent no heartbeat for over {settings.RUN_STALE_SECONDS} s: it was lost."
+        else:
+            reason = f"Nothing was reported for over {settings.EXTERNAL_RUN_STALE_SECONDS} s; the external run is presumed dead."
+        status = run.recover(reason)
+        if status:
+            logger.warning("Run %s: %s -> %s", run.pk, reason, status)
+            outcome[run.pk] = status
+    return outcome
+
+
+class Housekeeper:
+    """The thread: dispatch every second, sweep every ``RUN_SWEEP_SECONDS``."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="housekeeping", daemon=True)
+        self._database_since: float | None = None  # since when this process reaches the database
+        self._last_sweep = 0.0
+
+    def start(self) -> "Housekeeper":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        try:
+            if self._database_since is None:
+                connection.ensure_connection()
+                self._database_since = now
+            dispatch_due_runs()
+            if now - self._last_sweep >= settings.RUN_SWEEP_SECONDS and now - self._database_since >= settings.RUN_STALE_SECONDS:
+                self._last_sweep = now
+                recover_lost_runs()
+                from webapp.integrations import alerts
+
+                alerts.tick()  # runs gone quiet, alerts due for (re)delivery; never raises
+        except Exception as exc:  # the database is down: judge nothing until it has been back a while
+            if self._database_since is not None:
+                logger.warning("Housekeeping cannot reach the database (%s); retrying.", exc)
+            self._database_since = None
+            try:
+                connection.close()
+            except Exception:  # noqa: BLE001 (a broken connection may fail to close; it is dropped anyway)
+                pass
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(DISPATCH_POLL_SECONDS):
+                self.tick()
+        finally:
+            connection.close()
+
+
+class HousekeepingStep(bootsteps.StartStopStep):
+    """Runs the housekeeping thread for as long as the worker runs (``workers.celery_app`` adds it)."""
+
+    def __init__(self, worker, **kwargs) -> None:
+        super().__init__(worker, **kwargs)
+        self.housekeeper: Housekeeper | None = None
+
+    def start(self, worker) -> None:
+        self.housekeeper = Housekeeper().start()
+
+    def stop(self, worker) -> None:
+        if self.housekeeper is not None:
+            self.housekeeper.stop()
+
+
+@worker_shutting_down.connect
+def _ask_runs_to_stop(sig=None, how=None, **kwargs) -> None:
+    """In the worker's main process, on SIGTERM: each training process of this worker saves a
+    checkpoint at its next step, queues its run again and exits (its supervisor then returns, and
+    the warm shutdown completes). One that has not stopped after ``RUN_SHUTDOWN_GRACE_SECONDS`` is
+    killed; its run resumes from its previous checkpoint."""
+    training = training_processes()
+    for process in training:
+        _send(process, signal.SIGTERM)
+    if training:
+        timer = threading.Timer(settings.RUN_SHUTDOWN_GRACE_SECONDS, lambda: [_send(p, signal.SIGKILL) for p in training])
+        timer.daemon = True
+        timer.start()
+
+
+def training_processes() -> list:
+    """The training processes (``python -m workers.child``) this worker process started, at any depth."""
+    import psutil
+
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "workers.child" in process.cmdline():
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _send(process, sig: int) -> None:
+    import psutil
+
+    try:
+        os.killpg(process.pid, sig)  # its process group: what it started goes too
+    except (ProcessLookupError, PermissionError, psutil.Error):
+        pass
