@@ -153,6 +153,14 @@ def copy_form_data(registry):
 
 
 @pytest.fixture
+def no_queue(monkeypatch):
+    """Runs are created but not sent to a worker."""
+    from webapp.runs.models import Run
+
+    monkeypatch.setattr(Run, "enqueue", lambda self: None)
+
+
+@pytest.fixture
 def make_run(registry, owner):
     """Create a Run row of the tiny copy task directly (no form, no queue)."""
     from webapp.runs.models import Run
@@ -167,6 +175,41 @@ def make_run(registry, owner):
         }
         values.update(fields)
         return Run.objects.create(**values)
+
+    return make
+
+
+@pytest.fixture
+def page_client():
+    """A Django test client logged in as ``user`` (None: anonymous)."""
+    from django.test import Client
+
+    def make(user, **kwargs):
+        client = Client(**kwargs)
+        if user is not None:
+            client.force_login(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def token_of():
+    from rest_framework.authtoken.models import Token
+
+    return lambda user: Token.objects.get_or_create(user=user)[0].key
+
+
+@pytest.fixture
+def api_client(token_of):
+    """A DRF client authenticated with ``user``'s API token (None: no credentials)."""
+    from rest_framework.test import APIClient
+
+    def make(user):
+        client = APIClient()
+        if user is not None:
+            client.credentials(HTTP_AUTHORIZATION=f"Token {token_of(user)}")
+        return client
 
     return make
 

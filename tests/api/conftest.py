@@ -11,27 +11,6 @@ def _fast_passwords(settings):
 
 
 @pytest.fixture
-def token_of():
-    from rest_framework.authtoken.models import Token
-
-    return lambda user: Token.objects.get_or_create(user=user)[0].key
-
-
-@pytest.fixture
-def api_client(token_of):
-    """A DRF client authenticated with ``user``'s API token (None: no credentials)."""
-    from rest_framework.test import APIClient
-
-    def make(user):
-        client = APIClient()
-        if user is not None:
-            client.credentials(HTTP_AUTHORIZATION=f"Token {token_of(user)}")
-        return client
-
-    return make
-
-
-@pytest.fixture
 def no_queue(monkeypatch):
     """Runs are created but not sent to a worker."""
     from webapp.runs.models import Run

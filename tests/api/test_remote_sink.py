@@ -102,5 +102,5 @@ def test_cli_create_list_follow_cancel(live_server, owner, token_of, registry, m
 
 def test_cli_reports_the_platforms_validation_errors(live_server, owner, token_of, registry, capsys):
     code = cli(["--url", live_server.url, "--token", token_of(owner), "create", "--agent", "copy-task", "--dataset", "copy",
-                "--backend", "trl"])
+                "--backend", "trl", "--model", "tiny-char"])
     assert code == 1 and "reward_func" in capsys.readouterr().err  # the form's own message, by field

@@ -47,7 +47,7 @@ def test_create_validates_and_queues_like_the_form(owner, api_client, registry, 
 @pytest.mark.parametrize("change,field,message", [
     ({"overrides": {"data.train_batch_size": 0}}, "overrides", "train_batch_size"),
     ({"agent": "no-such-agent"}, "agent", "Select a valid choice"),
-    ({"overrides": {"actor_rollout_ref.model.path": "x"}}, "overrides", "set both"),
+    ({"overrides": {"actor_rollout_ref.model.path": "x"}}, "overrides", "Model field"),
 ])
 def test_create_reports_the_forms_errors_by_field(change, field, message, owner, api_client, registry, no_queue, copy_form_data):
     response = api_client(owner).post("/api/runs/", _platform_run(**change), format="json")

@@ -57,6 +57,7 @@ def test_the_demo_run_goes_live_in_the_browser_and_cancels(embedded_platform, br
         page.wait_for_function(f"() => dashboardState.series.get('reward').x.length > {seen}", timeout=60_000)
         assert page.text_content("#run-status") == "running"
 
+        page.once("dialog", lambda dialog: dialog.accept())  # "Cancel run N?"
         page.click("#run-cancel button")
         page.wait_for_function("() => document.getElementById('run-status').textContent === 'cancelled'", timeout=90_000)
     except Exception:

@@ -26,7 +26,7 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
         page.select_option("select[name=agent]", str(registry["agents"]["frozenlake"].pk))
         page.select_option("select[name=dataset]", str(registry["datasets"]["frozenlake"].pk))
         page.select_option("select[name=backend]", str(registry["backends"]["trl"].pk))
-        page.fill("input[name=model]", "tiny-char")
+        page.select_option("select[name=model]", "tiny-char")
         page.fill("textarea[name=overrides]", OVERRIDES)
         page.click("main form button[type=submit]")
         page.wait_for_url("**/runs/*/")
@@ -67,6 +67,7 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
         log_in(page, live_platform["url"], "owner", "owner-password")
         page.goto(f"{live_platform['url']}/runs/{run.pk}/")
 
+        page.once("dialog", lambda dialog: dialog.accept())  # "Cancel run N?"
         page.click("#run-cancel button")
         page.wait_for_function("() => document.getElementById('run-status').textContent === 'cancelled'", timeout=60_000)
         run.refresh_from_db()

@@ -51,7 +51,7 @@ def test_run_page_embeds_the_dashboard_and_plotly_is_served_locally(owner_client
     assert 'id="dash-charts"' in page and "/dashboard/plotly.min.js" in page and "cdn" not in page.lower()
     response = owner_client.get("/dashboard/plotly.min.js")
     assert response.status_code == 200 and response["Content-Type"] == "application/javascript"
-    assert b"plotly" in b"".join(response.streaming_content)[:2000].lower()
+    assert b"plotly" in response.content[:2000].lower()
 
 
 def test_run_list_filters_and_searches(owner_client, make_run):

@@ -33,6 +33,8 @@ class LoopbackServer:
     def __init__(self, handle: Route) -> None:
         self.calls: list[tuple[str, str]] = []
         self.errors: list[str] = []
+        self.in_flight = 0
+        self._idle = threading.Condition()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,11 +48,17 @@ class LoopbackServer:
                 body = self.rfile.read(length) if length else b""
                 request = Request(self.command, self.path, self.headers, body)
                 server.calls.append((self.command, request.path))
+                with server._idle:
+                    server.in_flight += 1
                 try:
                     response = handle(request)
                 except Exception as exc:  # a stand-in bug: answer 500 and keep it for the test to see
                     server.errors.append(f"{self.command} {request.path}: {exc!r}")
                     response = Response(500, {"detail": f"stand-in error: {exc!r}"})
+                finally:
+                    with server._idle:
+                        server.in_flight -= 1
+                        server._idle.notify_all()
                 self.send_response(response.status)
                 self.send_header("Content-Type", response.content_type)
                 if response.stream is not None:
@@ -76,5 +84,10 @@ class LoopbackServer:
         return f"http://{host}:{port}"
 
     def close(self) -> None:
+        """Stop serving and wait (10 s at most) for requests still being handled, so no stand-in keeps
+        sampling, and drawing from torch's global RNG, after its test has ended. Idle keep-alive
+        connections are not waited for."""
         self.httpd.shutdown()
         self.httpd.server_close()
+        with self._idle:
+            self._idle.wait_for(lambda: self.in_flight == 0, timeout=10)

@@ -21,36 +21,6 @@ def shared_run(make_run, project):
     return make
 
 
-@pytest.fixture
-def page_client():
-    """A Django test client logged in as ``user`` (None: anonymous)."""
-    from django.test import Client
-
-    def make(user, **kwargs):
-        client = Client(**kwargs)
-        if user is not None:
-            client.force_login(user)
-        return client
-
-    return make
-
-
-@pytest.fixture
-def api_client():
-    """A DRF client authenticated with ``user``'s API token (None: no credentials)."""
-    from rest_framework.authtoken.models import Token
-    from rest_framework.test import APIClient
-
-    def make(user):
-        client = APIClient()
-        if user is not None:
-            token, _ = Token.objects.get_or_create(user=user)
-            client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-        return client
-
-    return make
-
-
 @pytest.fixture(autouse=True)
 def _fast_passwords(settings):
     """Personas are created per test; the production hasher's million rounds would dominate the run time."""

@@ -89,7 +89,7 @@ def test_agent_class_of_the_wrong_kind(tmp_path):
 
 
 def test_env_that_cannot_be_built_from_the_dataset(tmp_path):
-    with pytest.raises(ValueError, match="env_class FrozenLakeEnv could not be built .* first row of train_dataset"):
+    with pytest.raises(ValueError, match="train_dataset .*has no field 'start_row', which env_class FrozenLakeEnv needs"):
         build(tmp_path, **{k: v for k, v in FROZENLAKE.items()}, train_dataset=[{"prompt": "no start cell here"}])
 
 

@@ -29,7 +29,8 @@ def test_trl_names_map_onto_ours_and_back_to_trl_unchanged(tmp_path, caplog):
     config = {"actor_rollout_ref.model.path": "tiny-char", "learning_rate": 3e-3, "num_generations": 4, "per_device_train_batch_size": 8,
               "max_completion_length": 3, "beta": 0.04, "temperature": 0.9, "top_p": 0.95, "epsilon": 0.3,
               "num_iterations": 2, "max_steps": 2, "logging_steps": 1, "save_strategy": "no", "seed": 7,
-              "lr_scheduler_type": "cosine", "warmup_steps": 1, "max_grad_norm": 0.5, "scale_rewards": "none"}
+              "lr_scheduler_type": "cosine", "warmup_steps": 1, "max_grad_norm": 0.5, "scale_rewards": "none",
+              "loss_type": "dr_grpo", "epsilon_high": 0.35, "importance_sampling_level": "sequence"}
     with caplog.at_level(logging.INFO, logger="training"):
         trainer = AgentTrainer(train_dataset=[{"prompt": p} for p in "wxyz"], reward_func=batch_reward, config=config,
                                run_path=str(tmp_path), train_engine_name="trl")
@@ -92,15 +93,16 @@ def test_aworlds_default_trl_config_is_refused_where_it_cannot_be_honoured(tmp_p
 
 @pytest.mark.parametrize("override, message", [
     ({"learning_rat": 1e-5}, "learning_rat: unknown config key. Did you mean 'learning_rate' (TRL's GRPOConfig name)?"),
-    ({"loss_type": "grpo"}, "loss_type: TRL's GRPOConfig option loss_type='grpo' cannot be honoured"),
+    ({"loss_type": "bnpo"}, "loss_type: 'bnpo' cannot be honoured: use one of dapo, grpo, luspo, dr_grpo"),
+    ({"importance_sampling_level": "word"}, "importance_sampling_level: 'word' cannot be honoured"),
     ({"top_k": 50}, "top_k: TRL's GRPOConfig option top_k=50 cannot be honoured: top-k sampling is not available"),
     ({"use_vllm": True}, "use_vllm: TRL's GRPOConfig option use_vllm=True cannot be honoured: generation with vLLM belongs to the verl backend"),
     ({"trust_remote_code": True}, "trust_remote_code: trust_remote_code cannot be used here: set actor_rollout_ref.model.trust_remote_code"),
     ({"num_generations": 3, "per_device_train_batch_size": 8}, "per_device_train_batch_size: per_device_train_batch_size x gradient_accumulation_steps = 8 completions must be a multiple of num_generations (3)"),
     ({"scale_rewards": "batch"}, "scale_rewards: 'batch' cannot be honoured"),
     ({"save_strategy": "epoch"}, "save_strategy: 'epoch' cannot be honoured"),
-    ({"report_to": ["wandb"]}, "report_to: ['wandb'] cannot be honoured"),
-    ({"epsilon_high": 0.28}, "epsilon_high: an upper clip range apart from epsilon cannot be honoured"),
+    ({"report_to": ["comet_ml"]}, "report_to: ['comet_ml'] cannot be honoured"),
+    ({"epsilon_high": 1.28}, "epsilon_high: must be between 0 and 1, got 1.28. (TRL's epsilon_high sets actor_rollout_ref.actor.clip_ratio_high)"),
     ({"max_steps": -1}, "max_steps: must be at least 1. (TRL's max_steps sets trainer.total_training_steps)"),
     ({"lr_scheduler_type": "linear"}, "lr_scheduler_type: must be 'constant' or 'cosine', not 'linear'."),
 ])

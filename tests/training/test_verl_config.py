@@ -77,6 +77,24 @@ def test_our_keys_land_on_verl_paths(tmp_path):
     assert verl.trainer.logger == ["file"]
 
 
+def test_the_recipe_keys_reach_verl_under_its_own_names(tmp_path):
+    config = Config.build({
+        "actor_rollout_ref.model.path": "Qwen/Qwen2.5-0.5B-Instruct", "data.max_response_length": 700,
+        "actor_rollout_ref.actor.clip_ratio_high": 0.28, "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",
+        "actor_rollout_ref.actor.policy_loss.loss_mode": "gspo", "reward_model.overlong_buffer.enable": True,
+        "reward_model.overlong_buffer.len": 100, "reward_model.overlong_buffer.penalty_factor": 0.5,
+        "algorithm.adv_estimator": "reinforce_plus_plus_baseline",
+    })
+    verl = compose_verl_config(config, run_path=tmp_path, train_files="train.parquet", val_files="test.parquet")
+    actor = verl.actor_rollout_ref.actor
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
+    assert (actor.loss_agg_mode, actor.policy_loss.loss_mode) == ("seq-mean-token-mean", "gspo")
+    assert verl.algorithm.adv_estimator == "reinforce_plus_plus_baseline"
+    assert verl.reward.reward_manager.name == "dapo"  # verl's DAPO reward manager applies the overlong buffer
+    assert verl.reward.reward_kwargs.max_resp_len == 700
+    assert dict(verl.reward.reward_kwargs.overlong_buffer_cfg) == {"enable": True, "len": 100, "penalty_factor": 0.5, "log": False}
+
+
 @pytest.mark.parametrize("example", ["copy", "countdown", "frozenlake"])
 def test_example_configs_compose_and_validate(tmp_path, one_gpu, example):
     spec = yaml.safe_load((EXAMPLES / "configs" / f"{example}.yaml").read_text())

@@ -4,7 +4,7 @@ import pytest
 
 from webapp.registry.models import Backend
 
-MODELS = ["registry/agent", "registry/tool", "registry/dataset", "registry/rewardfunction", "registry/backend",
+MODELS = ["registry/agent", "registry/tool", "registry/dataset", "registry/model", "registry/rewardfunction", "registry/backend",
           "runs/run", "runs/metricpoint", "runs/runlog", "runs/checkpoint"]
 
 

@@ -55,7 +55,8 @@ def test_the_form_refuses_a_backend_whose_environment_is_missing(owner_client, c
     assert Run.objects.count() == 0
 
 
-@pytest.mark.parametrize("override", ["trainer.python=/bin/sh", "remote.base_url=http://attacker.example"])
+@pytest.mark.parametrize("override", ["trainer.python=/bin/sh", "remote.base_url=http://attacker.example",
+                                      "actor_rollout_ref.rollout.server_url=http://169.254.169.254"])
 def test_a_run_cannot_choose_the_interpreter_or_the_service_that_gets_the_api_key(owner_client, copy_form_data, override):
     response = owner_client.post(URL, {**copy_form_data, "overrides": override})
     assert "chosen by the backend's administrator" in " ".join(response.context["form"].errors["overrides"])

@@ -7,15 +7,15 @@ import pytest
 
 from webapp.registry.models import Agent, Backend, Dataset
 from webapp.runs.models import Run
+from workers.housekeeping import dispatch_due_runs
 
 URL = "/runs/new/"
 
 
 @pytest.fixture
-def apply_async():
-    with mock.patch("workers.tasks.execute_run_task.apply_async") as patched:
-        patched.return_value.id = "task-1"
-        yield patched
+def outbox(db):
+    """The queued runs waiting for the workers' dispatcher (the web side sends nothing itself)."""
+    return lambda: list(Run.objects.due_for_dispatch())
 
 
 def post(client, data, capture):
@@ -45,99 +45,103 @@ def test_form_lists_the_registry(owner_client, registry):
         assert name in page
 
 
-def test_valid_run_is_created_and_queued_on_its_backend_queue(owner_client, owner, copy_form_data, apply_async, django_capture_on_commit_callbacks):
+def test_valid_run_is_created_and_queued_on_its_backend_queue(owner_client, owner, copy_form_data, outbox, django_capture_on_commit_callbacks):
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     run = Run.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/runs/{run.pk}/"
     assert run.owner == owner and run.status == Run.Status.QUEUED
     assert run.config_overrides == {"trainer.total_training_steps": 3, "data.train_batch_size": 2,
                                     "actor_rollout_ref.rollout.n": 2, "data.max_response_length": 4}
+    assert outbox() == [run]
+    with mock.patch("workers.tasks.execute_run_task.apply_async") as apply_async:
+        apply_async.return_value.id = "task-1"
+        assert dispatch_due_runs() == 1
     apply_async.assert_called_once_with(args=[run.pk], queue="cpu")
-    assert Run.objects.get().task_id == "task-1"
+    assert Run.objects.get().task_id == "task-1" and outbox() == []
 
 
-def test_yaml_overrides_are_accepted(owner_client, copy_form_data, apply_async, django_capture_on_commit_callbacks):
+def test_yaml_overrides_are_accepted(owner_client, copy_form_data, outbox, django_capture_on_commit_callbacks):
     copy_form_data["overrides"] = "trainer:\n  total_training_steps: 3\ndata:\n  train_batch_size: 2\n"
     post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert Run.objects.get().config_overrides == {"trainer.total_training_steps": 3, "data.train_batch_size": 2}
 
 
-def test_unknown_config_key(owner_client, copy_form_data, apply_async, django_capture_on_commit_callbacks):
+def test_unknown_config_key(owner_client, copy_form_data, outbox, django_capture_on_commit_callbacks):
     copy_form_data["overrides"] = "data.train_batchsize=2"
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "overrides", "data.train_batchsize", "unknown config key", "data.train_batch_size")
-    apply_async.assert_not_called()
+    assert outbox() == []
 
 
-def test_wrong_type(owner_client, copy_form_data, apply_async, django_capture_on_commit_callbacks):
+def test_wrong_type(owner_client, copy_form_data, outbox, django_capture_on_commit_callbacks):
     copy_form_data["overrides"] = "data.train_batch_size=lots"
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "overrides", "data.train_batch_size", "whole number")
-    apply_async.assert_not_called()
+    assert outbox() == []
 
 
-def test_out_of_range_value(owner_client, copy_form_data, apply_async, django_capture_on_commit_callbacks):
+def test_out_of_range_value(owner_client, copy_form_data, outbox, django_capture_on_commit_callbacks):
     copy_form_data["overrides"] = "actor_rollout_ref.rollout.n=0"
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "overrides", "actor_rollout_ref.rollout.n", "at least 1")
-    apply_async.assert_not_called()
+    assert outbox() == []
 
 
-def test_line_that_is_not_key_value(owner_client, copy_form_data, apply_async, django_capture_on_commit_callbacks):
+def test_line_that_is_not_key_value(owner_client, copy_form_data, outbox, django_capture_on_commit_callbacks):
     copy_form_data["overrides"] = "data.train_batch_size=2\njust some words"
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "overrides", "just some words", "key=value")
-    apply_async.assert_not_called()
+    assert outbox() == []
 
 
-def test_missing_dataset_column(owner_client, copy_form_data, registry, apply_async, django_capture_on_commit_callbacks):
+def test_missing_dataset_column(owner_client, copy_form_data, registry, outbox, django_capture_on_commit_callbacks):
     renamed = Dataset.objects.create(name="copy-renamed", identifier="copy", column_mapping={"prompt": "question"})
     copy_form_data["dataset"] = renamed.pk
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "dataset", "train_dataset", "question")
-    apply_async.assert_not_called()
+    assert outbox() == []
 
 
-def test_unknown_dataset_name(owner_client, copy_form_data, apply_async, django_capture_on_commit_callbacks):
+def test_unknown_dataset_name(owner_client, copy_form_data, outbox, django_capture_on_commit_callbacks):
     copy_form_data["dataset"] = Dataset.objects.create(name="missing", source=Dataset.Source.PATH, identifier="/nonexistent/data.jsonl").pk
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "dataset", "train_dataset", "/nonexistent/data.jsonl")
-    apply_async.assert_not_called()
+    assert outbox() == []
 
 
-def test_agent_path_that_does_not_import(owner_client, copy_form_data, apply_async, django_capture_on_commit_callbacks):
+def test_agent_path_that_does_not_import(owner_client, copy_form_data, outbox, django_capture_on_commit_callbacks):
     broken = Agent.objects.create(name="broken", agent_class="no_such_package.agents.Agent", env_class="examples.frozenlake.FrozenLakeEnv")
     copy_form_data["agent"] = broken.pk
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "agent", "no_such_package.agents.Agent")
-    apply_async.assert_not_called()
+    assert outbox() == []
 
 
-def test_reward_that_does_not_exist(owner_client, copy_form_data, registry, apply_async, django_capture_on_commit_callbacks):
+def test_reward_that_does_not_exist(owner_client, copy_form_data, registry, outbox, django_capture_on_commit_callbacks):
     from webapp.registry.models import RewardFunction
 
     copy_form_data["reward"] = RewardFunction.objects.create(name="nope", path="no_such_module.reward").pk
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "reward", "no_such_module")
-    apply_async.assert_not_called()
+    assert outbox() == []
 
 
-def test_disabled_backend(owner_client, copy_form_data, registry, apply_async, django_capture_on_commit_callbacks):
+def test_disabled_backend(owner_client, copy_form_data, registry, outbox, django_capture_on_commit_callbacks):
     Backend.objects.filter(name="trl").update(enabled=False)
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "backend", "disabled")
-    apply_async.assert_not_called()
+    assert outbox() == []
 
 
-def test_model_set_twice(owner_client, copy_form_data, apply_async, django_capture_on_commit_callbacks):
+def test_model_set_twice(owner_client, copy_form_data, outbox, django_capture_on_commit_callbacks):
     copy_form_data["overrides"] += "actor_rollout_ref.model.path=tiny-char\n"
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "overrides", "actor_rollout_ref.model.path", "Model")
-    apply_async.assert_not_called()
+    assert outbox() == []
 
 
-def test_missing_required_choice(owner_client, copy_form_data, apply_async, django_capture_on_commit_callbacks):
+def test_missing_required_choice(owner_client, copy_form_data, outbox, django_capture_on_commit_callbacks):
     del copy_form_data["agent"]
     response = post(owner_client, copy_form_data, django_capture_on_commit_callbacks)
     assert_rejected(response, "agent", "required")
-    apply_async.assert_not_called()
+    assert outbox() == []

@@ -5,7 +5,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from webapp.runs.models import Run
+from webapp.runs.models import Run, RunLog
+from workers.housekeeping import recover_lost_runs
 
 
 def test_only_one_worker_claims_a_run(make_run):
@@ -56,13 +57,38 @@ def test_cancel_view(owner_client, make_run):
     assert run.status == Run.Status.CANCELLED
 
 
-def test_stale_running_runs_are_failed(make_run, settings):
+def test_lost_runs_are_requeued_until_their_backend_allows_no_more_attempts(make_run, settings):
     fresh, stale = make_run(), make_run()
     fresh.claim("w")
     stale.claim("w")
-    Run.objects.filter(pk=stale.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=settings.RUN_STALE_SECONDS + 5))
-    assert Run.objects.mark_stale_failed() == 1
+    stale.backend.max_attempts = 2
+    stale.backend.save()
+
+    def lose():
+        Run.objects.filter(pk=stale.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=settings.RUN_STALE_SECONDS + 5))
+
+    lose()
+    assert recover_lost_runs() == {stale.pk: Run.Status.QUEUED}
+    stale.refresh_from_db()
+    assert stale.status == Run.Status.QUEUED and stale.lost_attempts == 1 and stale.dispatch_at is None
+    assert RunLog.objects.filter(run=stale, message__contains="Attempt 1 ended: its worker (w) sent no heartbeat").exists()
+    assert stale.claim("w2") and stale.attempts == 2
+    lose()
+    assert recover_lost_runs() == {stale.pk: Run.Status.FAILED}
     stale.refresh_from_db()
     fresh.refresh_from_db()
-    assert stale.status == Run.Status.FAILED and "heartbeat" in stale.error
+    assert stale.status == Run.Status.FAILED and "2 attempt(s) were lost" in stale.error and "heartbeat" in stale.error
     assert fresh.status == Run.Status.RUNNING
+
+
+def test_an_attempt_given_up_on_can_no_longer_change_the_run(make_run):
+    run = make_run()
+    first = Run.objects.get(pk=run.pk)
+    assert first.claim("w1")
+    assert first.requeue("its worker was lost.")
+    second = Run.objects.get(pk=run.pk)
+    assert second.claim("w2")
+    assert not first.heartbeat() and not first.finish(Run.Status.SUCCEEDED) and not first.requeue("late")
+    assert second.heartbeat() and second.finish(Run.Status.SUCCEEDED)
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED and run.worker == "w2" and run.attempts == 2

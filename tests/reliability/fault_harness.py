@@ -1,0 +1,140 @@
+"""What the fault-injection tests and ``bench/faults.py`` share: real Celery workers started as
+processes (with short heartbeats and thresholds), faults dealt to them, and the check that a run's
+series holds every logged step exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+SLOW_REWARD = str(Path(__file__).with_name("slow_reward.py")) + ":slow_char_accuracy"
+# Short enough that a lost run is found in seconds; the defaults (5 s / 20 s) are for production.
+FAST_SETTINGS = {
+    "RUN_HEARTBEAT_SECONDS": "1", "RUN_STALE_SECONDS": "4", "RUN_SWEEP_SECONDS": "1",
+    "RUN_SHUTDOWN_GRACE_SECONDS": "30", "RUN_REDISPATCH_SECONDS": "30", "RUN_CANCEL_GRACE_SECONDS": "30",
+}
+
+
+def run_overrides(steps: int) -> dict:
+    """A tiny copy-task run that saves a checkpoint every step (what a resumed attempt starts from)."""
+    return {"trainer.total_training_steps": steps, "trainer.save_freq": 1, "trainer.cpu_threads": 1,
+            "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2, "data.max_response_length": 4}
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen
+    name: str
+    log: Path
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            main = psutil.Process(self.process.pid)
+            return [main, *main.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def training_processes(self) -> list[psutil.Process]:
+        return [p for p in self.tree() if "workers.child" in " ".join(_cmdline(p))]
+
+    def kill(self) -> None:
+        """The machine is lost: SIGKILL the worker and every process it started."""
+        _kill(self.tree())
+        self.process.wait(timeout=30)
+
+    def kill_celery_only(self) -> float:
+        """SIGKILL the Celery processes, leaving the training process (and its children) alive."""
+        training = set()
+        for process in self.training_processes():
+            training.add(process.pid)
+            training.update(child.pid for child in process.children(recursive=True))
+        _kill([p for p in self.tree() if p.pid not in training])
+        self.process.wait(timeout=30)
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill(self.tree())
+
+    def log_tail(self, size: int = 6000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-size:]
+        except OSError:
+            return ""
+
+
+def start_worker(queue: str, tag: str, env: dict[str, str], log_dir: Path,
+                 thresholds: dict[str, str] = FAST_SETTINGS) -> Worker:
+    """A ``celery worker`` process on ``queue`` (``thresholds``: settings it runs with; {} for the defaults)."""
+    name = f"{queue}-{tag}"
+    log = log_dir / f"{name}.log"
+    with open(log, "ab") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queue, "--concurrency", "1",
+             "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"],
+            cwd=ROOT, env={**os.environ, **thresholds, **env}, stdout=output, stderr=subprocess.STDOUT,
+        )
+    return Worker(process, name, log)
+
+
+def wait_for(predicate, timeout: float, what: str, workers: tuple[Worker, ...] = (), poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    logs = "\n".join(f"--- {w.name} ---\n{w.log_tail()}" for w in workers)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs}")
+
+
+def stored_steps(run_id: int, key: str = "reward") -> dict[str, list[int]]:
+    """The steps of ``key`` as each store holds them: metric points and the dashboard's series blocks."""
+    from webapp.dashboard import series
+    from webapp.runs.models import MetricPoint
+
+    points = list(MetricPoint.objects.filter(run_id=run_id, key=key).order_by("step").values_list("step", flat=True))
+    blocks = [step for step, _ in series.points_after(run_id, -1).get(key, [])]
+    return {"metric_points": points, "series": blocks}
+
+
+def lost_and_doubled(run_id: int, steps: int, key: str = "reward") -> tuple[int, int]:
+    """(steps missing, steps stored more than once), over both stores, for a run that logged 1..steps."""
+    lost = doubled = 0
+    for stored in stored_steps(run_id, key).values():
+        lost += len(set(range(1, steps + 1)) - set(stored))
+        doubled += len(stored) - len(set(stored))
+    return lost, doubled
+
+
+def latest_step(run_id: int, key: str = "reward") -> int:
+    from webapp.runs.models import MetricPoint
+
+    return max(MetricPoint.objects.filter(run_id=run_id, key=key).values_list("step", flat=True), default=0)
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass

@@ -1,0 +1,171 @@
+"""Fault injection against real Postgres, Redis and Celery worker processes: a run survives its
+worker (SIGKILL of everything, SIGKILL of Celery alone, SIGTERM of a deploy), a Redis outage and a
+Postgres outage (both cut by a TCP proxy on loopback), and ends with every logged step stored
+exactly once. Heartbeats and thresholds are shortened through settings (harness.FAST_SETTINGS)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from fault_harness import (
+    SLOW_REWARD, lost_and_doubled, latest_step, run_overrides, start_worker, wait_for,
+)
+from tcp_proxy import TcpProxy
+from webapp.registry.models import Backend, RewardFunction
+from webapp.runs.models import Run, RunLog
+from workers.execute import database_url
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+STEPS = 12
+RUN_TIMEOUT = 240
+
+
+@pytest.fixture
+def queue(registry):
+    name = f"test-faults-{uuid.uuid4().hex[:8]}"  # no other worker listens here
+    Backend.objects.filter(name="trl").update(queue=name, max_attempts=3)
+    return name
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {"DATABASE_URL": database_url(connection.settings_dict), "REDIS_URL": settings.REDIS_URL,
+            "PLATFORM_VAR_DIR": str(tmp_path / "var")}
+
+
+@pytest.fixture
+def workers(tmp_path):
+    started = []
+
+    def start(queue: str, tag: str, env: dict):
+        worker = start_worker(queue, tag, env, tmp_path)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop(timeout=10)
+
+
+@pytest.fixture
+def slow_run(make_run, queue):
+    reward = RewardFunction.objects.create(name="slow-char", path=SLOW_REWARD)
+
+    def make(steps: int = STEPS) -> Run:
+        run = make_run(reward=reward, config_overrides=run_overrides(steps))
+        run.enqueue()
+        return run
+
+    return make
+
+
+def finished(run: Run, *workers) -> Run:
+    wait_for(lambda: Run.objects.get(pk=run.pk).is_final, RUN_TIMEOUT, f"run {run.pk} to end", workers)
+    run.refresh_from_db()
+    return run
+
+
+def assert_resumed_and_complete(run: Run, steps: int = STEPS) -> None:
+    assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
+    assert run.steps == steps
+    assert lost_and_doubled(run.pk, steps) == (0, 0)
+    messages = list(RunLog.objects.filter(run=run).values_list("message", flat=True))
+    assert any("resuming from checkpoint" in m for m in messages), messages[-20:]
+    assert any(f"attempt {run.attempts} of 3, resuming" in m for m in messages)
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "known defect: a SIGKILL between a checkpoint save and the flush of the steps before it loses "
+    "those steps' points (seen: 2 of 12 lost); resume must start from the last checkpoint whose "
+    "steps are all stored"))
+def test_a_run_lost_with_its_machine_resumes_on_another_worker(queue, env, workers, slow_run):
+    first = workers(queue, "a", env)
+    run = slow_run()
+    wait_for(lambda: latest_step(run.pk) >= 3, RUN_TIMEOUT, "step 3", (first,))
+    first.kill()  # worker and training process, SIGKILL: nothing gets to say goodbye
+    second = workers(queue, "b", env)
+    run = finished(run, second)
+    assert_resumed_and_complete(run)
+    assert run.attempts == 2 and run.lost_attempts == 1 and run.worker.startswith(second.name)
+    assert RunLog.objects.filter(run=run, message__contains="sent no heartbeat").exists()
+
+
+def test_celery_killed_alone_the_training_process_checkpoints_and_requeues_never_cancelled(queue, env, workers, slow_run):
+    first = workers(queue, "a", env)
+    run = slow_run()
+    wait_for(lambda: latest_step(run.pk) >= 3, RUN_TIMEOUT, "step 3", (first,))
+    first.kill_celery_only()
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.QUEUED, 60, "the run to be queued again", (first,))
+    second = workers(queue, "b", env)
+    run = finished(run, second)
+    assert_resumed_and_complete(run)
+    assert run.cancel_requested_at is None and run.attempts == 2 and run.lost_attempts == 0
+    assert RunLog.objects.filter(run=run, message__contains="supervising worker process is gone").exists()
+
+
+def test_sigterm_requeues_the_run_within_the_grace_period_instead_of_finishing_it(queue, env, workers, slow_run):
+    first = workers(queue, "a", env)
+    run = slow_run(steps=40)
+    wait_for(lambda: latest_step(run.pk) >= 3, RUN_TIMEOUT, "step 3", (first,))
+    started = time.monotonic()
+    first.process.terminate()
+    first.process.wait(timeout=60)
+    assert time.monotonic() - started < 30, "the deploy waited for the run"
+    run.refresh_from_db()
+    assert run.status == Run.Status.QUEUED and run.steps < 40
+    messages = list(RunLog.objects.filter(run=run).values_list("message", flat=True))
+    assert any("Attempt 1 ended: The worker is shutting down" in m for m in messages), "\n".join(messages[-8:])
+    second = workers(queue, "b", env)
+    run = finished(run, second)
+    assert_resumed_and_complete(run, steps=40)
+    assert run.lost_attempts == 0
+def test_a_redis_outage_loses_no_run_and_queues_what_was_created_meanwhile(
+    queue, env, workers, slow_run, owner_client, copy_form_data
+):
+    host, port = settings.REDIS_URL.split("//")[1].split("/")[0].split(":")
+    proxy = TcpProxy(host, int(port))
+    db_number = settings.REDIS_URL.rsplit("/", 1)[1]
+    worker = workers(queue, "a", {**env, "REDIS_URL": f"redis://127.0.0.1:{proxy.port}/{db_number}"})
+    try:
+        running = slow_run(steps=30)
+        wait_for(lambda: latest_step(running.pk) >= 2, RUN_TIMEOUT, "step 2", (worker,))
+        proxy.cut()
+        response = owner_client.post("/runs/new/", copy_form_data)  # no broker involved: recorded, never a 500
+        assert response.status_code == 302, response.content[:2000]
+        created = Run.objects.exclude(pk=running.pk).get()
+        assert created.status == Run.Status.QUEUED
+        time.sleep(4)
+        proxy.restore()
+        for run in (running, created):
+            run = finished(run, worker)
+            assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
+            assert lost_and_doubled(run.pk, run.steps) == (0, 0) and run.attempts == 1
+    finally:
+        proxy.close()
+
+
+def test_a_postgres_outage_buffers_reports_and_training_goes_on(queue, env, workers, slow_run):
+    db = connection.settings_dict
+    proxy = TcpProxy(db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))
+    through_proxy = database_url({**db, "HOST": "127.0.0.1", "PORT": str(proxy.port)})
+    worker = workers(queue, "a", {**env, "DATABASE_URL": through_proxy})
+    try:
+        run = slow_run(steps=30)
+        wait_for(lambda: latest_step(run.pk) >= 3, RUN_TIMEOUT, "step 3", (worker,))
+        proxy.cut()
+        cut_at_step = latest_step(run.pk)
+        time.sleep(8)  # twice RUN_STALE_SECONDS: the run must not be taken for lost
+        proxy.restore()
+        wait_for(lambda: latest_step(run.pk) > cut_at_step + 3, 60, "the buffered steps", (worker,))
+        run = finished(run, worker)
+        assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
+        assert run.attempts == 1 and run.lost_attempts == 0
+        assert lost_and_doubled(run.pk, 30) == (0, 0)
+    finally:
+        proxy.close()

@@ -1,0 +1,114 @@
+"""Sweeps on the platform: trials are ordinary runs, Optuna picks the points and prunes; the
+browser form, the API and the results page."""
+
+from __future__ import annotations
+
+import pytest
+
+from webapp.runs.models import MetricPoint, Run
+from webapp.sweeps import engine
+from webapp.sweeps.models import Sweep, Trial
+
+SPACE = "actor_rollout_ref.actor.optim.lr: choice 0.01, 0.001, 0.0001\ndata.train_batch_size: choice 2"
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    """The runs the sweep sends to the workers' queue (no worker runs here: these tests drive the runs' ends)."""
+    sent: list[int] = []
+    monkeypatch.setattr(Run, "enqueue", lambda self: sent.append(self.pk))
+    return sent
+
+
+def end(run: Run, status: str, reward: float | None = None) -> None:
+    assert run.claim("test-worker")
+    run.finish(status, final_metrics={"reward": reward} if reward is not None else {}, steps=2)
+
+
+def test_a_grid_sweep_from_the_browser_runs_every_point_k_at_a_time(owner_client, make_run, queued,
+                                                                     django_capture_on_commit_callbacks):
+    base = make_run(name="base")
+    response = owner_client.post("/sweeps/new/", {
+        "base": base.pk, "name": "lr grid", "space": SPACE, "sampler": "grid", "objective": "reward",
+        "direction": "maximize", "max_trials": 10, "parallel": 2, "prune": "on", "seed": 0,
+    })
+    sweep = Sweep.objects.get()
+    assert response.status_code == 302 and response.url == f"/sweeps/{sweep.pk}/"
+    trials = list(sweep.trials.select_related("run"))
+    assert len(trials) == 2 and len(queued) == 2  # K=2 at a time
+    first = trials[0].run
+    assert first.config_overrides["actor_rollout_ref.actor.optim.lr"] == trials[0].params["actor_rollout_ref.actor.optim.lr"]
+    assert first.config_overrides["trainer.total_training_steps"] == 2  # the base run's overrides stay
+    assert first.agent_id == base.agent_id and first.name == "lr grid #0"
+
+    with django_capture_on_commit_callbacks(execute=True):
+        end(trials[0].run, "succeeded", reward=0.4)
+    assert sweep.trials.count() == 3  # the grid's last point started in the freed slot
+    with django_capture_on_commit_callbacks(execute=True):
+        end(trials[1].run, "failed")
+        end(Trial.objects.get(number=2).run, "succeeded", reward=0.7)
+    sweep.refresh_from_db()
+    assert sweep.status == "finished" and sweep.trials.count() == 3  # 3 grid points, never more
+    states = dict(sweep.trials.values_list("number", "state"))
+    assert states == {0: "complete", 1: "failed", 2: "complete"}
+    lrs = sorted(t.params["actor_rollout_ref.actor.optim.lr"] for t in sweep.trials.all())
+    assert lrs == [0.0001, 0.001, 0.01]  # each point once
+
+    page = owner_client.get(f"/sweeps/{sweep.pk}/").content.decode()
+    assert 'id="sweep-best"' in page and "trial 2" in page and "0.7" in page
+    assert page.count('class="trial trial-') == 3 and 'id="sweep-charts"' in page
+
+
+def test_a_hopeless_trial_is_pruned_and_stopped(make_run, owner, queued):
+    base = make_run(name="base")
+    sweep = Sweep.objects.create(owner=owner, name="prune", base_run=base, space={"actor_rollout_ref.actor.optim.lr": "float 1e-4..1e-2 log"},
+                                 sampler="random", max_trials=5, parallel=3, prune=True)
+    engine.launch(sweep.pk)
+    good, also_good, hopeless = [t.run for t in sweep.trials.order_by("number")]
+    for run in (good, also_good):
+        for step in (1, 2, 3):
+            MetricPoint.objects.create(run=run, key="reward", step=step, value=0.5 + 0.1 * step)
+        end(run, "succeeded", reward=0.8)
+    assert hopeless.claim("test-worker")
+    sink = engine.PruningSink(hopeless)
+    sink.log_metrics(1, {"reward": 0.0})
+    assert not hopeless.cancel_requested()  # the first step is the pruner's warm-up
+    sink.log_metrics(2, {"reward": 0.0})
+    assert hopeless.cancel_requested() and Trial.objects.get(run=hopeless).state == "pruned"
+    hopeless.finish("cancelled")
+    assert Trial.objects.get(run=hopeless).state == "pruned"
+
+
+def test_the_api_starts_a_sweep_and_refuses_bad_spaces(api_client, make_run, owner, stranger, queued):
+    base = make_run(name="base")
+    client = api_client(owner)
+    body = {"name": "api", "base_run": base.pk, "space": {"actor_rollout_ref.rollout.n": "int 2..4"}, "sampler": "random",
+            "max_trials": 3, "parallel": 1}
+    response = client.post("/api/sweeps/", body, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["trials"][0]["run"] == queued[0] and len(queued) == 1
+
+    for space, message in [
+        ({"trainer.python": "choice /bin/sh"}, "trainer.python cannot be swept"),
+        ({"data.train_batch_sizee": "choice 2"}, "data.train_batch_sizee: not a config key"),
+        ({"data.train_batch_size": "choice 0, 2"}, "data.train_batch_size=0 would fail every trial"),
+        ({"data.train_batch_size": "between 1 and 2"}, "expected 'choice a, b, c'"),
+        (["not", "a", "mapping"], "An object of config key to range"),
+    ]:
+        response = client.post("/api/sweeps/", {**body, "space": space}, format="json")
+        assert response.status_code == 400 and message in str(response.json()["space"]), (space, response.json())
+    assert client.post("/api/sweeps/", {**body, "max_trials": 10_000}, format="json").status_code == 400
+    # A stranger can neither sweep the owner's run nor see the sweep.
+    assert api_client(stranger).post("/api/sweeps/", body, format="json").status_code == 404
+    assert api_client(stranger).get(f"/api/sweeps/{Sweep.objects.first().pk}/").status_code == 404
+
+
+def test_cancelling_a_sweep_stops_its_trials(owner_client, make_run, owner, queued):
+    base = make_run(name="base")
+    sweep = Sweep.objects.create(owner=owner, name="c", base_run=base, space={"data.train_batch_size": "choice 2, 4"},
+                                 sampler="grid", max_trials=2, parallel=2)
+    engine.launch(sweep.pk)
+    owner_client.post(f"/sweeps/{sweep.pk}/cancel/")
+    sweep.refresh_from_db()
+    assert sweep.status == "cancelled"
+    assert set(Run.objects.filter(sweep_trial__sweep=sweep).values_list("status", flat=True)) == {"cancelled"}

@@ -1,0 +1,171 @@
+"""AgentTrainer with rLLM-style ``agent_run_func=fn`` (``fn(**task)``) on the trl backend and the
+offline tiny model: the trainer serves the OpenAI-compatible endpoint for the run, and the calls
+made through it with the real ``openai`` client are what it trains on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from training import AgentTrainer
+from training.data import DatasetRegistry
+from training.generation import encode
+from training.outcomes import TooManyEpisodeErrors
+from training.sdk import get_chat_client
+from training.tiny import build_char_tokenizer, build_tiny_model
+from training.utils import import_object
+
+RLLM_EXAMPLE = Path(__file__).parents[1] / "fixtures" / "rllm_sdk_hendrycks_math.py"
+QUESTIONS = ["3+4=", "2+5=", "1+6=", "9-2="]
+
+
+@pytest.fixture(autouse=True)
+def own_dataset_registry(monkeypatch):
+    """Datasets these tests register under rLLM's names (countdown, ...) are gone after each test."""
+    monkeypatch.setattr(DatasetRegistry, "_splits", dict(DatasetRegistry._splits))
+
+
+def tiny_config(steps: int, **extra) -> dict:
+    return {
+        "actor_rollout_ref.model.path": "tiny-char",
+        "actor_rollout_ref.rollout.n": 4,
+        "data.train_batch_size": 2,
+        "data.max_response_length": 4,
+        "rllm.agent.max_tokens_per_turn": 2,
+        "trainer.total_training_steps": steps,
+        "trainer.logger": [],
+        **extra,
+    }
+
+
+ROWS = [{"question": "x=", "ground_truth": "a"}, {"question": "y=", "ground_truth": "b"}]
+
+
+def starts_with_a_to_m(question, ground_truth, **kwargs):
+    client = get_chat_client(base_url="http://localhost:4000/v1", api_key="EMPTY")
+    text = client.chat.completions.create(model="m", messages=[{"role": "user", "content": question}])
+    return 1.0 if "a" <= text.choices[0].message.content[:1] <= "m" else 0.0
+
+
+@pytest.mark.slow
+def test_a_run_serves_the_endpoint_and_trains_on_the_calls(tmp_path, sink):
+    result = AgentTrainer(agent_run_func=starts_with_a_to_m, train_dataset=ROWS, backend="trl",
+                          run_path=str(tmp_path), config=tiny_config(2), sinks=[sink]).train()
+    assert result.steps == 2
+    assert all(m["termination/error"] == 0.0 and m["turns"] == 1.0 for m in sink.metrics)
+    episode = sink.episodes[0]
+    assert episode["response_mask"] == [1] * len(episode["response_ids"]) and episode["response_ids"]
+
+
+def test_a_function_whose_parameters_the_rows_cannot_fill_is_refused_at_construction(tmp_path):
+    def rollout(question, answer):
+        return 0.0
+
+    with pytest.raises(ValueError) as refused:
+        AgentTrainer(agent_run_func=rollout, train_dataset=ROWS, backend="trl", run_path=str(tmp_path),
+                     config=tiny_config(1))
+    message = str(refused.value)
+    assert "cannot take the fields of the first row of train_dataset (question, ground_truth)" in message
+    assert "missing a required argument: 'answer'" in message or "unexpected keyword argument" in message
+
+
+def test_a_run_whose_function_never_calls_the_model_fails_naming_it(tmp_path):
+    def rollout(**kwargs):
+        return 1.0
+
+    trainer = AgentTrainer(agent_run_func=rollout, train_dataset=ROWS, backend="trl", run_path=str(tmp_path),
+                           config=tiny_config(1))
+    with pytest.raises(TooManyEpisodeErrors, match="returned without calling the model"):
+        trainer.train()
+
+
+@pytest.fixture(scope="module")
+def digit_model(tmp_path_factory) -> Path:
+    """The tiny model taught to answer with a digit, any digit alike (P(7) ~ 0.1): a stand-in for a
+    model that writes numbers, so that rLLM's math reward has something to reinforce."""
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer)
+    digits = torch.tensor(encode(tokenizer, "0123456789"))
+    prompts = torch.tensor([encode(tokenizer, q) for q in QUESTIONS])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(40):
+        log_probs = torch.log_softmax(model(input_ids=prompts).logits[:, -1].float(), -1)
+        loss = -log_probs[:, digits].logsumexp(-1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    path = tmp_path_factory.mktemp("digit_model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_rllm_sdk_example_trains_unchanged(tmp_path, monkeypatch, digit_model):
+    """rLLM's examples/sdk/simple_math/train_hendrycks_math.py with only its imports changed: its
+    rollout(**kwargs) makes its own client for rLLM's proxy address and returns math_reward_fn's reward."""
+    DatasetRegistry.register_dataset("hendrycks_math", [{"question": q, "ground_truth": "7"} for q in QUESTIONS], "train")
+    DatasetRegistry.register_dataset("math500", [{"question": q, "ground_truth": "7", "data_source": "math500"}
+                                                 for q in QUESTIONS[:2]], "test")
+    main = import_object(f"{RLLM_EXAMPLE}:main")
+    monkeypatch.chdir(tmp_path)  # the example trains into AgentTrainer's default run_path, ./runs
+    main({  # hydra's main passes a given config straight through
+        "actor_rollout_ref.model.path": str(digit_model), "actor_rollout_ref.actor.optim.lr": 2e-2,
+        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 2,
+        "rllm.agent.max_tokens_per_turn": 1, "trainer.total_training_steps": 3, "trainer.logger": ["jsonl"],
+    })
+    run = tmp_path / "runs"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rewards = [m["reward"] for m in metrics if "reward" in m]
+    assert len(rewards) == 3 and rewards[-1] > rewards[0] + 0.3, rewards
+    assert all(m["termination/error"] == 0.0 for m in metrics if "reward" in m)
+    assert "val/math500/reward" in metrics[0]  # val_dataset scored before training, through the endpoint too
+    before = AutoModelForCausalLM.from_pretrained(digit_model).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(run / "final_model").state_dict()
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+    episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+    for episode in episodes:  # each episode is its one call's exact tokens and logprobs
+        [step] = episode["trajectories"][0]["steps"]
+        assert episode["prompt_ids"] == step["prompt_ids"] == encode(build_char_tokenizer(), episode["task"]["question"])
+        assert episode["response_ids"] == step["response_ids"] and len(episode["response_ids"]) == 1
+        assert episode["response_logprobs"] == step["logprobs"] and step["logprobs"][0] < 0
+        assert episode["response_mask"] == [1]
+
+
+@pytest.mark.slow
+def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged(tmp_path, monkeypatch):
+    """rLLM's examples/sdk/solver_judge (train_session.py and solver_judge_flow_session.py) with only
+    their imports changed: two solvers and a judge per episode, each call in its own session(),
+    returned as TrajectoryViews with step rewards. Structure only: the tiny model never writes the
+    <answer> tags their parsers need, so every reward is 0 (test_rllm_sdk_example_trains_unchanged
+    shows the reward rising)."""
+    monkeypatch.syspath_prepend(str(RLLM_EXAMPLE.parent.parent))  # their import of the flow module
+    tasks = [{"question": f"Reach {t} with {t} and {o}", "nums": [t, o], "target": t} for t, o in ((7, 3), (5, 2))]
+    DatasetRegistry.register_dataset("countdown", tasks, "train")
+    DatasetRegistry.register_dataset("countdown", tasks[:1], "test")
+    main = import_object(f"{RLLM_EXAMPLE.parent / 'rllm_sdk_solver_judge_train_session.py'}:main")
+    monkeypatch.chdir(tmp_path)
+    main({
+        "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2, "data.train_batch_size": 2,
+        "data.max_prompt_length": 2048, "data.max_response_length": 32, "rllm.agent.max_tokens_per_turn": 4,
+        "trainer.total_training_steps": 1, "trainer.logger": ["jsonl"],
+    })
+    run = tmp_path / "runs"
+    [metrics] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
+    assert metrics["termination/error"] == 0.0
+    episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+    assert episodes
+    tokenizer = build_char_tokenizer()
+    for episode in episodes:
+        assert [t["name"] for t in episode["trajectories"]] == ["solver", "solver", "judge"]
+        solver, _, judge = (t["steps"][0] for t in episode["trajectories"])
+        question = episode["task"]["question"]
+        assert solver["prompt_ids"] == encode(tokenizer, f"{question}. Output the final answer within <answer>...</answer>")
+        assert judge["prompt_ids"][: len(encode(tokenizer, "You are an expert verifier."))] == encode(
+            tokenizer, "You are an expert verifier.")
+        assert all(len(s["logprobs"]) == len(s["response_ids"]) > 0 for s in (solver, judge))
+        assert solver["action"] == "No solution found"  # their parser's answer to untagged text
