@@ -9,6 +9,11 @@ Two workloads, each with sampling and log-probabilities returned (the trainer ne
   so far (grows by 4 tokens a turn) and asks for 1 token. Continuous batching keeps one manager
   running and takes each turn's requests as they come (as our asyncio episodes ask).
 
+A third comparison runs TRL's own switch for single-turn: ``GRPOTrainer`` on the copy task (8
+prompts x 8 generations x 4 tokens, the tiny model) with its default ``model.generate`` and with
+``use_transformers_continuous_batching=True`` (which calls the same ``generate_batch``), steps per
+second over the same number of optimizer steps.
+
 Both clocks are recorded: wall seconds and the process's CPU seconds (one torch thread), so a
 busy shared machine shows in the gap between them; the load average is written beside them.
 
@@ -108,6 +113,48 @@ def cb_multi(model, tokenizer) -> int:
     return tokens
 
 
+def trl_steps(continuous_batching: bool, steps: int = 6, warmup: int = 1) -> dict:
+    """GRPOTrainer called directly, generating with ``model.generate`` or continuous batching."""
+    import tempfile
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from examples.copy_task import make_copy_tasks
+    from training.tiny import save_tiny_model
+
+    stamps: dict[int, tuple[float, float]] = {}
+
+    class Stamp(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            stamps[state.global_step] = (time.perf_counter(), time.process_time())
+
+    def char_accuracy(completions, ground_truth, **kwargs):
+        return [sum(a == b for a, b in zip(c, t)) / len(t) for c, t in zip(completions, ground_truth)]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = save_tiny_model(Path(tmp) / "model", seed=0)
+        torch.manual_seed(0)
+        args = GRPOConfig(
+            output_dir=str(Path(tmp) / "out"), max_steps=steps, per_device_train_batch_size=64, num_generations=8,
+            max_completion_length=4, learning_rate=1e-3, logging_steps=1, save_strategy="no", seed=0,
+            report_to="none", use_cpu=True, disable_tqdm=True, remove_unused_columns=False, beta=0.0,
+            use_transformers_continuous_batching=continuous_batching,
+        )
+        trainer = GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=char_accuracy, args=args,
+            train_dataset=Dataset.from_list(make_copy_tasks(256, seed=0)),
+            processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[Stamp()],
+        )
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+    (wall_end, cpu_end), (wall_start, cpu_start) = stamps[steps], stamps[warmup]
+    return {"steps_timed": steps - warmup, "steps_per_wall_s": round((steps - warmup) / (wall_end - wall_start), 3),
+            "steps_per_cpu_s": round((steps - warmup) / (cpu_end - cpu_start), 3)}
+
+
 def measure(fn, model, tokenizer, repeats: int) -> dict:
     fn(model, tokenizer)  # warm-up: first-call allocations and (for continuous batching) cache set-up
     walls, cpus, tokens = [], [], 0
@@ -140,6 +187,12 @@ def main() -> int:
         try:
             results[name] = measure(fn, model, tokenizer, args.repeats)
         except Exception as exc:  # a failing engine is a result too: recorded, not hidden
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(name, json.dumps(results[name]), flush=True)
+    for name, flag in (("trl_grpo_generate", False), ("trl_grpo_continuous_batching", True)):
+        try:
+            results[name] = trl_steps(flag)
+        except Exception as exc:
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(name, json.dumps(results[name]), flush=True)
     results["load_avg_after"] = round(os.getloadavg()[0], 2)

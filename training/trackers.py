@@ -1,9 +1,10 @@
-"""Experiment trackers named in ``trainer.logger``: W&B, TensorBoard, MLflow (and swanlab by name).
+"""Experiment trackers named in ``trainer.logger``: W&B, TensorBoard, MLflow and SwanLab.
 
 verl's ``Tracking`` class is the reference for the names (``console``, ``wandb``, ``tensorboard``,
 ``mlflow``, ``swanlab``, ``file``) and for what each receives: the run's config as
 hyperparameters, one record per logged step. Every tracker writes through the tool's own library
-(``wandb.init``/``Run.log``, tensorboard's ``SummaryWriter``, ``mlflow.MlflowClient``), never a
+(``wandb.init``/``Run.log``, tensorboard's ``SummaryWriter``, ``mlflow.MlflowClient``,
+``swanlab.init``), never a
 file format of ours.
 
 By default each writes under the run folder (``wandb/``, ``tensorboard/``, ``mlruns/``) so that
@@ -250,23 +251,35 @@ class MlflowSink:
 
 
 class SwanlabSink:
-    """SwanLab through ``swanlab.init`` (its ``SWANLAB_MODE``, default local, and ``SWANLAB_LOG_DIR``,
-    default ``<run>/swanlog``). Not exercised by the test suite: swanlab is not installed here."""
+    """SwanLab through ``swanlab.init``: online with ``SWANLAB_API_KEY``, offline otherwise
+    (``SWANLAB_MODE`` wins), under ``SWANLAB_LOG_DIR`` or ``<run>/swanlog``. An online run resumes
+    the same experiment by id; SwanLab resumes only online, so an offline resume starts a new local
+    run file beside the first (``swanlab sync`` uploads each)."""
 
     def __init__(self, config: Config, run_path: Path) -> None:
         import swanlab
 
+        previous = _previous(config, run_path, "swanlab")
+        mode = os.environ.get("SWANLAB_MODE") or ("online" if os.environ.get("SWANLAB_API_KEY") else "offline")
+        directory = Path(os.environ.get("SWANLAB_LOG_DIR") or run_path / "swanlog")
+        directory.mkdir(parents=True, exist_ok=True)
+        resume = previous if previous and mode == "online" and previous.get("mode") == "online" else None
         self.run = swanlab.init(
-            project=config.trainer.project_name, experiment_name=config.trainer.experiment_name,
-            config=hyperparameters(config), logdir=os.environ.get("SWANLAB_LOG_DIR") or str(run_path / "swanlog"),
-            mode=os.environ.get("SWANLAB_MODE", "local"),
+            project=config.trainer.project_name, name=config.trainer.experiment_name, config=hyperparameters(config),
+            log_dir=str(directory), mode=mode, reinit=True,
+            **({"id": resume["id"], "resume": "allow"} if resume else {}),
         )
+        _write_ids(run_path, "swanlab", {"id": self.run.id, "mode": mode, "dir": str(directory)})
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.run.log(metrics, step=step)
+        self.run.log(_finite(metrics), step=step)
 
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
-        pass
+        import swanlab
+
+        texts = [swanlab.Text(conversation(episode)) for episode in episodes[:EPISODES_PER_TABLE]]
+        if texts:
+            self.run.log({"episodes": texts}, step=step)
 
     def close(self) -> None:
         self.run.finish()

@@ -1,4 +1,4 @@
-"""trainer.logger's external trackers (W&B offline, TensorBoard, MLflow), read back with each tool's
+"""trainer.logger's external trackers (W&B and SwanLab offline, TensorBoard, MLflow), read back with each tool's
 own reader, through the command line as a user runs it; the system metrics on a CPU run."""
 
 import importlib.util
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def train_copy(run_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_", "TENSORBOARD_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_", "TENSORBOARD_", "SWANLAB_"))}
     args = ["train", "examples/configs/copy.yaml", "--run-path", str(run_path),
             "--set", "data.train_batch_size=2", "--set", "actor_rollout_ref.rollout.n=4",
             "--set", "trainer.val_before_train=false", "--set", "trainer.system_metrics_interval=0.2"]
@@ -54,9 +54,27 @@ def wandb_files(run_path: Path) -> list[Path]:
     return sorted(run_path.glob("wandb/offline-run-*/run-*.wandb"))
 
 
+def swanlab_series(run_path: Path, key: str) -> dict[int, float]:
+    """Every offline SwanLab run file under the run folder, read with SwanLab's own record reader."""
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+    series: dict[int, float] = {}
+    for path in sorted(run_path.glob("swanlog/run-*/run-*.swanlab")):
+        reader = DataStoreReader()
+        reader.open(path)
+        while (data := reader.scan()) is not None:
+            record = Record()
+            record.ParseFromString(data)
+            if record.HasField("scalar") and record.scalar.key == key:
+                series[record.scalar.step] = record.scalar.value.number
+        reader.close()
+    return series
+
+
 def test_each_tracker_holds_our_reward_series_step_for_step_and_a_resume_continues_the_same_runs(tmp_path):
     run_path = tmp_path / "run"
-    result = train_copy(run_path, "trainer.logger=[console,jsonl,tensorboard,mlflow,wandb]",
+    result = train_copy(run_path, "trainer.logger=[console,jsonl,tensorboard,mlflow,wandb,swanlab]",
                         "trainer.total_training_steps=3", "trainer.experiment_name=copy-tracked")
     reward = ours(run_path, "reward")
     assert sorted(reward) == [1, 2, 3]
@@ -81,6 +99,9 @@ def test_each_tracker_holds_our_reward_series_step_for_step_and_a_resume_continu
     assert any(row.get("episodes/_type") == "table-file" for row in rows)  # the sampled conversations table
     assert wandb_records.config(wandb_file)["trainer.experiment_name"] == "copy-tracked"
 
+    # SwanLab, offline: the run file swanlab sync would upload.
+    assert swanlab_series(run_path, "reward") == pytest.approx(reward)
+
     # System metrics: sampled in the training process, on our steps and in every tracker.
     cpu = ours(run_path, "system/cpu/machine")
     # A step faster than the sampling interval carries no reading (never one reading twice).
@@ -90,7 +111,7 @@ def test_each_tracker_holds_our_reward_series_step_for_step_and_a_resume_continu
 
     # Resume from the step-3 checkpoint to step 5: the same MLflow run and W&B id go on.
     ids_before = json.loads((run_path / "trackers.json").read_text())
-    train_copy(run_path, "trainer.logger=[jsonl,tensorboard,mlflow,wandb]", "trainer.total_training_steps=5",
+    train_copy(run_path, "trainer.logger=[jsonl,tensorboard,mlflow,wandb,swanlab]", "trainer.total_training_steps=5",
                "trainer.experiment_name=copy-tracked")
     ids_after = json.loads((run_path / "trackers.json").read_text())
     assert ids_after["mlflow"]["run_id"] == ids_before["mlflow"]["run_id"]
@@ -103,6 +124,8 @@ def test_each_tracker_holds_our_reward_series_step_for_step_and_a_resume_continu
     assert {path.name for path in files} == {f"run-{ids_before['wandb']['id']}.wandb"}
     steps = [row["_step"] for path in files for row in wandb_records.history(path) if "reward" in row]
     assert sorted(set(steps)) == [1, 2, 3, 4, 5]
+    # SwanLab resumes only online: offline, the resumed steps go to a second local run file.
+    assert swanlab_series(run_path, "reward") == pytest.approx(reward)
 
 
 def test_cli_keeps_the_users_loggers_and_only_moves_console_to_the_progress_bar(tmp_path):
@@ -113,14 +136,16 @@ def test_cli_keeps_the_users_loggers_and_only_moves_console_to_the_progress_bar(
     assert without_console_logger({})["trainer.logger"] == ["jsonl"]  # the default, less console
 
 
-def test_unknown_and_unavailable_loggers_are_refused_with_the_reason():
+def test_unknown_and_unavailable_loggers_are_refused_with_the_reason(monkeypatch):
     with pytest.raises(ConfigError, match=r"trainer.logger: unknown logger\(s\) \['clearml'\].*ClearML is not wired in"):
         Config.build({"trainer.logger": ["clearml"]})
     with pytest.raises(ConfigError, match=r"trainer.logger: unknown logger\(s\) \['wandbb'\]; choose from console"):
         Config.build({"trainer.logger": ["wandbb"]})
-    if importlib.util.find_spec("swanlab") is None:  # a verl name, refused by name while its package is missing
-        with pytest.raises(ConfigError, match=r"\['swanlab'\] named but not installed here: pip install swanlab"):
-            Config.build({"trainer.logger": ["swanlab"]})
+    # A tracker whose package is missing where the run is built is refused by name, with the fix.
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swanlab" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"\['swanlab'\] named but not installed here: pip install swanlab"):
+        Config.build({"trainer.logger": ["swanlab"]})
 
 
 def test_trl_report_to_names_the_same_trackers():
