@@ -26,7 +26,7 @@ from typing import Any, TextIO
 from training.remote import PlatformClient, PlatformError, obtain_token, store_credentials
 from training.sinks import ConsoleSink
 
-FINAL = ("succeeded", "failed", "cancelled")
+FINAL = ("succeeded", "failed", "cancelled", "pruned")
 # The trainer logs a summary line per step; `follow` prints its own line per step from the metrics instead.
 STEP_SUMMARY = re.compile(r"^step \d+(/\d+)? ")
 # Shown per step when a run logs none of the headline metrics.

@@ -132,8 +132,9 @@ def _supervise(run: Run, process: subprocess.Popen, output_path: Path) -> str:
         if cancel_seen_at is not None and now - cancel_seen_at > settings.RUN_CANCEL_GRACE_SECONDS:
             _log(run, "WARNING", f"The training process did not stop within {settings.RUN_CANCEL_GRACE_SECONDS} s; terminating it.")
             _terminate_group(process)
-            run.finish(Run.Status.CANCELLED, error="Cancelled; the training process was terminated.")
-            return Run.Status.CANCELLED
+            status = run.stopped_status()
+            run.finish(status, error=f"{status.capitalize()}; the training process was terminated.")
+            return status
     return _with_database(lambda: _after_exit(run, process, output_path), "record how the run ended")
 
 
@@ -153,7 +154,8 @@ def _after_exit(run: Run, process: subprocess.Popen, output_path: Path) -> str:
         return run.status  # it recorded its end or re-queued itself, or another attempt has the run
     tail = _tail(output_path)
     if run.cancel_requested():
-        run.finish(Run.Status.CANCELLED, error="Cancelled.", traceback=tail)
+        status = run.stopped_status()
+        run.finish(status, error=f"{status.capitalize()}.", traceback=tail)
         return run.status
     if code == EXIT_REQUEUED:
         return _requeue_or_recover(run, "the training process stopped to be resumed.")
@@ -337,7 +339,7 @@ def train_run(run_id: int) -> str:
             # Stopping to be resumed went wrong: count it as a lost attempt (a limited number are retried).
             reason = f"{should_stop.pause_reason[:-1]}, and stopping raised {exc.__class__.__name__}: {exc}."
             return _with_database(lambda: run.recover(reason) or run.status, "re-queue the run")
-        status = Run.Status.CANCELLED if should_stop.cancelled else Run.Status.FAILED
+        status = _with_database(run.stopped_status, "read why the run stopped") if should_stop.cancelled else Run.Status.FAILED
         # The library's own outcome failures carry their cause and the user code's traceback.
         error = getattr(exc, "summary", None) or f"{exc.__class__.__name__}: {exc}"
         trace = getattr(exc, "user_traceback", None) or traceback_module.format_exc()
@@ -368,7 +370,7 @@ def _record_end(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint
         from webapp.runs.models import Checkpoint
 
         Checkpoint.objects.update_or_create(run=run, step=steps, defaults={"path": checkpoint})
-    status = Run.Status.CANCELLED if cancelled else Run.Status.SUCCEEDED
+    status = run.stopped_status() if cancelled else Run.Status.SUCCEEDED
     fields = {"final_metrics": metrics, "checkpoint": checkpoint}
     if status == Run.Status.SUCCEEDED and not steps:  # never a success without a trained step
         fields["error"] = f"The {run.backend.processor} backend ended after 0 training steps; nothing was learned."

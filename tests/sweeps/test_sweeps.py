@@ -75,8 +75,27 @@ def test_a_hopeless_trial_is_pruned_and_stopped(make_run, owner, queued):
     assert not hopeless.cancel_requested()  # the first step is the pruner's warm-up
     sink.log_metrics(2, {"reward": 0.0})
     assert hopeless.cancel_requested() and Trial.objects.get(run=hopeless).state == "pruned"
-    hopeless.finish("cancelled")
+    # The worker ends the stopped run as it ends any stop: the status says the pruner did it, since
+    # "cancelled" means a person did (and sets off the owner's cancel alerts).
+    from workers.execute import _record_end
+
+    assert _record_end(hopeless, cancelled=True, steps=2, metrics={"reward": 0.0}, checkpoint="") == "pruned"
+    hopeless.refresh_from_db()
+    assert hopeless.status == "pruned" and hopeless.is_final and hopeless.steps == 2
     assert Trial.objects.get(run=hopeless).state == "pruned"
+
+
+def test_a_person_cancelling_a_trial_still_cancels_it(make_run, owner, queued):
+    from workers.execute import _record_end
+
+    base = make_run(name="base")
+    sweep = Sweep.objects.create(owner=owner, name="cancel", base_run=base, space={"data.train_batch_size": "choice 2"},
+                                 sampler="grid", max_trials=1, parallel=1, prune=True)
+    engine.launch(sweep.pk)
+    run = sweep.trials.get().run
+    assert run.claim("test-worker") and run.request_cancel()
+    assert _record_end(run, cancelled=True, steps=1, metrics={}, checkpoint="") == "cancelled"
+    assert Trial.objects.get(run=run).state == "failed"
 
 
 def test_the_api_starts_a_sweep_and_refuses_bad_spaces(api_client, make_run, owner, stranger, queued):

@@ -46,7 +46,7 @@ LOG_BACKLOG_LINES = 500
 POLL_SECONDS = 1.0
 # Viewers sent an event between two yields to the event loop.
 FAN_OUT_SLICE = 10
-FINAL_STATUSES = ("succeeded", "failed", "cancelled")
+FINAL_STATUSES = ("succeeded", "failed", "cancelled", "pruned")
 
 logger = logging.getLogger(__name__)
 

@@ -69,7 +69,8 @@ class Run(models.Model):
         RUNNING = "running"
         SUCCEEDED = "succeeded"
         FAILED = "failed"
-        CANCELLED = "cancelled"
+        CANCELLED = "cancelled"  # a person cancelled it
+        PRUNED = "pruned"  # its sweep's pruner stopped it early: behind the completed trials
 
     class Visibility(models.TextChoices):
         PRIVATE = "private", "Private (owner only)"
@@ -79,7 +80,7 @@ class Run(models.Model):
         PLATFORM = "platform"  # queued here, trained by a worker
         EXTERNAL = "external"  # trained anywhere (a notebook, a cluster job), reported over the API
 
-    FINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+    FINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.PRUNED)
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
     name = models.CharField(max_length=200, blank=True)
@@ -103,6 +104,9 @@ class Run(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # Who asked the run to stop: empty for a person (the run ends cancelled), "pruned" for its
+    # sweep's pruner (the run ends pruned, so "cancelled" always means a person did it).
+    stop_reason = models.CharField(max_length=20, blank=True)
     worker = models.CharField(max_length=200, blank=True)
     task_id = models.CharField(max_length=100, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text="Attempts started: each claim by a worker is one.")
@@ -218,12 +222,19 @@ class Run(models.Model):
             limit = f" {self.lost_attempts + 1} attempt(s) were lost, the most its backend allows ({self.backend.max_attempts})."
         return self.Status.FAILED if self.finish(self.Status.FAILED, error=f"{reason}{limit}") else ""
 
-    def request_cancel(self) -> bool:
-        """Cancel: a queued run ends now; a running one is asked to stop (the worker finishes it)."""
+    def request_cancel(self, reason: str = "") -> bool:
+        """Cancel: a queued run ends now; a running one is asked to stop (the worker finishes it).
+        ``reason`` "pruned": a sweep's pruner asks, and the run ends ``pruned``, not ``cancelled``."""
         now = timezone.now()
-        if self._transition((self.Status.QUEUED,), status=self.Status.CANCELLED, cancel_requested_at=now, finished_at=now):
+        final = self.Status.PRUNED if reason == "pruned" else self.Status.CANCELLED
+        if self._transition((self.Status.QUEUED,), status=final, cancel_requested_at=now, finished_at=now, stop_reason=reason):
             return True
-        return self._transition((self.Status.RUNNING,), cancel_requested_at=now)
+        return self._transition((self.Status.RUNNING,), cancel_requested_at=now, stop_reason=reason)
+
+    def stopped_status(self) -> str:
+        """The final status of a run that stopped because it was asked to: cancelled or pruned."""
+        reason = Run.objects.filter(pk=self.pk).values_list("stop_reason", flat=True).first()
+        return self.Status.PRUNED if reason == "pruned" else self.Status.CANCELLED
 
     def cancel_requested(self) -> bool:
         return Run.objects.filter(pk=self.pk, cancel_requested_at__isnull=False).exists()

@@ -96,8 +96,8 @@ def on_status_changed(sender, run: Run, **kwargs) -> None:
     value = objective_value(run, trial.sweep.objective)
     if run.status == Run.Status.SUCCEEDED and value is not None:
         state = Trial.State.COMPLETE
-    elif trial.state == Trial.State.PRUNED or (run.status == Run.Status.CANCELLED and trial.sweep.status == Sweep.Status.CANCELLED):
-        state = Trial.State.PRUNED if trial.state == Trial.State.PRUNED else Trial.State.FAILED
+    elif trial.state == Trial.State.PRUNED or run.status == Run.Status.PRUNED:
+        state = Trial.State.PRUNED
     else:
         state = Trial.State.FAILED
     Trial.objects.filter(pk=trial.pk).update(state=state, value=value)
@@ -138,7 +138,7 @@ class PruningSink:
             logging.getLogger("training").info(
                 "sweep %s: trial %d pruned at step %d (%s=%.4g is behind the median of completed trials)",
                 sweep.name, self.trial.number, step, sweep.objective, metrics[sweep.objective])
-            self.run.request_cancel()
+            self.run.request_cancel(reason="pruned")
 
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
         pass

@@ -12,7 +12,7 @@
     ["system/gpu_power_watts/", "System: GPU power (W)"],
   ];
   const LIVE_POINTS_BEFORE_REFETCH = 4000;
-  const FINAL = ["succeeded", "failed", "cancelled"];
+  const FINAL = ["succeeded", "failed", "cancelled", "pruned"];
   const state = {
     series: new Map(),   // key -> {x: [], y: []} (downsampled history + live points)
     charts: [],          // {id, title, match(key), div, zoom: null | {x0, x1, data: Map}}
