@@ -183,6 +183,17 @@ class AgentSpec:
                 raise ValueError(f"{name} must be a dict of keyword arguments, got {type(getattr(self, name)).__name__}.")
         return resolved
 
+    @property
+    def label(self) -> str:
+        """What runs, in words for messages: ``workflow pkg.SolverJudgeWorkflow``, ``agent_run_func ...``."""
+        if self.kind == "workflow":
+            return f"workflow {by_import_path(self.workflow_class)}"
+        if self.kind == "agent_env":
+            return f"agent {by_import_path(self.agent_class)} with environment {by_import_path(self.env_class)}"
+        if self.kind == "run_func":
+            return f"agent_run_func {by_import_path(self.agent_run_func)}"
+        return "the single-turn prompt"
+
     def describe(self) -> dict[str, Any]:
         """A JSON- and YAML-friendly description for config.yaml and the database: classes and
         functions (also inside ``*_args``, as rLLM's ``env_args={"reward_fn": fn}``) by import path."""

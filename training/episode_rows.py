@@ -21,6 +21,15 @@ rLLM removes them after computing advantages): ``rllm.compact_filtering`` by ter
 ``rllm.mask_truncated_samples`` / ``rllm.agent.overlong_filter`` for rows that reached
 ``data.max_response_length``, ``rllm.rejection_sample`` for tasks whose episodes were all correct
 or all wrong.
+
+``reward_model.overlong_buffer`` (DAPO's soft overlong punishment) is applied per row: each row's
+penalty follows its own response length, and a unit with several rows (a trajectory of several
+conversations, the steps of a broadcast trajectory) takes the penalty of its most punished row.
+
+The trl backend lays out its multi-turn batches with ``episode_rows``; the tinker and fireworks
+backends train every row as a ``Datum`` (``token_advantages``); the verl backend, whose agent loop
+returns exactly one sample per episode, refuses an episode of several sequences by name
+(``single_sequence``).
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ class Row:
     episode: int
     scale: float = 1.0
     trainable: bool = True
+    penalty: float = 0.0  # reward_model.overlong_buffer's weighted penalty for this row's length (<= 0)
 
     @property
     def loss_mask(self) -> list[int]:
@@ -99,7 +109,11 @@ def episode_rows(episodes: list[Episode], groups: list[str], config: Config) -> 
         if len(rows) == before:  # nothing to learn from: an empty, masked row
             rows.append(Row([], [], [], [], episode.reward, str(index), group, index, trainable=False))
     batch = RowBatch(rows, expanded=expanded)
+    _apply_overlong_penalties(batch, config)
     batch.metrics = _apply_filters(batch, episodes, groups, config)
+    if config.reward_model.overlong_buffer.enable:
+        scored = [row.penalty for row in batch.rows if row.reward is not None]
+        batch.metrics["overlong_penalty"] = sum(scored) / max(len(scored), 1)
     return batch
 
 
@@ -111,16 +125,25 @@ def pad_rows(batch: RowBatch, multiple: int) -> None:
         batch.rows.append(Row([], [], [], [], None, f"pad{k}", f"pad{k}", -1, trainable=False))
 
 
+def unit_rewards(batch: RowBatch) -> dict[str, tuple[str, float]]:
+    """Each unit's (group, reward), the overlong penalty of its most punished row included.
+    Padding rows (reward None) have no unit."""
+    units: dict[str, tuple[str, float, float]] = {}
+    for row in batch.rows:
+        if row.reward is None:
+            continue
+        group, reward, penalty = units.get(row.unit, (row.group, row.reward, 0.0))
+        units[row.unit] = (group, reward, min(penalty, row.penalty))
+    return {unit: (group, reward + penalty) for unit, (group, reward, penalty) in units.items()}
+
+
 def row_advantages(batch: RowBatch, algorithm: AlgorithmConfig) -> torch.Tensor:
     """One advantage per row: each unit's reward compared within its group by verl's estimator
     (``algorithm.adv_estimator``), then given to every row of the unit (times the row's ``scale``).
     Padding rows get 0."""
     from training.advantages import compute_advantages
 
-    units: dict[str, tuple[str, float]] = {}
-    for row in batch.rows:
-        if row.reward is not None:
-            units.setdefault(row.unit, (row.group, row.reward))
+    units = unit_rewards(batch)
     advantage: dict[str, float] = {}
     if units:
         names = list(units)
@@ -134,11 +157,66 @@ def row_advantages(batch: RowBatch, algorithm: AlgorithmConfig) -> torch.Tensor:
 
 def equal_reward_groups(batch: RowBatch) -> set[str]:
     """The groups whose units all earned the same reward (they teach nothing; ``filter_groups``)."""
-    rewards: dict[str, dict[str, float]] = {}
-    for row in batch.rows:
-        if row.reward is not None:
-            rewards.setdefault(row.group, {})[row.unit] = row.reward
-    return {group for group, by_unit in rewards.items() if max(by_unit.values()) - min(by_unit.values()) <= 1e-8}
+    rewards: dict[str, list[float]] = {}
+    for group, reward in unit_rewards(batch).values():
+        rewards.setdefault(group, []).append(reward)
+    return {group for group, values in rewards.items() if max(values) - min(values) <= 1e-8}
+
+
+def token_advantages(batch: RowBatch, algorithm: AlgorithmConfig, group_size: int) -> tuple[list[list[float]], float]:
+    """Each row's advantage on each of its response tokens (0 on environment tokens and on rows
+    that are not trained on), and the share of groups ``algorithm.filter_groups`` dropped.
+
+    One row per episode (``expanded`` False): the episodes' rewards in groups of ``group_size``
+    consecutive episodes, through verl's estimator on the token masks (as the trl backend's own
+    batches). Otherwise each unit within its group (``row_advantages``) on every model token."""
+    from training.advantages import compute_advantages
+    from training.advantages import equal_reward_groups as equal_groups
+
+    rows = batch.rows
+    if not rows:
+        return [], 0.0
+    dropped = 0.0
+    if batch.expanded:
+        scalar = row_advantages(batch, algorithm).tolist()
+        skipped: set[str] = set()
+        if algorithm.filter_groups.enable:
+            skipped = equal_reward_groups(batch)
+            dropped = len(skipped) / max(len({row.group for row in rows if row.reward is not None}), 1)
+        return [
+            [0.0 if row.group in skipped else value * m for m in row.loss_mask] for row, value in zip(rows, scalar)
+        ], dropped
+    rewards = torch.tensor([(row.reward or 0.0) + row.penalty for row in rows], dtype=torch.float32)
+    width = max([len(row.response_ids) for row in rows] + [1])
+    model_tokens, sequence = torch.zeros(len(rows), width), torch.zeros(len(rows), width)
+    for index, row in enumerate(rows):
+        sequence[index, : len(row.response_ids)] = 1.0
+        model_tokens[index, : len(row.loss_mask)] = torch.tensor(row.loss_mask, dtype=torch.float32)
+    advantages = compute_advantages(rewards, model_tokens, group_size, algorithm, sequence_mask=sequence)
+    if algorithm.filter_groups.enable:
+        equal = equal_groups(rewards, group_size)
+        advantages = advantages * (~equal).repeat_interleave(group_size).float().unsqueeze(1)
+        dropped = float(equal.float().mean())
+    return [values[: len(row.response_ids)].tolist() for values, row in zip(advantages, rows)], dropped
+
+
+def single_sequence(episode: Episode, config: Config, backend: str, source: str) -> None:
+    """Refuse, naming ``backend`` and ``source`` (the workflow or function), an episode that lays
+    out as more than one training sequence, for a backend that trains exactly one per episode."""
+    found = _segments(episode, config.data.max_response_length)
+    if len(found) <= 1:
+        return
+    names = ", ".join(episode.trajectories[owner].name or f"#{owner}" for owner, _ in found)
+    raise MultiSequenceEpisode(
+        f"backend {backend}: an episode of {source} has {len(found)} sequences to train (trajectories: {names}), "
+        f"but the {backend} backend trains exactly one sequence per episode, so all but the first would be "
+        f"silently dropped. Use backend=trl, tinker or fireworks, which train every trajectory, or make "
+        f"{source} one conversation."
+    )
+
+
+class MultiSequenceEpisode(RuntimeError):
+    """An episode of several sequences on a backend that trains one per episode."""
 
 
 # -- building rows ---------------------------------------------------------------------------------
@@ -196,6 +274,17 @@ def _step_rows(episode: Episode, index: int, group: str, mode: str, normalize_by
                 scale = 1.0 / len(steps) if normalize_by_steps else 1.0
             rows.append(Row(*tokens, reward=reward, unit=unit, group=key, episode=index, scale=scale))
     return rows
+
+
+def _apply_overlong_penalties(batch: RowBatch, config: Config) -> None:
+    """``reward_model.overlong_buffer``: each row's penalty from its own response length."""
+    if not config.reward_model.overlong_buffer.enable:
+        return
+    from training.recipes import overlong_penalties
+
+    scored = [row for row in batch.rows if row.reward is not None]
+    for row, penalty in zip(scored, overlong_penalties(config, [row.response_ids for row in scored])):
+        row.penalty = penalty
 
 
 def _apply_filters(batch: RowBatch, episodes: list[Episode], groups: list[str], config: Config) -> dict[str, float]:

@@ -42,6 +42,7 @@ class TinkerStandIn:
     sampling_sessions: dict[str, str] = field(default_factory=dict)  # id -> sampler weights path
     counts: dict[str, int] = field(default_factory=dict)
     sampler_names: dict[str, str] = field(default_factory=dict)  # name the client gave -> path
+    batches: list[list[dict]] = field(default_factory=list)  # each forward_backward's datums, as received
 
     pb: object = pb  # the protobuf messages of the SDK being served (tinker's or Fireworks' fork)
     serve_http: bool = True
@@ -208,6 +209,8 @@ class TinkerStandIn:
                  **{name: t["data"] for name, t in d["loss_fn_inputs"].items()}}
                 for d in data["data"]
             ]
+
+        self.batches.append(datums)
 
         def run():
             if forward_only:

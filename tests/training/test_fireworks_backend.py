@@ -101,3 +101,23 @@ def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="FIREWORKS_API_KEY is not set"):
         AgentTrainer(train_dataset=PROMPTS, reward_func=starts_a_to_m, backend="fireworks", run_path=str(tmp_path),
                      config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})
+
+
+def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(platform, tmp_path, sink):
+    """Episodes of two conversations (as rLLM's solver-judge has three): each conversation is a
+    Datum of its own sent to the trainer; the first conversation alone used to be trained."""
+    from task_workflows import TwoConversations, datums_by_conversation
+
+    result = trainer(platform, tmp_path, 8, sink, extra={"rllm.agent.max_tokens_per_turn": 2}, workflow_class=TwoConversations).train()
+    assert result.steps == 8
+
+    batches = platform.trainer.batches
+    assert len(batches) == 8
+    for batch in batches:  # 4 tasks x 8 episodes x 2 conversations
+        found = datums_by_conversation(batch, PROMPTS)
+        assert len(batch) == 64 and {name: len(d) for name, d in found.items()} == {"first": 32, "second": 32}
+    second = [d["advantages"] for batch in batches for d in datums_by_conversation(batch, PROMPTS)["second"]]
+    assert any(any(a != 0 for a in advantages) for advantages in second)
+    rewards = [m["reward"] for m in sink.metrics]  # the episode's reward: both conversations', 0 to 2
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.4, rewards
+    assert platform.running() == []

@@ -116,3 +116,41 @@ def test_padding_rows_and_equal_reward_groups():
     assert equal_reward_groups(batch) == {"t/solver", "t/judge"}
     assert row_advantages(batch, Config.build({"algorithm.adv_estimator": "rloo"}).algorithm)[-1] == 0.0
     assert isinstance(row_advantages(batch, Config.build({"algorithm.adv_estimator": "reinforce_plus_plus"}).algorithm), torch.Tensor)
+
+
+def test_overlong_buffer_penalises_each_row_by_its_own_length():
+    """reward_model.overlong_buffer on an episode of several trajectories: each row's penalty
+    follows its own length (DAPO's soft punishment: 0 up to max_response_length - len tokens, then
+    down to -penalty_factor at the limit), not the first conversation's length for all of them."""
+    config = Config.build({
+        "data.max_response_length": 4, "reward_model.overlong_buffer.enable": True,
+        "reward_model.overlong_buffer.len": 2, "reward_model.overlong_buffer.penalty_factor": 1.0,
+    })
+    long = Episode(
+        trajectories=[
+            Trajectory(name="solver", steps=[call([7], [8], 1.0)], reward=1.0),
+            Trajectory(name="solver", steps=[call([7], [8, 8, 8, 8])], reward=0.0),  # at the limit: -1
+            Trajectory(name="judge", steps=[call([9], [1, 1, 1], 1.0)], reward=1.0),  # 3 tokens: -0.5
+        ],
+        termination_reason=TerminationReason.ENV_DONE, prompt_ids=[7], response_ids=[8], response_mask=[1],
+    )
+    batch = episode_rows([long, solver_judge((0.0, 0.0), 0.0)], ["t", "t"], config)
+    assert [row.penalty for row in batch.rows] == pytest.approx([0.0, -1.0, -0.5, 0.0, 0.0, 0.0])
+    assert batch.metrics["overlong_penalty"] == pytest.approx(-1.5 / 6)
+    # Solvers' shaped rewards (1, -1, 0, 0), mean 0; judges' (0.5, 0), mean 0.25.
+    assert row_advantages(batch, NO_STD).tolist() == pytest.approx([1.0, -1.0, 0.25, 0.0, 0.0, -0.25])
+
+
+def test_overlong_buffer_gives_a_unit_of_several_rows_the_penalty_of_its_longest():
+    config = Config.build({
+        "data.max_response_length": 4, "reward_model.overlong_buffer.enable": True, "reward_model.overlong_buffer.len": 2,
+    })
+    two_rows = Trajectory(name="agent", steps=[call([1], [2]), call([5], [6, 6, 6, 6])], reward=1.0)
+    episode = Episode(trajectories=[two_rows], termination_reason=TerminationReason.ENV_DONE, prompt_ids=[1], response_ids=[2], response_mask=[1])
+    other = Episode(trajectories=[Trajectory(name="agent", steps=[call([1], [3])], reward=1.0)],
+                    termination_reason=TerminationReason.ENV_DONE, prompt_ids=[1], response_ids=[3], response_mask=[1])
+    batch = episode_rows([episode, other], ["t", "t"], config)
+    assert [row.penalty for row in batch.rows] == pytest.approx([0.0, -1.0, 0.0])
+    # Unit 0/0 earns 1 - 1 = 0, unit 1/0 earns 1: both of unit 0's rows get its advantage.
+    assert row_advantages(batch, NO_STD).tolist() == pytest.approx([-0.5, -0.5, 0.5])
+    assert equal_reward_groups(batch) == set()  # equal rewards, unequal once shaped

@@ -126,3 +126,24 @@ def test_a_reward_that_raises_fails_the_run_naming_it_and_closes_the_session(ser
         AgentTrainer(train_dataset=PROMPTS, reward_func=broken, backend="tinker", run_path=str(tmp_path),
                      config=config(service, 3)).train()
     assert list(service.sessions.values())[0]["finished"] == "errored"
+
+
+def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(service, tmp_path, sink):
+    """Episodes of two conversations (as rLLM's solver-judge has three): each conversation is a
+    Datum of its own, with the advantage of its own trajectory's reward among the same-named
+    trajectories of its task; the first conversation alone used to be trained."""
+    from task_workflows import TwoConversations, datums_by_conversation
+
+    extra = {"rllm.agent.max_tokens_per_turn": 2}
+    result = trainer(service, tmp_path, 8, sink, extra=extra, workflow_class=TwoConversations).train()
+    assert result.steps == 8
+
+    assert len(service.batches) == 8
+    for batch in service.batches:  # 4 tasks x 8 episodes x 2 conversations
+        found = datums_by_conversation(batch, PROMPTS)
+        assert len(batch) == 64 and {name: len(d) for name, d in found.items()} == {"first": 32, "second": 32}
+    second = [d["advantages"] for batch in service.batches for d in datums_by_conversation(batch, PROMPTS)["second"]]
+    assert any(any(a != 0 for a in advantages) for advantages in second)
+    assert all(m["rows"] == 64 and m["trained_sequences"] == 64 for m in sink.metrics), sink.metrics
+    rewards = [m["reward"] for m in sink.metrics]  # the episode's reward: both conversations', 0 to 2
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.4, rewards

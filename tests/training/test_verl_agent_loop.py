@@ -230,3 +230,62 @@ def test_workflow_tokens_come_from_its_model_calls(base_verl_config):
     assert output.response_mask == [1, 1] + [0] * len("again>") + [1, 1]
     assert output.reward_score == 1.0
     assert output.extra_fields["termination_reason"] == "env_done"
+
+
+# -- episodes of several sequences: verl takes one sample per episode ------------------------------
+
+
+def test_rllm_solver_judge_episode_stops_the_run_naming_verl_and_the_workflow(base_verl_config):
+    """rLLM's own solver-judge workflow (two solvers and a judge, three conversations): verl's agent
+    loop can return one sample per episode, so the run stops, naming the backend and the workflow,
+    instead of training the first solver alone."""
+    import sys
+    from pathlib import Path
+
+    from training.episode_rows import MultiSequenceEpisode
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+    from rllm_solver_judge_flow import SolverJudgeWorkflow
+
+    def reward(task, action):
+        from training import RewardOutput
+
+        return RewardOutput(reward=float(action == "<answer>3</answer>"), is_correct=action == "<answer>3</answer>")
+
+    spec = AgentSpec(workflow_class=SolverJudgeWorkflow, workflow_args={"n_solutions": 2, "reward_function": reward})
+    with pytest.raises(MultiSequenceEpisode) as raised:
+        run_loop(base_verl_config, spec, {"question": "1+2"}, ["<answer>3</answer>", "<answer>4</answer>", "<answer>1</answer>"])
+    message = str(raised.value)
+    assert message.startswith("backend verl: an episode of workflow rllm_solver_judge_flow.SolverJudgeWorkflow has 3 sequences")
+    assert "trajectories: solver, solver, judge" in message and "backend=trl" in message
+
+
+def test_the_layout_verl_uses_refuses_any_episode_of_several_sequences():
+    """``single_sequence`` is what the loop calls before ``episode_to_output``: one conversation
+    passes (continued calls included); two conversations in one trajectory are refused too."""
+    from training.episode_rows import MultiSequenceEpisode, single_sequence
+
+    config = Config.build({"actor_rollout_ref.model.path": "tiny-char"})
+
+    def step(prompt: str, reply: str) -> Step:
+        return Step(prompt_ids=ids(prompt), response_ids=ids(reply), logprobs=[-0.5] * len(reply))
+
+    one = Episode(trajectories=[Trajectory(steps=[step("q>", "x"), step("q>xagain>", "y")])])
+    single_sequence(one, config, "verl", "workflow W")  # one conversation: nothing raised
+    output = verl_agent_loop.episode_to_output(_with_tokens(one), 64, EOS)
+    assert output.response_mask == [1] + [0] * len("again>") + [1]
+
+    two = Episode(trajectories=[Trajectory(name="agent", steps=[step("q>", "x"), step("new>", "y")])])
+    with pytest.raises(MultiSequenceEpisode, match=r"backend verl: an episode of workflow W has 2 sequences to train \(trajectories: agent, agent\)"):
+        single_sequence(two, config, "verl", "workflow W")
+
+
+def _with_tokens(episode: Episode) -> Episode:
+    """The episode's token view as the rollout engine fills it (first prompt, then continuations)."""
+    first, second = episode.trajectories[0].steps
+    episode.prompt_ids = list(first.prompt_ids)
+    extension = second.prompt_ids[len(first.prompt_ids) + len(first.response_ids):]
+    episode.response_ids = first.response_ids + extension + second.response_ids
+    episode.response_mask = [1] * len(first.response_ids) + [0] * len(extension) + [1] * len(second.response_ids)
+    episode.response_logprobs = [-0.5] * len(episode.response_ids)
+    return episode

@@ -5,9 +5,12 @@ The step is the same on both services, and is written once here (``RemoteTrainin
 
 1. our rollout engine runs ``data.train_batch_size`` tasks x ``actor_rollout_ref.rollout.n``
    episodes, sampling through the service (a ``TokenGenerator`` over the SDK's sampler);
-2. group advantages (``algorithm.adv_estimator``) turn each episode into one ``Datum``: the
-   episode's tokens, the sampling log-probabilities, and the advantage on the model's own tokens
-   (0 on the prompt and on environment tokens, which are therefore never trained on);
+2. the episodes are laid out as training sequences as on the trl backend (``training.episode_rows``:
+   one per conversation, so every trajectory of a solver-judge episode is trained with its own
+   reward; rLLM's stepwise, filtering and rejection options; the overlong penalty per sequence),
+   and group advantages (``algorithm.adv_estimator``) turn each sequence into one ``Datum``: its
+   tokens, the sampling log-probabilities, and the advantage on the model's own tokens (0 on the
+   prompt and on environment tokens, which are therefore never trained on);
 3. ``forward_backward`` with the importance-sampling or PPO loss (``remote.loss_fn``), then
    ``optim_step`` (one pair per ``actor.ppo_mini_batch_size`` prompts);
 4. the new weights are published for sampling, so the next step samples on-policy;
@@ -43,7 +46,6 @@ from training.generation import GenerationOutput
 from training.log import logger
 from training.outcomes import OutcomeMonitor
 from training.recipes import clip_range, refuse_recipe_keys
-from training.types import Episode
 from training.utils import is_package_available
 
 SAMPLE_EPISODES_PER_STEP = 4
@@ -204,9 +206,6 @@ class RemoteProcessor(BuiltinProcessor):
         return super().check_config(apply_aliases(config, self.aliases))
 
     def check_backend(self, config: Config) -> None:
-        from training.episode_rows import refuse_row_options
-
-        refuse_row_options(config, f"the {self.name} backend trains one sequence per episode; use backend=trl")
         problems = self.environment_problems()
         if problems:
             raise ValueError(f"backend: the {self.name} backend cannot run here: " + "; ".join(problems))
@@ -364,6 +363,7 @@ class RemoteTrainingLoop:
 
     # -- one step --------------------------------------------------------------------------
     def train_step(self, step: int, session: ServiceSession, tokenizer: Any) -> str:
+        from training.episode_rows import episode_rows, token_advantages
         from training.rollout import RolloutEngine, summarize_episodes
 
         cfg = self.config
@@ -376,13 +376,15 @@ class RemoteTrainingLoop:
         self.outcomes.check_episodes(episodes, step)
         summary = summarize_episodes(episodes)
         sampling_time = time.perf_counter() - started
-        advantages, dropped = self._advantages(episodes, n)
+        # Episodes i*n .. i*n+n-1 are the n episodes of task i.
+        batch = episode_rows(episodes, [str(i // n) for i in range(len(episodes))], cfg)
+        advantages, dropped = token_advantages(batch, cfg.algorithm, n)
         mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size or cfg.data.train_batch_size
         per_update = mini * n
-        loss_sum, tokens, updates = 0.0, 0, 0
+        loss_sum, tokens, updates, trained_rows = 0.0, 0, 0, 0
         kl_terms: list[float] = []
-        for first in range(0, len(episodes), per_update):
-            chunk = list(zip(episodes[first : first + per_update], advantages[first : first + per_update]))
+        for first in range(0, len(episodes), per_update):  # one update per mini-batch of tasks, all their rows
+            chunk = [(row, adv) for row, adv in zip(batch.rows, advantages) if first <= row.episode < first + per_update]
             datums, sampled = self._datums(session, chunk)
             if not datums:
                 continue
@@ -390,14 +392,17 @@ class RemoteTrainingLoop:
                 output = self._update(session, datums, step)
                 loss_sum += float(output.metrics.get("loss:sum", 0.0))
                 updates += 1
+            trained_rows += len(datums)
             tokens += sum(len(lps) for lps in sampled)
             kl_terms.extend(_sampler_trainer_gap(output, sampled))
         sampler_path = remote_call(self.service, f"publishing the weights of step {step}", lambda: session.publish(f"step-{step:06d}"))
         metrics = {
             **summary,
+            **batch.metrics,
             "loss": loss_sum / max(tokens, 1),
             "lr": cfg.actor_rollout_ref.actor.optim.lr,
             "optimizer_steps": float(updates),
+            "trained_sequences": float(trained_rows),
             "dropped_groups": dropped,
             "sampling_time": sampling_time,
             "step_time": time.perf_counter() - started,
@@ -425,42 +430,19 @@ class RemoteTrainingLoop:
             batch.append(self.tasks[self._orders[epoch][position]])
         return batch
 
-    def _advantages(self, episodes: list[Episode], n: int) -> tuple[list[list[float]], float]:
-        """verl's token advantages of each episode, on its response tokens (environment tokens get 0)."""
-        import torch
-
-        from training.advantages import compute_advantages, equal_reward_groups
-        from training.recipes import overlong_penalties
-
-        algorithm = self.config.algorithm
-        responses = [list(e.response_ids) for e in episodes]
-        shaped = [e.reward + p for e, p in zip(episodes, overlong_penalties(self.config, responses))]
-        rewards = torch.tensor(shaped, dtype=torch.float32)
-        width = max([len(r) for r in responses] + [1])
-        model_tokens, sequence = torch.zeros(len(episodes), width), torch.zeros(len(episodes), width)
-        for row, episode in enumerate(episodes):
-            sequence[row, : len(episode.response_ids)] = 1.0
-            model_tokens[row, : len(episode.response_mask)] = torch.tensor(list(episode.response_mask), dtype=torch.float32)
-        advantages = compute_advantages(rewards, model_tokens, n, algorithm, sequence_mask=sequence)
-        dropped = 0.0
-        if algorithm.filter_groups.enable:
-            equal = equal_reward_groups(rewards, n)
-            advantages = advantages * (~equal).repeat_interleave(n).float().unsqueeze(1)
-            dropped = float(equal.float().mean())
-        return [row[: len(r)].tolist() for row, r in zip(advantages, responses)], dropped
-
-    def _datums(self, session: ServiceSession, chunk: list[tuple[Episode, list[float]]]) -> tuple[list[Any], list[list[float]]]:
-        """One Datum per episode: inputs are the tokens but the last, targets the tokens but the first;
-        the advantage and the sampling log-probability sit on the model's own tokens only."""
+    def _datums(self, session: ServiceSession, chunk: list[tuple[Any, list[float]]]) -> tuple[list[Any], list[list[float]]]:
+        """One Datum per training sequence (``training.episode_rows.Row``): inputs are the tokens but
+        the last, targets the tokens but the first; the advantage and the sampling log-probability
+        sit on the model's own tokens only. Sequences without tokens or not trained on are left out."""
         types = session.types
         datums, sampled = [], []
-        for episode, advantages in chunk:
-            if not episode.response_ids:
-                continue  # no tokens: the first prompt was too long
-            tokens = list(episode.prompt_ids) + list(episode.response_ids)
-            prompt = len(episode.prompt_ids)
-            mask = [0] * prompt + list(episode.response_mask)
-            logprobs = [0.0] * prompt + list(episode.response_logprobs)
+        for row, advantages in chunk:
+            if not row.response_ids or not any(row.loss_mask):
+                continue  # no tokens (the first prompt was too long), or masked by a filter
+            tokens = list(row.prompt_ids) + list(row.response_ids)
+            prompt = len(row.prompt_ids)
+            mask = [0] * prompt + list(row.loss_mask)
+            logprobs = [0.0] * prompt + list(row.logprobs)
             targets = tokens[1:]
             weights = ([0.0] * prompt + list(advantages))[1:]  # zero on the prompt and on environment tokens
             old = [lp if m else 0.0 for lp, m in zip(logprobs[1:], mask[1:])]

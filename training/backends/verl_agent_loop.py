@@ -5,6 +5,10 @@ The episode itself is run by our ``RolloutEngine``, the same code the trl backen
 token view is identical on both backends: the first prompt is ``prompt_ids``; every later token
 goes to the response, mask 1 where the model wrote it and 0 where the environment did; episodes
 end with env_done, max_turns, max_prompt_length, max_response_length, timeout or error.
+verl's agent loop returns one sample per episode, so an episode that lays out as several training
+sequences (several trajectories, as rLLM's solver-judge; model calls that do not continue each
+other) stops the run with ``MultiSequenceEpisode``, naming the backend and the workflow: it is
+never trained on its first conversation alone.
 Only the generator differs: here it is verl's server manager (vLLM or SGLang replicas), called
 with token ids in and token ids out.
 
@@ -23,6 +27,7 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from training.backends.verl_backend import AGENT_LOOP_NAME, decode_object, task_from_extra_info
+from training.episode_rows import single_sequence
 from training.generation import GenerationOutput
 from training.outcomes import OutcomeMonitor
 from training.rollout import RolloutEngine
@@ -88,6 +93,9 @@ class AgentTrainerLoop(AgentLoopBase):
         started = time.perf_counter()
         (episode,) = await engine.run_episodes([task], n=1)
         elapsed = time.perf_counter() - started
+        # verl takes one sample per episode: an episode of several sequences (rLLM's solver-judge)
+        # stops the run, naming the workflow, rather than training its first conversation only.
+        single_sequence(episode, self.run_config, "verl", self.spec.label)
         return episode_to_output(episode, self.response_length, self._filler_token(), generator.generate_s, elapsed)
 
     def _filler_token(self) -> int:
