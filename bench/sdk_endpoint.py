@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from training.agents import AgentSpec  # noqa: E402
 from training.config import Config  # noqa: E402
 from training.generation import HFBatchGenerator  # noqa: E402
-from training.rollout import RolloutEngine  # noqa: E402
+from training.rollout import EpisodeRunner  # noqa: E402
 from training.sdk import get_chat_client, get_chat_client_async  # noqa: E402
 from training.sdk.server import ChatEndpoint  # noqa: E402
 from training.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
@@ -76,7 +76,7 @@ def main() -> None:
     with ChatEndpoint(tokenizer=tokenizer) as endpoint:  # one per run, as the trl backend keeps it
         for repeat in range(args.repeats + 1):  # the first round warms up and is not counted
             for name, func in FORMS.items():
-                engine = RolloutEngine(AgentSpec(agent_run_func=func).validate(),
+                engine = EpisodeRunner(AgentSpec(agent_run_func=func).validate(),
                                        HFBatchGenerator(model, tokenizer, seed=repeat), tokenizer, config,
                                        endpoint=endpoint)
                 wall, cpu = time.perf_counter(), time.process_time()

@@ -41,8 +41,11 @@ class _GuardedGenerator:
             raise ModelCallError(f"Generation failed: {exc!r}") from exc
 
 
-class RolloutEngine:
+class EpisodeRunner:
     """Runs episodes of one ``AgentSpec`` (already validated) against a token generator.
+
+    (rLLM's ``RolloutEngine``, the model interface a workflow calls, is ``training.RolloutEngine``;
+    this class runs whole episodes and hands each workflow an implementation of it.)
 
     Rewards: agent+env episodes earn the sum of the environment's rewards (``reward_fn`` is not
     used for them). Workflows and run functions supply their own reward; where they give none,
@@ -83,7 +86,7 @@ class RolloutEngine:
         except RuntimeError:
             return asyncio.run(self.run_episodes(tasks, n))
         raise RuntimeError(
-            "RolloutEngine.run() was called inside a running event loop; use `await engine.run_episodes(...)`."
+            "EpisodeRunner.run() was called inside a running event loop; use `await engine.run_episodes(...)`."
         )
 
     async def run_episodes(self, tasks: list[dict], n: int = 1) -> list[Episode]:

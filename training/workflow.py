@@ -30,9 +30,9 @@ from training.types import Episode, ModelOutput, TerminationReason, Trajectory
 class RolloutEngine:
     """rLLM's interface for calling the model from a workflow: ``await get_model_response(messages)``.
 
-    The rollout engine hands each workflow a ``training.generation.ModelClient``, which records
-    every call's tokens for training. (Not to be confused with ``training.rollout.RolloutEngine``,
-    which runs whole episodes.)
+    ``training.rollout.EpisodeRunner`` (which runs whole episodes) hands each workflow a
+    ``training.generation.ModelClient``, an implementation of this interface that records every
+    call's tokens for training.
     """
 
     async def get_model_response(self, messages: list[dict], **kwargs: Any) -> ModelOutput:

@@ -23,7 +23,7 @@ from training.chat_agent import chat_agent_from, load_agents_from_yaml
 from training.config import Config
 from training.generation import GenerationOutput, encode
 from training.rewards import load_reward
-from training.rollout import RolloutEngine
+from training.rollout import EpisodeRunner
 from training.tiny import build_char_tokenizer
 from training.types import TerminationReason
 
@@ -65,7 +65,7 @@ def run_scripted(agent_path: Path, replies: list[str], task: dict):
     reward = load_reward(str(GAIA_REWARD))
     config = Config.build({"data.max_prompt_length": 4000, "data.max_response_length": 1000, "rllm.agent.max_tokens_per_turn": 200})
     generator = ScriptedGenerator(replies)
-    engine = RolloutEngine(agent.to_spec(reward).validate(), generator, TOKENIZER, config, reward)
+    engine = EpisodeRunner(agent.to_spec(reward).validate(), generator, TOKENIZER, config, reward)
     [episode] = engine.run([task])
     return episode, generator
 

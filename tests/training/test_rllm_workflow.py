@@ -15,12 +15,12 @@ from test_rollout import EOS, LOGPROB, TOKENIZER, ScriptedGenerator, ids
 from training import Episode, ModelOutput, Step, TerminationEvent, TerminationReason, Trajectory, Workflow
 from training.agents import AgentSpec
 from training.config import Config
-from training.rollout import ModelCallError, RolloutEngine
+from training.rollout import ModelCallError, EpisodeRunner
 
 
 def run(workflow_class, replies=None, tasks=None, reward_fn=None, **overrides):
     spec = AgentSpec(workflow_class=workflow_class, workflow_args=overrides.pop("workflow_args", {})).validate()
-    engine = RolloutEngine(spec, ScriptedGenerator(replies), TOKENIZER, Config.build(overrides), reward_fn)
+    engine = EpisodeRunner(spec, ScriptedGenerator(replies), TOKENIZER, Config.build(overrides), reward_fn)
     return engine.run(tasks or [{"question": "Q"}])
 
 
@@ -115,7 +115,7 @@ def test_a_broken_model_stops_the_rollout_instead_of_counting_error_episodes():
             raise RuntimeError("CUDA error: out of memory")
 
     spec = AgentSpec(workflow_class=Asker).validate()
-    engine = RolloutEngine(spec, Broken(), TOKENIZER, Config.build({}))
+    engine = EpisodeRunner(spec, Broken(), TOKENIZER, Config.build({}))
     with pytest.raises(ModelCallError, match="CUDA error"):
         engine.run([{"question": "Q"}])
 
@@ -146,3 +146,15 @@ def test_a_returned_episode_is_used_as_it_is_and_step_rewards_fill_an_unset_traj
 
     [episode] = run(SetsStepRewardsOnly)
     assert episode.trajectories[0].reward == 1.0 and episode.termination_reason == TerminationReason.ENV_DONE
+
+
+def test_rllms_rolloutengine_is_the_only_class_of_that_name():
+    """``training.RolloutEngine`` is rLLM's model interface (what rLLM code imports); the class that
+    runs whole episodes is ``EpisodeRunner``, so the two never shadow each other."""
+    import training
+    import training.rollout
+    from training.generation import ModelClient
+    from training.workflow import RolloutEngine
+
+    assert training.RolloutEngine is RolloutEngine and issubclass(ModelClient, RolloutEngine)
+    assert not hasattr(training.rollout, "RolloutEngine") and training.rollout.EpisodeRunner is EpisodeRunner

@@ -1,4 +1,4 @@
-"""RolloutEngine: token views and masks, every termination reason, every agent kind, ordering, metrics.
+"""EpisodeRunner: token views and masks, every termination reason, every agent kind, ordering, metrics.
 
 Most tests drive the engine with ``ScriptedGenerator``, a fake that stands in for the model and
 answers with given texts, so the tests can check exact token ids. One test runs the real tiny model.
@@ -16,7 +16,7 @@ import pytest
 from training.agents import AgentSpec, BaseAgent, BaseEnv, Workflow
 from training.config import Config
 from training.generation import GenerationOutput, HFBatchGenerator, encode
-from training.rollout import ModelCallError, RolloutEngine, summarize_episodes
+from training.rollout import ModelCallError, EpisodeRunner, summarize_episodes
 from training.tiny import build_char_tokenizer, build_tiny_model
 from training.types import Action, Episode, RewardOutput, Step, TerminationReason, Trajectory
 
@@ -120,11 +120,11 @@ def make_env(name: str, **members) -> type[CounterEnv]:
     return type(name, (CounterEnv,), {"created": 0, "closed": 0, **members})
 
 
-def engine(env_class=None, generator=None, overrides=None, reward_fn=None, **spec) -> RolloutEngine:
+def engine(env_class=None, generator=None, overrides=None, reward_fn=None, **spec) -> EpisodeRunner:
     if env_class is not None:
         spec = {"agent_class": ChatAgent, "env_class": env_class, **spec}
     config = Config.build({"rllm.agent.max_steps": 4, "rllm.agent.max_tokens_per_turn": 10, **(overrides or {})})
-    return RolloutEngine(AgentSpec(**spec).validate(), generator or ScriptedGenerator(), TOKENIZER, config, reward_fn)
+    return EpisodeRunner(AgentSpec(**spec).validate(), generator or ScriptedGenerator(), TOKENIZER, config, reward_fn)
 
 
 def masked_text(episode: Episode, mask: int) -> str:
@@ -302,7 +302,7 @@ def test_env_text_rendered_through_a_chat_template():
     generator = ScriptedGenerator(["ok", "ok"])
     config = Config.build({"rllm.agent.max_steps": 2})
     spec = AgentSpec(agent_class=ChatAgent, env_class=make_env("Env")).validate()
-    [episode] = RolloutEngine(spec, generator, tokenizer, config).run([{"turns": 2}])
+    [episode] = EpisodeRunner(spec, generator, tokenizer, config).run([{"turns": 2}])
     assert tokenizer.decode(episode.prompt_ids) == "<user>Q:\n<assistant>"
     assert masked_text(episode, 0) == "\n<user>1?\n<assistant>"
     full = tokenizer.decode(episode.prompt_ids + episode.response_ids)
@@ -454,7 +454,7 @@ def test_real_tiny_model_batches_every_turn_and_masks_env_text():
     overrides = {"rllm.agent.max_tokens_per_turn": 6, "rllm.agent.max_steps": 3}
     config = Config.build(overrides)
     spec = AgentSpec(agent_class=ChatAgent, env_class=env).validate()
-    episodes = RolloutEngine(spec, generator, TOKENIZER, config).run([{"turns": 3}] * 4, n=2)
+    episodes = EpisodeRunner(spec, generator, TOKENIZER, config).run([{"turns": 3}] * 4, n=2)
 
     assert generator.batch_sizes == [8, 8, 8]  # one batched generation per turn for all episodes
     for episode in episodes:

@@ -14,7 +14,7 @@ import torch
 from training.agents import AgentSpec
 from training.config import Config
 from training.generation import GenerationOutput, HFBatchGenerator, encode
-from training.rollout import ModelCallError, RolloutEngine
+from training.rollout import ModelCallError, EpisodeRunner
 from training.sdk import current_base_url, get_chat_client, get_chat_client_async
 from training.sdk.server import ChatEndpoint
 from training.tiny import build_char_tokenizer, build_tiny_model
@@ -25,10 +25,10 @@ MODEL = build_tiny_model(TOKENIZER)
 EOS = TOKENIZER.eos_token_id
 
 
-def engine(func, overrides=None, generator=None, reward_fn=None, endpoint=None) -> RolloutEngine:
+def engine(func, overrides=None, generator=None, reward_fn=None, endpoint=None) -> EpisodeRunner:
     config = Config.build({"rllm.agent.max_tokens_per_turn": 6, **(overrides or {})})
     generator = generator or HFBatchGenerator(MODEL, TOKENIZER, seed=0)
-    return RolloutEngine(AgentSpec(agent_run_func=func).validate(), generator, TOKENIZER, config, reward_fn, endpoint)
+    return EpisodeRunner(AgentSpec(agent_run_func=func).validate(), generator, TOKENIZER, config, reward_fn, endpoint)
 
 
 def policy_logprobs(prompt_ids: list[int], completion_ids: list[int]) -> list[float]:

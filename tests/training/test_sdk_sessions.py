@@ -11,7 +11,7 @@ import pytest
 from training.agents import AgentSpec
 from training.config import Config
 from training.generation import HFBatchGenerator, encode
-from training.rollout import RolloutEngine
+from training.rollout import EpisodeRunner
 from training.sdk import StepView, TrajectoryView, get_chat_client, get_chat_client_async, session, trajectory
 from training.tiny import build_char_tokenizer, build_tiny_model
 from training.types import TerminationReason
@@ -24,7 +24,7 @@ SHARED = get_chat_client(base_url="http://localhost:4000/v1", api_key="EMPTY", m
 
 def run(func, tasks=({},), n=1):
     config = Config.build({"rllm.agent.max_tokens_per_turn": 4})
-    engine = RolloutEngine(AgentSpec(agent_run_func=func).validate(), HFBatchGenerator(MODEL, TOKENIZER, seed=0),
+    engine = EpisodeRunner(AgentSpec(agent_run_func=func).validate(), HFBatchGenerator(MODEL, TOKENIZER, seed=0),
                            TOKENIZER, config)
     return engine.run(list(tasks), n=n)
 

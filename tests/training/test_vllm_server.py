@@ -11,7 +11,7 @@ from training import AgentTrainer
 from training.agents import AgentSpec
 from training.backends.trl_backend import _TRLRun
 from training.config import Config
-from training.rollout import RolloutEngine
+from training.rollout import EpisodeRunner
 from training.tiny import build_char_tokenizer, build_tiny_model
 from training.vllm_server import VLLMServerGenerator
 
@@ -32,7 +32,7 @@ def test_multi_turn_episodes_generate_on_the_server_with_its_tokens_and_logprobs
     config = Config.build({"rllm.agent.max_steps": 4, "rllm.agent.max_tokens_per_turn": 1, "data.max_response_length": 32})
     generator = VLLMServerGenerator(server.url, tokenizer, temperature=0.8, seed=3)
     spec = AgentSpec(agent_class=FrozenLakeAgent, env_class=FrozenLakeEnv).validate()
-    episodes = RolloutEngine(spec, generator, tokenizer, config).run(make_tasks(3, seed=0), n=2)
+    episodes = EpisodeRunner(spec, generator, tokenizer, config).run(make_tasks(3, seed=0), n=2)
 
     assert len(episodes) == 6 and all(e.termination_reason.value != "error" for e in episodes)
     served = [(s["prompt_ids"], s["completion_ids"], [round(lp, 5) for lp in s["logprobs"]]) for s in server.served]

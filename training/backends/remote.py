@@ -364,14 +364,14 @@ class RemoteTrainingLoop:
     # -- one step --------------------------------------------------------------------------
     def train_step(self, step: int, session: ServiceSession, tokenizer: Any) -> str:
         from training.episode_rows import episode_rows, token_advantages
-        from training.rollout import RolloutEngine, summarize_episodes
+        from training.rollout import EpisodeRunner, summarize_episodes
 
         cfg = self.config
         started = time.perf_counter()
         n = cfg.actor_rollout_ref.rollout.n
         tasks = self._batch(step)
         self.outcomes.step = step
-        engine = RolloutEngine(self.spec, session.generator(tokenizer), tokenizer, cfg, self.reward_fn)
+        engine = EpisodeRunner(self.spec, session.generator(tokenizer), tokenizer, cfg, self.reward_fn)
         episodes = asyncio.run(engine.run_episodes(tasks, n=n))
         self.outcomes.check_episodes(episodes, step)
         summary = summarize_episodes(episodes)

@@ -289,7 +289,7 @@ class _TRLRun:
         episode is one row, else one input per row (then ``finish_rollout`` sets the advantages)."""
         from training.episode_rows import episode_rows, equal_reward_groups, pad_rows
         from training.generation import HFBatchGenerator
-        from training.rollout import RolloutEngine, summarize_episodes
+        from training.rollout import EpisodeRunner, summarize_episodes
 
         tasks = [self.tasks[int(x["prompt"])] for x in inputs]
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -306,7 +306,7 @@ class _TRLRun:
                 model, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, seed=seed,
             )
         step = self.outcomes.step = trainer.state.global_step + 1
-        engine = RolloutEngine(self.spec, generator, self.tokenizer, self.config, self.reward_fn, self.endpoint)
+        engine = EpisodeRunner(self.spec, generator, self.tokenizer, self.config, self.reward_fn, self.endpoint)
         episodes = asyncio.run(engine.run_episodes(tasks, n=1))
         summary = summarize_episodes(episodes)
         self.pending_samples = [e.to_dict() for e in episodes[:SAMPLE_EPISODES_PER_STEP]]

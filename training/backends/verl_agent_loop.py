@@ -1,7 +1,7 @@
 """Our agents inside verl: an agent loop (verl's ``AgentLoopBase``) that runs a ``BaseAgent`` +
 ``BaseEnv``, a ``Workflow`` or a run function, generating through verl's server manager.
 
-The episode itself is run by our ``RolloutEngine``, the same code the trl backend uses, so the
+The episode itself is run by our ``EpisodeRunner``, the same code the trl backend uses, so the
 token view is identical on both backends: the first prompt is ``prompt_ids``; every later token
 goes to the response, mask 1 where the model wrote it and 0 where the environment did; episodes
 end with env_done, max_turns, max_prompt_length, max_response_length, timeout or error.
@@ -30,7 +30,7 @@ from training.backends.verl_backend import AGENT_LOOP_NAME, decode_object, task_
 from training.episode_rows import single_sequence
 from training.generation import GenerationOutput
 from training.outcomes import OutcomeMonitor
-from training.rollout import RolloutEngine
+from training.rollout import EpisodeRunner
 from training.types import Episode, TerminationReason
 
 
@@ -89,7 +89,7 @@ class AgentTrainerLoop(AgentLoopBase):
         outcomes = OutcomeMonitor(self.run_config.trainer.max_episode_error_rate, {} if row is None else {int(row): task})
         reward_fn = outcomes.watch_reward(self.reward_fn, required=False)
         generator = ServerManagerGenerator(self.server_manager, self.tokenizer, sampling_params, uuid4().hex)
-        engine = RolloutEngine(self.spec, generator, self.tokenizer, self.run_config, reward_fn)
+        engine = EpisodeRunner(self.spec, generator, self.tokenizer, self.run_config, reward_fn)
         started = time.perf_counter()
         (episode,) = await engine.run_episodes([task], n=1)
         elapsed = time.perf_counter() - started
