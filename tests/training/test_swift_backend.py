@@ -56,12 +56,53 @@ def test_a_missing_environment_is_named_at_construction(tmp_path):
 
 
 @needs_swift_env
-def test_multi_turn_agents_are_refused_clearly(tmp_path):
-    from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv
+def test_agent_and_env_train_multi_turn_through_swifts_scheduler(tmp_path, sink):
+    """FrozenLake through ms-swift's multi-turn hook: our agent and environment play each turn
+    inside ms-swift's rollout, and the episode's reward is the environment's."""
+    import examples  # noqa: F401  (registers the frozenlake dataset)
 
-    with pytest.raises(ValueError, match="swift backend trains single-turn tasks.*multi-turn hook is not bridged"):
-        AgentTrainer(agent_class=FrozenLakeAgent, env_class=FrozenLakeEnv, train_dataset="frozenlake:train",
+    config = {
+        "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.actor.optim.lr": 3e-3,
+        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 48,
+        "rllm.agent.max_steps": 7, "rllm.agent.max_tokens_per_turn": 1, "trainer.total_training_steps": 30,
+        "trainer.logger": [],
+    }
+    result = AgentTrainer(agent_class="examples.frozenlake.FrozenLakeAgent", env_class="examples.frozenlake.FrozenLakeEnv",
+                          train_dataset="frozenlake:train", backend="swift", run_path=str(tmp_path), config=config,
+                          sinks=[sink]).train()
+
+    assert result.steps == 30 and not result.stopped
+    before = AutoModelForCausalLM.from_pretrained(tmp_path / "base_model").state_dict()
+    after = AutoModelForCausalLM.from_pretrained(result.checkpoint).state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    # More than one turn per episode: ms-swift's own count, and the agent's recorded steps.
+    assert all(1 < m["turns"] <= 7 for m in sink.metrics), [m["turns"] for m in sink.metrics]
+    multi = [e for e in sink.episodes if len([s for s in e["trajectories"][0]["steps"] if s["model_response"]]) > 1]
+    assert multi and multi[0]["trajectories"][0]["steps"][1]["observation"].endswith(">")
+    assert {e["termination_reason"] for e in sink.episodes} <= {"env_done", "max_turns"}
+    rewards = [m["reward"] for m in sink.metrics]
+    assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.05, rewards
+    job = json.loads((tmp_path / "swift" / "job.json").read_text())
+    assert job["agent"]["env_class"] == "examples.frozenlake.FrozenLakeEnv" and job["swift_args"]["max_turns"] == 7
+
+
+@needs_swift_env
+def test_workflows_are_refused_clearly(tmp_path):
+    import examples  # noqa: F401  (registers the countdown dataset)
+
+    with pytest.raises(ValueError, match="swift backend trains single-turn tasks and agent_class/env_class pairs.*a workflow agent"):
+        AgentTrainer(workflow_class="examples.countdown_workflow.CountdownWorkflow", train_dataset="countdown:train",
                      backend="swift", run_path=str(tmp_path), config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})
+
+
+@needs_swift_env
+def test_env_args_the_child_cannot_receive_are_refused(tmp_path):
+    import examples  # noqa: F401
+
+    with pytest.raises(ValueError, match="env_args: the swift backend passes these to its own interpreter as JSON"):
+        AgentTrainer(agent_class="examples.frozenlake.FrozenLakeAgent", env_class="examples.frozenlake.FrozenLakeEnv",
+                     env_args={"reward_fn": len}, train_dataset="frozenlake:train", backend="swift", run_path=str(tmp_path),
+                     config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})
 
 
 @needs_swift_env

@@ -8,8 +8,12 @@ arguments) under ``<run>/swift/`` and starts ``training.backends.swift_child`` i
 which trains through ms-swift's ``rlhf_main`` and reports each logged step back on stdout. A stop
 request is passed on through a file and honoured after the current step.
 
-Single-turn tasks only. ms-swift's multi-turn hook (``multi_turn_scheduler``) is not bridged to our
-agent + environment, workflow and run-function agents; those are refused at construction.
+Single-turn tasks, and agent + environment classes through ms-swift's multi-turn hook
+(``multi_turn_scheduler``: ``swift_child.agent_env_scheduler`` plays our turn loop inside ms-swift's
+rollout, one ``rllm.agent.max_tokens_per_turn`` reply per turn, at most ``rllm.agent.max_steps``
+turns, the episode's reward the sum of the environment's). The classes must be importable by path
+and their arguments JSON, since the training process builds them again. Workflows and run
+functions are refused at construction: ms-swift's hook sees one conversation per episode.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from training.backends.base import BuiltinProcessor, TrainResult
+from training.backends.swift_child import PLAIN_TEMPLATE
 from training.config import Config, ConfigError
 from training.data import dataset_to_tasks
 from training.log import logger
@@ -41,7 +46,7 @@ SWIFT_METRIC_NAMES = {
     "reward": "reward", "reward_std": "reward_std", "loss": "loss", "kl": "kl", "entropy": "entropy",
     "grad_norm": "grad_norm", "learning_rate": "lr", "completions/mean_length": "response_length",
     "completions/clipped_ratio": "clipped_ratio", "frac_reward_zero_std": "frac_reward_zero_std",
-    "step_time": "step_time", "epoch": "epoch",
+    "step_time": "step_time", "epoch": "epoch", "num_turns": "turns",
 }
 
 
@@ -101,10 +106,11 @@ class SwiftProcessor(BuiltinProcessor):
         problem = self.environment_status(config)["environment"]
         if problem:
             raise ValueError(f"backend: the swift backend cannot run here: {problem}")
-        if self.agent_spec.kind != "single_turn":
+        if self.agent_spec.kind not in ("single_turn", "agent_env") or self.chat_agent is not None:
+            kind = "a chat agent" if self.chat_agent is not None else f"a {self.agent_spec.kind} agent"
             raise ValueError(
-                f"agent: the swift backend trains single-turn tasks through ms-swift's GRPO; this agent is "
-                f"{self.agent_spec.kind} and ms-swift's multi-turn hook is not bridged to it. Use the trl or verl backend."
+                f"agent: the swift backend trains single-turn tasks and agent_class/env_class pairs (through "
+                f"ms-swift's multi-turn scheduler); this is {kind}, which that hook cannot run. Use the trl or verl backend."
             )
         if config.actor_rollout_ref.rollout.n < 2:
             raise ConfigError("actor_rollout_ref.rollout.n", "GRPO compares episodes of one prompt; use 2 or more.")
@@ -113,7 +119,29 @@ class SwiftProcessor(BuiltinProcessor):
         if config.algorithm.adv_estimator != "grpo":
             raise ConfigError("algorithm.adv_estimator", "ms-swift computes GRPO advantages itself; leave it at grpo or use the trl or verl backend.")
         refuse_recipe_keys(config, "swift")
-        self.reward_reference()
+        if self.agent_spec.kind == "agent_env":
+            self.agent_reference()
+        else:
+            self.reward_reference()
+
+    def agent_reference(self) -> dict[str, Any]:
+        """The agent and environment as the training process can build them again: import paths, JSON arguments."""
+        spec = self.agent_spec
+        reference: dict[str, Any] = {}
+        for name in ("agent_class", "env_class"):
+            cls = getattr(spec, name)
+            if cls.__module__ == "__main__" or "<" in cls.__qualname__:
+                raise ValueError(
+                    f"{name}: the swift backend trains in its own interpreter, so {cls.__qualname__} must be importable "
+                    "(defined in a module, given as pkg.mod.Class or path/to/file.py:Class), not defined in __main__ or a function."
+                )
+            reference[name] = f"{cls.__module__}.{cls.__qualname__}"
+        for name in ("agent_args", "env_args"):
+            try:
+                reference[name] = json.loads(json.dumps(getattr(spec, name)))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{name}: the swift backend passes these to its own interpreter as JSON, and they are not ({exc}).") from exc
+        return reference
 
     def reward_reference(self) -> str:
         """The reward as the training process can load it again: a name or an import/file path."""
@@ -183,7 +211,7 @@ class SwiftProcessor(BuiltinProcessor):
                 metrics = {SWIFT_METRIC_NAMES.get(k, f"swift/{k}"): v for k, v in event["metrics"].items()}
                 self._last_step, self._last_metrics = event["step"], metrics
                 self.sinks.log_metrics(event["step"], metrics)
-                self.sinks.log_episodes(event["step"], [_episode(s) for s in event.get("samples", [])])
+                self.sinks.log_episodes(event["step"], event.get("samples", []))
 
     def write_job(self) -> Path:
         cfg = self.config
@@ -192,10 +220,14 @@ class SwiftProcessor(BuiltinProcessor):
         self._stop_file = workdir / "stop"
         self._stop_file.unlink(missing_ok=True)
         key = cfg.data.prompt_key
+        multi_turn = self.agent_spec.kind == "agent_env"
         with open(workdir / "train.jsonl", "w") as rows:
             for task in dataset_to_tasks(self.train_dataset):
-                prompt = task[key]
-                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+                if multi_turn:  # the scheduler puts the agent's first messages in place of this one
+                    messages = [{"role": "user", "content": "(the environment's first observation)"}]
+                else:
+                    prompt = task[key]
+                    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
                 rows.write(json.dumps({**task, "messages": messages}, default=str) + "\n")
         model, extra = self._model(workdir)
         actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
@@ -213,7 +245,9 @@ class SwiftProcessor(BuiltinProcessor):
             "weight_decay": actor.optim.weight_decay, "max_grad_norm": actor.grad_clip,
             "beta": actor.kl_loss_coef if actor.use_kl_loss else 0.0, "epsilon": actor.clip_ratio,
             "num_iterations": actor.ppo_epochs, "temperature": rollout.temperature, "top_p": rollout.top_p,
-            "max_completion_length": cfg.data.max_response_length, "max_length": cfg.data.max_prompt_length + cfg.data.max_response_length,
+            "max_completion_length": cfg.rllm.agent.max_tokens_per_turn if multi_turn else cfg.data.max_response_length,
+            **({"max_turns": cfg.rllm.agent.max_steps} if multi_turn else {}),
+            "max_length": cfg.data.max_prompt_length + cfg.data.max_response_length,
             "logging_steps": cfg.trainer.log_freq, "save_strategy": "steps", "save_steps": save_freq,
             "save_total_limit": cfg.trainer.max_checkpoints or None, "seed": cfg.trainer.seed,
             "dataset_shuffle": cfg.data.shuffle, "report_to": ["none"], "use_vllm": False,
@@ -222,7 +256,8 @@ class SwiftProcessor(BuiltinProcessor):
             **({"resume_from_checkpoint": resume} if resume else {}),
         }
         job = {
-            "reward": self.reward_reference(), "answer_key": cfg.data.answer_key, "prompt_key": key,
+            "reward": None if multi_turn else self.reward_reference(),
+            "agent": self.agent_reference() if multi_turn else None, "answer_key": cfg.data.answer_key, "prompt_key": key,
             "stop_file": str(self._stop_file), "cpu_threads": cfg.trainer.cpu_threads, "swift_args": swift_args,
         }
         target = workdir / "job.json"
@@ -240,21 +275,13 @@ class SwiftProcessor(BuiltinProcessor):
         tokenizer = build_char_tokenizer()
         tokenizer.chat_template = PLAIN_CHAT_TEMPLATE  # ms-swift renders prompts through a chat template
         tokenizer.save_pretrained(target)
-        # The tiny model is a Qwen2; 'dummy' renders the messages' text as our engine does.
-        return str(target), {"model_type": "qwen2", "template": "dummy"}
+        # The tiny model is a Qwen2; its template renders the messages' text as our engine does.
+        return str(target), {"model_type": "qwen2", "template": PLAIN_TEMPLATE}
 
 
 def _latest_checkpoint(directory: Path) -> str | None:
     found = sorted(directory.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]) if p.name.split("-")[1].isdigit() else -1)
     return str(found[-1]) if found else None
-
-
-def _episode(sample: dict[str, Any]) -> dict[str, Any]:
-    from training.types import Episode, Step, TerminationReason, Trajectory
-
-    step = Step(observation=sample.get("task"), model_response=sample.get("response", ""), reward=sample.get("reward", 0.0), done=True)
-    return Episode(task=sample.get("task"), trajectories=[Trajectory(steps=[step], reward=sample.get("reward", 0.0))],
-                   termination_reason=TerminationReason.ENV_DONE).to_dict()
 
 
 if __name__ == "__main__":  # pragma: no cover - a quick check of an environment
