@@ -183,6 +183,15 @@ SERVE_STATIC = envbool("SERVE_STATIC", "true")
 
 MEDIA_ROOT = VAR_DIR / "uploads"
 MEDIA_URL = "media/"
+# Uploaded datasets (project members upload CSV / JSONL / Parquet from the browser). Files are never
+# served as they are: only the project's pages read them. The limits bound what one upload costs.
+DATASET_UPLOAD_MAX_BYTES = envint("DATASET_UPLOAD_MAX_BYTES", str(20 * 1024 * 1024), minimum=1024)
+DATASET_UPLOAD_MAX_ROWS = envint("DATASET_UPLOAD_MAX_ROWS", "100000", minimum=1)
+DATASET_UPLOAD_MAX_COLUMNS = envint("DATASET_UPLOAD_MAX_COLUMNS", "200", minimum=1)
+DATASET_UPLOAD_MAX_CELL_CHARS = envint("DATASET_UPLOAD_MAX_CELL_CHARS", "100000", minimum=100)
+# Anyone may make an account at /signup/ (off: accounts come from invitations and the admin).
+SIGNUP_OPEN = envbool("SIGNUP_OPEN", "false")
+INVITATION_DAYS = envint("INVITATION_DAYS", "7", minimum=1)
 
 # Redis, when given, carries both Celery messages and the Channels layer. Without it the platform
 # runs with no server at all: Celery's messages go through files under var/broker (kombu's

@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/", include("webapp.api.urls")),
     path("fleet/", include("webapp.fleet.urls")),
     path("", include("webapp.teams.urls")),
+    path("", include("webapp.registry.urls")),
     path("", include("webapp.integrations.urls")),
     path("", include("webapp.sweeps.urls")),
     path("", include("webapp.runs.urls")),

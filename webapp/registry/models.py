@@ -168,7 +168,8 @@ class Dataset(RegistryEntry):
         max_length=500, blank=True,
         help_text="Registered name or hub id (for those sources), or a path on the workers.",
     )
-    file = models.FileField(upload_to="datasets/", blank=True)
+    file = models.FileField(upload_to="datasets/", blank=True, help_text="An uploaded dataset's training rows.")
+    test_file = models.FileField(upload_to="datasets/", blank=True, help_text="An uploaded dataset's held-out rows.")
     train_split = models.CharField(max_length=50, default="train")
     val_split = models.CharField(max_length=50, blank=True, help_text="Empty: no validation set.")
     column_mapping = models.JSONField(
@@ -187,7 +188,7 @@ class Dataset(RegistryEntry):
 
     def _spec(self, split: str) -> str:
         if self.source == self.Source.UPLOAD:
-            return self.file.path
+            return local_path(self.test_file if split == self.val_split and self.test_file else self.file)
         if self.source == self.Source.PATH:
             return self.identifier
         return f"{self.identifier}:{split}"
@@ -202,6 +203,23 @@ class Dataset(RegistryEntry):
     def config_overrides(self) -> dict[str, Any]:
         """Column mapping as config keys (``data.prompt_key``, ``data.answer_key``)."""
         return {self.COLUMN_ROLES[role]: column for role, column in (self.column_mapping or {}).items()}
+
+
+def local_path(stored) -> str:
+    """A path on this machine for a stored file: the storage's own, or (an object store) a copy
+    fetched once into ``VAR_DIR/stored-files``, where the training process reads it."""
+    try:
+        return stored.path
+    except NotImplementedError:  # a storage without local files
+        copy = Path(settings.VAR_DIR) / "stored-files" / stored.name
+        if not copy.exists():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            partial = copy.with_name(copy.name + ".partial")
+            with stored.open("rb") as source, open(partial, "wb") as target:
+                for chunk in iter(lambda: source.read(1 << 20), b""):
+                    target.write(chunk)
+            partial.replace(copy)
+        return str(copy)
 
 
 def path_under_model_roots(value: str, what: str) -> str:

@@ -50,11 +50,22 @@ def run_create(request):
             return redirect(run)
     else:
         clone = _int(request.GET.get("clone"))
-        initial = RunForm.initial_from(get_run_for_user(request.user, clone, "run")) if clone else None
+        initial = RunForm.initial_from(get_run_for_user(request.user, clone, "run")) if clone else _chosen(request.GET)
         form = RunForm(initial=initial, user=request.user)
     return render(request, "runs/run_form.html", {
         "form": form, "config_fields": config_fields(), "agent_needs": _agent_needs(form),
     })
+
+
+def _chosen(query) -> dict:
+    """``?agent=&dataset=&project=&model=``: choices to start with (links from a project's data and agents);
+    the form's querysets still decide what this user may pick."""
+    initial = {name: int(query[name]) for name in ("agent", "dataset", "project") if query.get(name, "").isdigit()}
+    if query.get("model"):
+        initial["model"] = query["model"][:100]
+    if initial.get("project"):
+        initial["visibility"] = Run.Visibility.TEAM
+    return initial
 
 
 # What each kind of agent needs from the rest of the form.
