@@ -5,12 +5,13 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from webapp.health import healthz
+from webapp.teams.views import LoginView
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("admin/", admin.site.urls),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("dashboard/", include("webapp.dashboard.urls")),
     path("api/", include("webapp.api.urls")),

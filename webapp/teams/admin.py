@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from webapp.teams.models import Membership, Project, ShareLink, Team
+from webapp.teams.models import Invitation, Membership, Project, ShareLink, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -34,3 +34,10 @@ class ShareLinkAdmin(admin.ModelAdmin):
     list_display = ("run", "created_by", "created_at", "revoked_at")
     raw_id_fields = ("run",)
     readonly_fields = ("token",)
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ("team", "role", "created_by", "created_at", "expires_at", "used_by", "used_at", "revoked_at")
+    list_filter = ("role",)
+    readonly_fields = ("token_hash", "used_at", "used_by")

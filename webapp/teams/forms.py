@@ -25,3 +25,7 @@ class ProjectForm(forms.ModelForm):
         model = Project
         fields = ["name", "description"]
         help_texts = {"name": "Letters, digits, hyphens and underscores."}
+
+
+class InvitationForm(forms.Form):
+    role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)

@@ -113,3 +113,43 @@ class ShareLink(models.Model):
 
 # Sent by ``ShareLink.revoke`` (a queryset update, so no post_save): the link's open sockets close.
 share_link_revoked = Signal()
+
+
+def token_digest(token: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Invitation(models.Model):
+    """A link that lets one person join a team in a role: single-use, expiring, revocable. Only the
+    token's SHA-256 is kept; the link is shown once, to whoever made it."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"invitation to {self.team} as {self.role}"
+
+    @classmethod
+    def usable(cls, token: str) -> "Invitation | None":
+        """The invitation of ``token`` if it can still be used (not used, revoked or expired)."""
+        return cls.objects.select_related("team").filter(
+            token_hash=token_digest(token), used_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now(),
+        ).first()
+
+    def claim(self, user) -> bool:
+        """Mark used by ``user``; False when someone else used it (or it expired) first."""
+        return bool(Invitation.objects.filter(
+            pk=self.pk, used_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now(),
+        ).update(used_at=timezone.now(), used_by=user))

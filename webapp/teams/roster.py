@@ -13,7 +13,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils.text import slugify
 
-from webapp.teams.models import Membership, Project, Team, role_in
+from webapp.teams.models import Invitation, Membership, Project, Team, role_in, token_digest
 
 Role = Membership.Role
 MANAGERS = (Role.OWNER, Role.ADMIN)
@@ -78,6 +78,43 @@ def add_project(actor, team: Team, name: str, description: str = "") -> Project:
     if Project.objects.filter(team=team, name=name).exists():
         raise RosterError(f"{team} already has a project named {name!r}.")
     return Project.objects.create(team=team, name=name, description=description)
+
+
+def invite(actor, team: Team, role: str) -> tuple[Invitation, str]:
+    """A single-use link to join ``team`` as ``role`` (same rules as adding a member), valid for
+    ``INVITATION_DAYS``; returns the invitation and its token, which is not stored."""
+    import secrets
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    _require_manager(actor, team)
+    _require_owner_for(actor, team, role)
+    token = secrets.token_urlsafe(32)
+    invitation = Invitation.objects.create(
+        team=team, role=role, token_hash=token_digest(token), created_by=actor,
+        expires_at=timezone.now() + timedelta(days=settings.INVITATION_DAYS),
+    )
+    return invitation, token
+
+
+def revoke_invitation(actor, invitation: Invitation) -> None:
+    from django.utils import timezone
+
+    _require_manager(actor, invitation.team)
+    Invitation.objects.filter(pk=invitation.pk, used_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def accept(invitation: Invitation, user) -> Membership:
+    """``user`` joins through ``invitation`` (once: a second use, or one after expiry, is refused)."""
+    with transaction.atomic():
+        if not invitation.claim(user):
+            raise RosterError("This invitation was already used, revoked or has expired; ask for a new one.")
+        membership, created = Membership.objects.get_or_create(team=invitation.team, user=user, defaults={"role": invitation.role})
+        if not created:
+            raise RosterError(f"You are already in {invitation.team}; the invitation was not used.")
+    return membership
 
 
 def _require_manager(actor, team: Team) -> None:

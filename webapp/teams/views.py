@@ -5,16 +5,24 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import UserCreationForm
+from django.db import transaction
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from webapp.runs.access import get_run_for_user
 from webapp.teams import roster
-from webapp.teams.forms import MemberForm, ProjectForm, RoleForm, TeamForm
-from webapp.teams.models import Membership, ShareLink, Team, role_in
+from webapp.teams.forms import InvitationForm, MemberForm, ProjectForm, RoleForm, TeamForm
+from webapp.teams.models import Invitation, Membership, ShareLink, Team, role_in
+
+NEW_INVITATION = "new_invitation_link"
 
 
 def shared_run(request, token: str):
@@ -70,12 +78,89 @@ def create_team(request):
 def team_detail(request, slug: str):
     """Members and projects; owners and admins also get the forms that change them."""
     team = _team_of_member(request.user, slug)
+    may_manage = roster.may_manage(request.user, team)
     return render(request, "teams/team_detail.html", {
-        "team": team, "role": role_in(request.user, team.pk), "may_manage": roster.may_manage(request.user, team),
+        "team": team, "role": role_in(request.user, team.pk), "may_manage": may_manage,
         "memberships": team.memberships.select_related("user").order_by("user__username"),
         "projects": team.projects.all(), "roles": Membership.Role.choices,
-        "member_form": MemberForm(), "project_form": ProjectForm(),
+        "member_form": MemberForm(), "project_form": ProjectForm(), "invitation_form": InvitationForm(),
+        "invitations": team.invitations.filter(used_at__isnull=True, revoked_at__isnull=True) if may_manage else [],
+        "new_invitation": request.session.pop(NEW_INVITATION, None) if may_manage else None,
     })
+
+
+@login_required
+@require_POST
+def create_invitation(request, slug: str):
+    """A single-use link to join; shown once on the team page (only its hash is stored)."""
+    team = _team_of_member(request.user, slug)
+    form = InvitationForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _errors(form))
+        return redirect("teams:detail", slug=slug)
+    try:
+        invitation, token = roster.invite(request.user, team, form.cleaned_data["role"])
+    except roster.RosterError as error:
+        messages.error(request, str(error))
+        return redirect("teams:detail", slug=slug)
+    request.session[NEW_INVITATION] = {
+        "url": request.build_absolute_uri(reverse("teams:accept_invitation", args=[token])),
+        "role": invitation.role, "expires_at": invitation.expires_at.isoformat(timespec="minutes"),
+    }
+    return redirect("teams:detail", slug=slug)
+
+
+@login_required
+@require_POST
+def revoke_invitation(request, pk: int):
+    invitation = get_object_or_404(Invitation.objects.select_related("team"), pk=pk)
+    team = _team_of_member(request.user, invitation.team.slug)
+    roster.revoke_invitation(request.user, invitation)
+    messages.info(request, "Invitation revoked; its link no longer works.")
+    return redirect("teams:detail", slug=team.slug)
+
+
+def accept_invitation(request, token: str):
+    """Join a team by link: a newcomer picks a username and password; someone logged in joins as themselves."""
+    invitation = Invitation.usable(token)
+    if invitation is None:
+        return render(request, "teams/invitation.html", {"invalid": True}, status=404)
+    form = None if request.user.is_authenticated else UserCreationForm(request.POST or None)
+    if request.method == "POST" and (form is None or form.is_valid()):
+        try:
+            with transaction.atomic():  # no account is left behind when the link was used meanwhile
+                user = request.user if form is None else form.save()
+                roster.accept(invitation, user)
+        except roster.RosterError as error:
+            messages.error(request, str(error))
+            return redirect("runs:list" if request.user.is_authenticated else "login")
+        if form is not None:
+            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        messages.success(request, f"Welcome to {invitation.team}: you joined as {invitation.role}.")
+        return redirect("teams:detail", slug=invitation.team.slug)
+    return render(request, "teams/invitation.html", {"invitation": invitation, "form": form})
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login page, with a link to sign-up where it is open."""
+
+    def get_context_data(self, **kwargs):
+        return {**super().get_context_data(**kwargs), "signup_open": settings.SIGNUP_OPEN}
+
+
+def signup(request):
+    """Anyone makes an account, where an administrator opened sign-up (``SIGNUP_OPEN``); 404 otherwise."""
+    if not settings.SIGNUP_OPEN:
+        raise Http404("Sign-up is closed; ask a team for an invitation link.")
+    if request.user.is_authenticated:
+        return redirect("runs:list")
+    form = UserCreationForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        user = form.save()
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        messages.success(request, f"Welcome, {user.username}. Start a team, or ask one for an invitation.")
+        return redirect("teams:mine")
+    return render(request, "registration/signup.html", {"form": form})
 
 
 @login_required
