@@ -119,6 +119,7 @@ INSTALLED_APPS = [
     "webapp.fleet",
     "webapp.integrations",
     "webapp.sweeps",
+    "webapp.playground",
 ]
 
 MIDDLEWARE = [
@@ -254,6 +255,17 @@ RUN_LOG_MAX_LINES = envint("RUN_LOG_MAX_LINES", "5000", minimum=10)
 # (seconds of wall-clock and CPU time; megabytes of memory beyond the warm checker's).
 RUN_CHECK_TIMEOUT_SECONDS = envint("RUN_CHECK_TIMEOUT_SECONDS", "20", minimum=1)
 RUN_CHECK_MEMORY_MB = envint("RUN_CHECK_MEMORY_MB", "2048", minimum=256)
+
+# The playground (webapp/playground): questions to a run's trained model, answered by a worker of
+# the run's queue. Each bound holds for every person: a request waits at most QUEUE_SECONDS for a
+# free worker, generates for at most REPLY_SECONDS, and asks for at most MAX_NEW_TOKENS tokens
+# after a prompt of at most MAX_PROMPT_TOKENS; one person has at most MAX_PENDING requests waiting.
+PLAYGROUND_QUEUE_SECONDS = envint("PLAYGROUND_QUEUE_SECONDS", "120", minimum=1)
+PLAYGROUND_REPLY_SECONDS = envint("PLAYGROUND_REPLY_SECONDS", "120", minimum=5)
+PLAYGROUND_MAX_NEW_TOKENS = envint("PLAYGROUND_MAX_NEW_TOKENS", "512", minimum=1)
+PLAYGROUND_MAX_PROMPT_TOKENS = envint("PLAYGROUND_MAX_PROMPT_TOKENS", "4096", minimum=16)
+PLAYGROUND_MAX_PENDING = envint("PLAYGROUND_MAX_PENDING", "2", minimum=1)
+PLAYGROUND_CPU_THREADS = envint("PLAYGROUND_CPU_THREADS", "1", minimum=1)
 
 # Alerts (webapp/integrations): the outbox's retries, the sender's queue, links in messages.
 ALERT_MAX_ATTEMPTS = envint("ALERT_MAX_ATTEMPTS", "8", minimum=1)

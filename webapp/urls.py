@@ -20,5 +20,6 @@ urlpatterns = [
     path("", include("webapp.registry.urls")),
     path("", include("webapp.integrations.urls")),
     path("", include("webapp.sweeps.urls")),
+    path("", include("webapp.playground.urls")),
     path("", include("webapp.runs.urls")),
 ]

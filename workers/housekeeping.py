@@ -108,6 +108,9 @@ class Housekeeper:
                 connection.ensure_connection()
                 self._database_since = now
             dispatch_due_runs()
+            from workers.playground import dispatch_due_requests
+
+            dispatch_due_requests()  # questions to runs' trained models (webapp.playground), the same outbox way
             if now - self._last_sweep >= settings.RUN_SWEEP_SECONDS and now - self._database_since >= settings.RUN_STALE_SECONDS:
                 self._last_sweep = now
                 recover_lost_runs()

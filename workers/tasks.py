@@ -20,3 +20,11 @@ def deliver_alerts_task(self) -> dict:
     if wait is not None:
         raise self.retry(countdown=max(1.0, wait))
     return counts
+
+
+@app.task(name="workers.playground_answer", bind=True, acks_late=True)
+def playground_answer_task(self, request_id: int) -> str:
+    """Answer one playground request on this worker's slot (``workers.playground``)."""
+    from workers.playground import answer_request
+
+    return answer_request(request_id, worker_name=self.request.hostname or "worker")

@@ -60,6 +60,17 @@ def archives(run: Run) -> list[dict]:
     return found
 
 
+def model_folder(run: Run, name: str) -> Path | None:
+    """The directory of the run's saved model ``name`` (``final_model`` or ``checkpoint-<step>``, as
+    ``archives`` names them), when it lies inside the run's own directory; None otherwise."""
+    if name == "final_model":
+        return _inside_run(run, Path(run.run_path or "") / "final_model")
+    if name.startswith("checkpoint-") and name.removeprefix("checkpoint-").isdigit():
+        checkpoint = run.checkpoints.filter(step=int(name.removeprefix("checkpoint-"))).first()
+        return _inside_run(run, checkpoint.path) if checkpoint else None
+    return None
+
+
 def _run_dir(run: Run) -> Path | None:
     if not run.run_path:
         return None
@@ -128,13 +139,7 @@ def metrics_csv(request, pk: int) -> StreamingHttpResponse:
 def model_archive(request, pk: int, name: str) -> StreamingHttpResponse:
     """``final_model`` or ``checkpoint-<step>`` as a .tar.gz (built in a temporary file, then sent)."""
     run = get_run_for_user(request.user, pk, "view")
-    if name == "final_model":
-        folder = _inside_run(run, Path(run.run_path or "") / "final_model")
-    elif name.startswith("checkpoint-") and name.removeprefix("checkpoint-").isdigit():
-        checkpoint = run.checkpoints.filter(step=int(name.removeprefix("checkpoint-"))).first()
-        folder = _inside_run(run, checkpoint.path) if checkpoint else None
-    else:
-        folder = None
+    folder = model_folder(run, name)
     if folder is None:
         raise Http404("This run has no such model to download.")
     archive = tempfile.TemporaryFile(dir=settings.VAR_DIR)

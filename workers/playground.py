@@ -1,0 +1,218 @@
+"""Answering playground requests (``webapp.playground``) on a worker slot of the run's queue.
+
+``dispatch_due_requests`` (the housekeeping thread, beside the runs' dispatcher) sends queued
+requests to their queue. ``answer_request`` (the Celery task's body) claims one and generates in a
+child process, ``python -m workers.playground_child <id>``, so the model's memory is freed after each
+answer and a reply that runs past ``PLAYGROUND_REPLY_SECONDS`` is stopped by killing the child's
+process group. ``generate_answer`` (in the child) loads the chosen weights of the run with
+transformers, as the trainer does, and writes the answer to the row.
+
+A model's own Python code (``trust_remote_code``) runs only when the registered model the run
+trained from is marked trusted by an administrator; a run's trained model used as a base never is.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from webapp.playground.models import PlaygroundRequest
+from webapp.runs.downloads import model_folder
+
+logger = logging.getLogger(__name__)
+
+BROKER_RETRY_SECONDS = 2.0
+# Of the child's output, what a failure shows.
+OUTPUT_TAIL_CHARS = 2000
+
+
+def dispatch_due_requests(limit: int = 100) -> int:
+    """Send due queued requests to their queues, and end those nobody took in time. Returns how many were sent."""
+    from workers.tasks import playground_answer_task
+
+    for overdue in PlaygroundRequest.objects.overdue()[:limit]:
+        overdue.expire_if_overdue()
+    sent = 0
+    for asked in PlaygroundRequest.objects.due_for_dispatch().order_by("created_at")[:limit]:
+        now = timezone.now()
+        # Sent again only if nobody took it within the wait limit's half (a message lost with the broker).
+        later = now + timedelta(seconds=max(1, settings.PLAYGROUND_QUEUE_SECONDS // 2))
+        taken = PlaygroundRequest.objects.filter(pk=asked.pk, status=asked.Status.QUEUED, dispatch_at=asked.dispatch_at) \
+            .update(dispatch_at=later)
+        if not taken:
+            continue
+        try:
+            playground_answer_task.apply_async(args=[asked.pk], queue=asked.queue)
+        except Exception as exc:  # the broker is down: the request stays in the outbox
+            PlaygroundRequest.objects.filter(pk=asked.pk, status=asked.Status.QUEUED).update(
+                dispatch_at=now + timedelta(seconds=BROKER_RETRY_SECONDS))
+            logger.warning("Sending playground request %s to queue %s failed (%s); trying again shortly.", asked.pk, asked.queue, exc)
+            break
+        sent += 1
+    return sent
+
+
+def answer_request(request_id: int, worker_name: str) -> str:
+    """Claim request ``request_id`` and have a child process answer it. Returns its final status
+    ('' when it was not this worker's to answer: taken, ended, or past its wait limit)."""
+    from workers.execute import _child_env, _tail, _terminate_group
+
+    asked = PlaygroundRequest.objects.select_related("run__backend").filter(pk=request_id).first()
+    if asked is None:
+        return ""
+    if not asked.claim(worker_name):
+        asked.expire_if_overdue()
+        return ""
+    output = tempfile.NamedTemporaryFile(prefix="playground-", suffix=".log", dir=settings.VAR_DIR, delete=False)
+    try:
+        with output:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "workers.playground_child", str(asked.pk)], env=_child_env(asked.run),
+                stdout=output, stderr=subprocess.STDOUT, start_new_session=True, cwd=settings.BASE_DIR,
+            )
+            try:
+                process.wait(timeout=settings.PLAYGROUND_REPLY_SECONDS)
+            except subprocess.TimeoutExpired:
+                _terminate_group(process)
+                asked.finish(asked.Status.FAILED, error=f"The answer took longer than {settings.PLAYGROUND_REPLY_SECONDS} s "
+                                                       "and was stopped; ask for fewer new tokens.")
+        tail = _tail(Path(output.name))[-OUTPUT_TAIL_CHARS:]
+    finally:
+        Path(output.name).unlink(missing_ok=True)
+    asked.refresh_from_db()
+    if not asked.is_final:  # the child died before it could write its answer (killed, out of memory)
+        code = process.returncode
+        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
+        asked.finish(asked.Status.FAILED, error=f"The generating process {how} before answering.\n{tail}".strip())
+    return asked.status
+
+
+# -- the child process ---------------------------------------------------------------------------
+
+class Refused(Exception):
+    """A request that cannot be answered as asked; the message is shown to the person."""
+
+
+def trusts_remote_code(run) -> bool:
+    """Whether the run's weights may run their own code: only when the registered model it trained
+    from is marked so by an administrator (a ``run:<id>`` base never is)."""
+    from webapp.registry.models import Model
+
+    entry = Model.objects.filter(name=run.model).first() if run.model and not run.model.startswith("run:") else None
+    return bool(entry and entry.trust_remote_code)
+
+
+def load_weights(asked: PlaygroundRequest):
+    """``(model, tokenizer, device)`` of the chosen saved model of the run, loaded as the trainer loads a model."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = model_folder(asked.run, asked.model_name)
+    if folder is None or not (folder / "config.json").is_file():
+        raise Refused(f"Run {asked.run_id} has no saved model '{asked.model_name}' on this worker.")
+    trust = trusts_remote_code(asked.run)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=trust, local_files_only=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    device = "cuda" if asked.run.backend and asked.run.backend.needs_gpu and torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(settings.PLAYGROUND_CPU_THREADS)
+    model.to(device).eval()
+    return model, tokenizer, device
+
+
+def chat_reply(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[str, Any]:
+    """The next assistant message of the conversation, rendered as in training (the chat template,
+    or the contents concatenated for a model without one)."""
+    import torch
+
+    from training.generation import encode, render_messages
+
+    prompt = encode(tokenizer, render_messages(tokenizer, asked.messages))
+    limit = min(settings.PLAYGROUND_MAX_PROMPT_TOKENS,
+                getattr(model.config, "max_position_embeddings", None) or settings.PLAYGROUND_MAX_PROMPT_TOKENS)
+    if len(prompt) + asked.max_new_tokens > limit:
+        raise Refused(f"The conversation is {len(prompt)} tokens; with {asked.max_new_tokens} new tokens that is over "
+                      f"the {limit} this model may read here. Start a new conversation or ask for fewer tokens.")
+    sampling = {"do_sample": True, "temperature": asked.temperature} if asked.temperature > 0 else {"do_sample": False}
+    with torch.no_grad():
+        output = model.generate(
+            torch.tensor([prompt], device=device), attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+            max_new_tokens=asked.max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling,
+        )
+    completion = output[0, len(prompt):].tolist()
+    return {"reply": tokenizer.decode(completion, skip_special_tokens=True), "prompt_tokens": len(prompt),
+            "reply_tokens": len(completion)}
+
+
+def row_episode(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[str, Any]:
+    """One episode of the run's own agent on one row of its dataset, with the chosen weights,
+    scored as in training (the environment, or the run's reward)."""
+    from training.generation import HFBatchGenerator
+    from training.rollout import RolloutEngine
+    from training.trainer import AgentTrainer
+    from webapp.runs.trainer_args import MODEL_KEY, PYTHON_KEY, TRUST_KEY, load_training_plugins, run_trainer_kwargs
+
+    load_training_plugins()
+    run = asked.run
+    with tempfile.TemporaryDirectory(prefix="playground-") as scratch:  # nothing is written into the run's folder
+        kwargs = run_trainer_kwargs(run, scratch)
+        config = kwargs["config"]
+        config.update({MODEL_KEY: str(model_folder(run, asked.model_name)), "actor_rollout_ref.model.tokenizer_path": None,
+                       TRUST_KEY: trusts_remote_code(run), PYTHON_KEY: None})
+        per_turn = config.get("rllm.agent.max_tokens_per_turn")  # the person's bound holds for each model turn
+        config["rllm.agent.max_tokens_per_turn"] = min(int(per_turn), asked.max_new_tokens) if per_turn else asked.max_new_tokens
+        kwargs["backend"] = "trl"  # the weights are here: generate with transformers, whatever trained them
+        trainer = AgentTrainer(**kwargs)
+        processor = trainer.train_processor
+        data = processor.train_dataset if asked.split == "train" else processor.test_dataset
+        if data is None:
+            raise Refused(f"Dataset {run.dataset} has no {asked.split} split in this run; choose the other one.")
+        if asked.row_index >= len(data):
+            raise Refused(f"Row {asked.row_index}: the {asked.split} split of {run.dataset} has {len(data)} rows (0 to {len(data) - 1}).")
+        task = data[int(asked.row_index)]
+        generator = HFBatchGenerator(model, tokenizer, temperature=asked.temperature or 1.0, top_p=1.0,
+                                     do_sample=asked.temperature > 0, seed=processor.config.trainer.seed)
+        engine = RolloutEngine(processor.agent_spec, generator, tokenizer, processor.config, processor.reward_fn)
+        episode = engine.run([task], n=1)[0]
+    turns = []
+    for trajectory in episode.trajectories:
+        for step in trajectory.steps:
+            seen = step.observation if step.observation is not None else \
+                (step.chat_completions[-1]["content"] if step.chat_completions else "")
+            turns.append({"agent": trajectory.name, "prompt": "" if seen is None else str(seen),
+                          "response": step.model_response, "reward": float(step.reward), "done": bool(step.done)})
+    reason = episode.termination_reason.value if episode.termination_reason else None
+    return {"reply": turns[-1]["response"] if turns else "",
+            "episode": {"task": episode.to_dict()["task"], "reward": episode.reward, "is_correct": bool(episode.is_correct),
+                        "num_turns": episode.num_turns, "termination_reason": reason, "error": episode.error, "turns": turns}}
+
+
+def generate_answer(request_id: int) -> str:
+    """Answer a claimed (running) request in this process and record the answer. Returns the status."""
+    import traceback
+
+    asked = PlaygroundRequest.objects.select_related("run__backend", "run__agent", "run__dataset", "run__reward").get(pk=request_id)
+    if asked.status != asked.Status.RUNNING:
+        raise ValueError(f"Playground request {request_id} is {asked.status}, not running; claim it first.")
+    try:
+        model, tokenizer, device = load_weights(asked)
+        fields = chat_reply(asked, model, tokenizer, device) if asked.kind == asked.Kind.CHAT else row_episode(asked, model, tokenizer, device)
+    except Refused as exc:
+        asked.finish(asked.Status.FAILED, error=str(exc))
+    except Exception as exc:  # noqa: BLE001 (whatever went wrong is the answer's error, named)
+        logger.exception("playground request %s failed", request_id)
+        asked.finish(asked.Status.FAILED, error=f"{exc.__class__.__name__}: {exc}\n{traceback.format_exc(limit=-3)}"[:4000])
+    else:
+        asked.finish(asked.Status.SUCCEEDED, **fields)
+    return asked.status
