@@ -159,7 +159,7 @@ def row_episode(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict
     """One episode of the run's own agent on one row of its dataset, with the chosen weights,
     scored as in training (the environment, or the run's reward)."""
     from training.generation import HFBatchGenerator
-    from training.rollout import RolloutEngine
+    from training.rollout import EpisodeRunner
     from training.trainer import AgentTrainer
     from webapp.runs.trainer_args import MODEL_KEY, PYTHON_KEY, TRUST_KEY, load_training_plugins, run_trainer_kwargs
 
@@ -183,7 +183,7 @@ def row_episode(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict
         task = data[int(asked.row_index)]
         generator = HFBatchGenerator(model, tokenizer, temperature=asked.temperature or 1.0, top_p=1.0,
                                      do_sample=asked.temperature > 0, seed=processor.config.trainer.seed)
-        engine = RolloutEngine(processor.agent_spec, generator, tokenizer, processor.config, processor.reward_fn)
+        engine = EpisodeRunner(processor.agent_spec, generator, tokenizer, processor.config, processor.reward_fn)
         episode = engine.run([task], n=1)[0]
     turns = []
     for trajectory in episode.trajectories:
