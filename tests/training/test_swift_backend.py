@@ -110,3 +110,25 @@ def test_a_reward_object_the_child_cannot_import_is_refused(tmp_path):
     with pytest.raises(ValueError, match="reward_func: the swift backend trains in its own interpreter"):
         AgentTrainer(train_dataset=PROMPTS, reward_func=lambda task, response: 0.0, backend="swift",
                      run_path=str(tmp_path), config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})
+
+
+@needs_swift_env
+def test_a_stopped_run_resumes_from_its_checkpoint_and_continues_counting(tmp_path, sink):
+    """Stopped mid-way (the platform's cancel or a lost worker), then run again in the same run
+    directory: ms-swift's resume_from_checkpoint picks up the checkpoint saved at the stop."""
+    first = AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
+                         config=config(12), sinks=[sink], should_stop=lambda: len(sink.metrics) >= 2).train()
+    assert first.stopped and 2 <= first.steps < 12
+    assert Path(first.checkpoint).name == f"checkpoint-{first.steps}"
+    stopped_at = first.steps
+
+    resumed_sink = type(sink)()
+    resumed = AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
+                           config=config(12), sinks=[resumed_sink]).train()
+    assert resumed.steps == 12 and not resumed.stopped
+    assert [m["step"] for m in resumed_sink.metrics] == list(range(stopped_at + 1, 13))  # continued, not restarted
+    job = json.loads((tmp_path / "swift" / "job.json").read_text())
+    assert job["swift_args"]["resume_from_checkpoint"] == first.checkpoint
+    before = AutoModelForCausalLM.from_pretrained(first.checkpoint).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(resumed.checkpoint).state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)

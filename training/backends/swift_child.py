@@ -72,7 +72,8 @@ def register(job: dict[str, Any]) -> None:
 
         def on_step_end(self, args, state, control, **kwargs):
             if Path(job["stop_file"]).exists():
-                control.should_training_stop = True
+                # Saved where it stops, so that a resumed run continues from this step.
+                control.should_training_stop = control.should_save = True
 
     orms[REWARD_NAME] = reward_class
     callbacks_map[CALLBACK_NAME] = Report
