@@ -1,16 +1,25 @@
 """Writing reports in batches from a background thread, so training never waits on the database.
 
-A batch that cannot be written (the database is down) goes back into the buffers and is written
-with the next one when the database answers again, so an outage loses nothing and training goes
-on. Every write is an upsert keyed by (run, key, step) or (run, step, position), so a batch
-written twice (its commit went through but the answer was lost) is still stored once.
+A batch that cannot be written (the database is down) is kept and written with the next one when
+the database answers again, so an outage loses nothing and training goes on. Every write is an
+upsert keyed by (run, key, step), (run, step, position) or a log line's uid, so a batch written
+twice (its commit went through but the answer was lost, or a spool replayed) is still stored once.
+
+With a spool folder (a run's own folder, for the training process) every report is also appended
+to a segment file there when it is made, before the library goes on to save the step's checkpoint.
+A segment is deleted once its batch is stored. So a batch that cannot be written waits on disk, not
+in memory (bounded by ``RUN_SPOOL_MAX_MB``; past it reports are dropped and counted), and what a
+killed process reported but never stored is written by the run's next attempt, which finds the
+segments in the folder it resumes in.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -19,17 +28,94 @@ from django.db import close_old_connections, connection
 logger = logging.getLogger(__name__)
 
 
+class Spool:
+    """Segments of JSON lines in ``folder``, named ``<kind>-<nanoseconds>-<n>.jsonl`` so that their
+    names sort in the order they were written. One segment is open for appending at a time."""
+
+    def __init__(self, folder: Path, kind: str, max_bytes: int) -> None:
+        self.folder = Path(folder)
+        self.kind = kind
+        self.max_bytes = max_bytes
+        self.folder.mkdir(parents=True, exist_ok=True)
+        # What earlier processes (a killed attempt) left: written before anything of this one.
+        self.leftovers = sorted(self.folder.glob(f"{kind}-*.jsonl"))
+        self._bytes = sum(_size(path) for path in self.leftovers)
+        self._file = None
+        self._path: Path | None = None
+        self._count = 0
+
+    def append(self, record: Any) -> bool:
+        """Write one record through to the operating system (it survives the process being killed).
+        False when the spool is full: the record is not kept."""
+        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        if self._bytes + len(line) > self.max_bytes:
+            return False
+        if self._file is None:
+            self._count += 1
+            self._path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}.jsonl"
+            self._file = open(self._path, "ab", buffering=0)
+        self._file.write(line)
+        self._bytes += len(line)
+        return True
+
+    def seal(self) -> Path | None:
+        """Close the open segment (its records are the batch being taken) and return it."""
+        if self._file is None:
+            return None
+        self._file.close()
+        path, self._file, self._path = self._path, None, None
+        return path
+
+    def discard(self, path: Path) -> None:
+        self._bytes -= _size(path)
+        path.unlink(missing_ok=True)
+
+    @staticmethod
+    def read(path: Path) -> list[Any]:
+        """The records of a segment; a torn last line (the writer was killed mid-write) is skipped."""
+        records = []
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return records
+        for line in data.splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+        return records
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 class BackgroundFlusher:
     """Calls ``flush()`` every ``flush_seconds`` on its own thread, with its own database
     connection, until ``close()``. Producers append to buffers under ``_lock``; subclasses say how
-    a batch is taken from them (``take``), stored (``write``) and put back after a failure (``restore``)."""
+    a batch is taken from them (``take``), stored (``write``) and put back after a failure (``restore``).
 
-    def __init__(self, name: str, flush_seconds: float) -> None:
+    With ``spool_dir``, producers also call ``spooled(record)`` (under ``_lock``) with a JSON-able
+    form of what they buffer, and subclasses say how a batch is rebuilt from records
+    (``batch_from_records``): then a batch that cannot be written waits on disk, and segments left
+    by an earlier process are written first."""
+
+    spool_kind = "reports"
+
+    def __init__(self, name: str, flush_seconds: float, spool_dir: str | Path | None = None) -> None:
         self.flush_seconds = flush_seconds
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._flush_loop, name=name, daemon=True)
         self._failing_since: float | None = None
+        self.spool: Spool | None = None
+        self._waiting: list[Path] = []  # spooled segments not stored yet, oldest first
+        if spool_dir is not None:
+            self.spool = Spool(Path(spool_dir) / "spool", self.spool_kind, settings.RUN_SPOOL_MAX_MB * 1024 * 1024)
+            self._waiting = list(self.spool.leftovers)
 
     def start(self):
         self._thread.start()
@@ -47,17 +133,39 @@ class BackgroundFlusher:
         """Put a batch that could not be written back in front of what arrived since (under ``_lock``)."""
         raise NotImplementedError
 
+    def batch_from_records(self, records: list[Any]) -> Any:
+        """The batch a spooled segment's records stand for (only with a spool)."""
+        raise NotImplementedError
+
+    def spooled(self, record: Any) -> bool:
+        """Append ``record`` to the spool (call under ``_lock``). False when the spool is full and
+        the report must be dropped; True, and nothing done, without a spool."""
+        return self.spool.append(record) if self.spool is not None else True
+
     # -- the writer ------------------------------------------------------------------------------
     def flush(self) -> Any:
-        """Write what is buffered. On failure the batch is kept for the next try and the error raised."""
+        """Write what is buffered, after what waits in the spool. On failure the batch is kept for
+        the next try (on disk with a spool, else in memory) and the error raised."""
         with self._lock:
             batch = self.take()
+            segment = self.spool.seal() if self.spool is not None else None
+        if segment is not None:
+            self._waiting.append(segment)
         try:
+            while len(self._waiting) > (1 if segment is not None else 0):  # older reports first
+                path = self._waiting[0]
+                self.write(self.batch_from_records(Spool.read(path)))
+                self._waiting.pop(0)
+                self.spool.discard(path)
             result = self.write(batch)
         except BaseException:
-            with self._lock:
-                self.restore(batch)
+            if segment is None:
+                with self._lock:
+                    self.restore(batch)
             raise
+        if segment is not None:
+            self._waiting.remove(segment)
+            self.spool.discard(segment)
         if self._failing_since is not None:
             logger.warning("%s: the database is back; buffered reports written after %.0f s.",
                            self._thread.name, time.monotonic() - self._failing_since)

@@ -243,10 +243,12 @@ RUN_REDISPATCH_SECONDS = envint("RUN_REDISPATCH_SECONDS", "300", minimum=1)
 # On SIGTERM (a deploy) a worker's runs save a checkpoint at their next step and are queued again;
 # a run that has not stopped after this long is killed and resumes from its previous checkpoint.
 RUN_SHUTDOWN_GRACE_SECONDS = envint("RUN_SHUTDOWN_GRACE_SECONDS", "60", minimum=1)
-# While the database is down a run goes on: reports are buffered in memory (up to
-# RUN_BUFFER_MAX_POINTS metric points per run) and row changes retried for this long.
+# While the database is down a run goes on: a training process's reports wait in a spool in the
+# run's folder (up to RUN_SPOOL_MAX_MB per writer; reports over the API in memory, up to
+# RUN_BUFFER_MAX_POINTS metric points per run) and row changes are retried for this long.
 RUN_DATABASE_RETRY_SECONDS = envint("RUN_DATABASE_RETRY_SECONDS", "900", minimum=1)
 RUN_BUFFER_MAX_POINTS = envint("RUN_BUFFER_MAX_POINTS", "1000000", minimum=1000)
+RUN_SPOOL_MAX_MB = envint("RUN_SPOOL_MAX_MB", "512", minimum=1)
 # After a cancel, how long the training process gets to stop at its next step before it is killed.
 RUN_CANCEL_GRACE_SECONDS = envint("RUN_CANCEL_GRACE_SECONDS", "30", minimum=0)
 # Log lines kept per run in the database (the full log stays in the run directory).

@@ -309,7 +309,9 @@ def train_run(run_id: int) -> str:
     if run.status != Run.Status.RUNNING:
         raise ValueError(f"Run {run_id} is {run.status}, not running; claim it first.")
     run_path = str(run.folder())
-    recorder = RunRecorder(run.pk).start()
+    # Reports are spooled in the run's folder until stored: what a killed attempt reported but did
+    # not store, this one writes first, so a step logged before a checkpoint is never lost.
+    recorder = RunRecorder(run.pk, spool_dir=run_path).start()
     handler = RunLogHandler(recorder)
     training_logger = logging.getLogger("training")
     training_logger.addHandler(handler)
@@ -321,7 +323,7 @@ def train_run(run_id: int) -> str:
     try:
         load_training_plugins()
         kwargs = run_trainer_kwargs(run, run_path)
-        sinks = [DatabaseSink(recorder), DashboardSink(run.pk), *prepare_run(run, kwargs)]  # the project's trackers, alerts
+        sinks = [DatabaseSink(recorder), DashboardSink(run.pk, spool_dir=run_path), *prepare_run(run, kwargs)]  # the project's trackers, alerts
         trainer = AgentTrainer(**kwargs, sinks=sinks, should_stop=should_stop)
         spec = check_spec(kwargs, run.config_overrides)  # what the form checked, checked again where it runs
         check_platform_keys(trainer, spec["pinned"], spec["user_keys"])

@@ -112,6 +112,20 @@ class TRLProcessor(BuiltinProcessor):
         return Path(configured) if configured else self.path / "checkpoints"
 
 
+def last_complete_checkpoint(folder: Path) -> str | None:
+    """The newest ``checkpoint-<step>`` in ``folder`` that was saved to the end. transformers writes
+    ``trainer_state.json`` last (and only then deletes older checkpoints), so a process killed while
+    saving leaves a folder without it; resuming from that one would fail."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    steps = []
+    for path in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        suffix = path.name[len(PREFIX_CHECKPOINT_DIR) + 1:]
+        if suffix.isdigit() and (path / "trainer_state.json").is_file():
+            steps.append((int(suffix), path))
+    return str(max(steps)[1]) if steps else None
+
+
 class _TRLRun:
     """One training run: builds the GRPOConfig and trainer, bridges rollouts, rewards and metrics."""
 
@@ -225,13 +239,11 @@ class _TRLRun:
 
     # -- training --------------------------------------------------------------------------
     def train(self) -> TrainResult:
-        from transformers.trainer_utils import get_last_checkpoint
-
         self.trainer = self.build_trainer()
         checkpoint_dir = self.processor.checkpoint_dir()
         resume = None
         if self.config.trainer.resume_mode == "auto" and checkpoint_dir.is_dir():
-            resume = get_last_checkpoint(str(checkpoint_dir))
+            resume = last_complete_checkpoint(checkpoint_dir)
             if resume:
                 logger.info("resuming from checkpoint %s", resume)
         logger.info(

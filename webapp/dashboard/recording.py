@@ -8,6 +8,7 @@ buffers every ``flush_seconds`` with its own database connection.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from webapp.batching import BackgroundFlusher
@@ -23,11 +24,15 @@ _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logpro
 class DashboardSink(BackgroundFlusher):
     """A ``training.sinks.MetricSink`` for one run: series blocks + episodes + live push.
 
-    While the database is down, points and episodes stay buffered (``webapp.batching``); the live
-    push goes on meanwhile, so viewers still see the run train."""
+    While the database is down, points and episodes stay buffered (``webapp.batching``; on disk
+    with ``spool_dir``, the run's folder); the live push goes on meanwhile, so viewers still see the
+    run train."""
 
-    def __init__(self, run_id: int, flush_seconds: float = 0.5, publish: bool = True) -> None:
-        super().__init__(f"run-{run_id}-dashboard", flush_seconds)
+    spool_kind = "dashboard"
+
+    def __init__(self, run_id: int, flush_seconds: float = 0.5, publish: bool = True,
+                 spool_dir: str | Path | None = None) -> None:
+        super().__init__(f"run-{run_id}-dashboard", flush_seconds, spool_dir)
         self.run_id = run_id
         self.publish = publish
         self.writer = SeriesWriter(run_id)
@@ -43,7 +48,8 @@ class DashboardSink(BackgroundFlusher):
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (float(v) if v is not None and math.isfinite(v) else None) for k, v in metrics.items()}
         with self._lock:
-            self._points.extend((k, step, v) for k, v in clean.items())
+            if self.spooled({"points": [step, clean]}):  # full only after a very long outage
+                self._points.extend((k, step, v) for k, v in clean.items())
         if self.publish:
             live.publish_metrics(self.run_id, step, clean)
 
@@ -52,7 +58,9 @@ class DashboardSink(BackgroundFlusher):
             for episode in episodes:
                 position = self._positions.get(step, 0)
                 self._positions[step] = position + 1
-                self._episodes.append(episode_row(self.run_id, step, position, episode))
+                row = episode_row(self.run_id, step, position, episode)
+                if self.spooled({"episode": [step, position, row.reward, row.num_turns, row.termination_reason, row.data]}):
+                    self._episodes.append(row)
         if self.publish:
             live.publish(self.run_id, {"type": "run.episodes", "step": step, "count": len(episodes)})
 
@@ -65,6 +73,18 @@ class DashboardSink(BackgroundFlusher):
         points, episodes = batch
         self._points = points + self._points  # the writer keeps the last value of a re-sent step
         self._episodes = episodes + self._episodes
+
+    def batch_from_records(self, records: list) -> tuple:
+        points, episodes = [], []
+        for record in records:
+            if "points" in record:
+                step, metrics = record["points"]
+                points.extend((k, step, v) for k, v in metrics.items())
+            elif "episode" in record:
+                step, position, reward, num_turns, termination_reason, data = record["episode"]
+                episodes.append(EpisodeSample(run_id=self.run_id, step=step, position=position, reward=reward,
+                                              num_turns=num_turns, termination_reason=termination_reason, data=data))
+        return points, episodes
 
     def write(self, batch) -> int:
         points, episodes = batch

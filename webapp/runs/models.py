@@ -275,6 +275,9 @@ class MetricPoint(models.Model):
 
 class RunLog(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="logs")
+    # Given by the training process's recorder, so a line written twice (a spooled batch replayed
+    # after a crash) is stored once.
+    uid = models.UUIDField(null=True, blank=True, unique=True, editable=False)
     time = models.DateTimeField(default=timezone.now)
     level = models.CharField(max_length=10, default="INFO")
     message = models.TextField()
