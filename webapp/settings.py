@@ -190,6 +190,9 @@ DATASET_UPLOAD_MAX_BYTES = envint("DATASET_UPLOAD_MAX_BYTES", str(20 * 1024 * 10
 DATASET_UPLOAD_MAX_ROWS = envint("DATASET_UPLOAD_MAX_ROWS", "100000", minimum=1)
 DATASET_UPLOAD_MAX_COLUMNS = envint("DATASET_UPLOAD_MAX_COLUMNS", "200", minimum=1)
 DATASET_UPLOAD_MAX_CELL_CHARS = envint("DATASET_UPLOAD_MAX_CELL_CHARS", "100000", minimum=100)
+# Parquet is read in a child process with this much memory (on top of what pyarrow maps) and CPU time.
+DATASET_PARSE_MEMORY_MB = envint("DATASET_PARSE_MEMORY_MB", "1024", minimum=64)
+DATASET_PARSE_CPU_SECONDS = envint("DATASET_PARSE_CPU_SECONDS", "30", minimum=1)
 # Anyone may make an account at /signup/ (off: accounts come from invitations and the admin).
 SIGNUP_OPEN = envbool("SIGNUP_OPEN", "false")
 INVITATION_DAYS = envint("INVITATION_DAYS", "7", minimum=1)

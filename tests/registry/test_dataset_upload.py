@@ -163,3 +163,25 @@ def test_a_run_starts_from_an_uploaded_dataset(page_client, owner, project, regi
     assert response.status_code == 302, response.content.decode()[-3000:]
     run = Run.objects.get(dataset=dataset)
     assert run.project == project
+
+
+def test_a_parquet_file_that_unpacks_far_beyond_its_bytes_is_refused(page_client, owner, project, settings):
+    """A few kilobytes of Parquet can hold hundreds of megabytes: read in a child under limits."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    client = page_client(owner)
+    settings.DATASET_UPLOAD_MAX_BYTES = 10_000  # rows may unpack to 5x: 50,000 bytes
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"q": ["a" * (1 << 20)]}), buffer, compression="zstd")
+    assert len(buffer.getvalue()) < 2_000
+    response = upload(client, project, "bomb", "bomb.parquet", buffer.getvalue())
+    assert "Row 1: the rows so far unpack to more than 50,000 bytes" in text(response)
+
+    settings.DATASET_UPLOAD_MAX_BYTES = 20 * 1024 * 1024
+    settings.DATASET_PARSE_MEMORY_MB = 64  # one 150 MB value does not fit
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"q": ["a" * (150 << 20)]}), buffer, compression="zstd")
+    response = upload(client, project, "bomb", "bomb.parquet", buffer.getvalue())
+    assert "The Parquet file cannot be used: Row 1: cannot be read" in text(response)
+    assert not Dataset.objects.filter(name="bomb").exists()

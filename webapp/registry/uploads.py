@@ -1,8 +1,10 @@
 """Datasets people upload from the browser: CSV, JSONL or Parquet in, checked rows out.
 
 An upload is untrusted input. Nothing in it is executed or imported; it is read with the standard
-``csv`` and ``json`` modules, or pyarrow for Parquet, within the limits in settings (bytes, rows,
-columns, characters per cell), so one file can cost only so much memory and time. Every refusal
+``csv`` and ``json`` modules within the limits in settings (bytes, rows, columns, characters per
+cell), so one file can cost only so much memory and time; Parquet, whose compressed pages can
+unpack to far more than the file's bytes, is read by pyarrow in a child process under CPU-time and
+memory limits (``parquet_reader``). Every refusal
 names the row (and the file's line) and the column at fault.
 
 Files are written through Django's storage API under names the platform makes up
@@ -27,7 +29,7 @@ from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
 PREVIEW_ROWS = 10
-# A Parquet file's columns may unpack to more than its bytes: allow this many times the upload limit.
+# A Parquet file's rows may unpack to more than its bytes: allow this many times the upload limit.
 PARQUET_EXPANSION = 5
 
 
@@ -177,30 +179,19 @@ def _parse_jsonl(handle: IO[bytes], limits: Limits) -> Table:
 
 
 def _parse_parquet(handle: IO[bytes], limits: Limits) -> Table:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from webapp.registry import parquet_reader
 
+    data = handle.read(limits.max_bytes + 1)
+    if len(data) > limits.max_bytes:
+        raise UploadError(f"The file is larger than the limit of {limits.max_bytes:,} bytes.")
     try:
-        parquet = pq.ParquetFile(handle)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise UploadError(f"Not a readable Parquet file ({exc}).") from None
-    meta = parquet.metadata
-    if meta.num_rows > limits.max_rows:
-        raise UploadError(f"{meta.num_rows:,} rows, more than the limit of {limits.max_rows:,}; split the file.")
-    unpacked = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    if unpacked > limits.max_bytes * PARQUET_EXPANSION:
-        raise UploadError(f"The columns unpack to {unpacked:,} bytes, more than the limit of {limits.max_bytes * PARQUET_EXPANSION:,}.")
-    columns = list(parquet.schema_arrow.names)
+        answer = parquet_reader.read(data, limits.max_rows, limits.max_bytes * PARQUET_EXPANSION,
+                                     settings.DATASET_PARSE_MEMORY_MB, settings.DATASET_PARSE_CPU_SECONDS)
+    except parquet_reader.ReadError as exc:
+        raise UploadError(f"The Parquet file cannot be used: {exc}.") from None
+    columns = answer["columns"]
     _check_header(columns, limits, "The schema")
-    rows, where = [], []
-    try:
-        for batch in parquet.iter_batches(batch_size=1024):
-            for row in batch.to_pylist():
-                rows.append(row)
-                where.append(f"Row {len(rows)}")
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise UploadError(f"Row {len(rows) + 1}: cannot be read ({exc}).") from None
-    return Table(columns, rows, where)
+    return Table(columns, answer["rows"], [f"Row {number}" for number in range(1, len(answer["rows"]) + 1)])
 
 
 def check_mapping(table: Table, mapping: dict[str, str]) -> None:
