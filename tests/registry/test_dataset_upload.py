@@ -185,3 +185,23 @@ def test_a_parquet_file_that_unpacks_far_beyond_its_bytes_is_refused(page_client
     response = upload(client, project, "bomb", "bomb.parquet", buffer.getvalue())
     assert "The Parquet file cannot be used: Row 1: cannot be read" in text(response)
     assert not Dataset.objects.filter(name="bomb").exists()
+
+
+def test_abandoned_uploads_are_pruned_and_a_deleted_dataset_takes_its_files(page_client, owner, project, settings):
+    import os
+    import time
+
+    client = page_client(owner)
+    upload(client, project, "abandoned", "a.csv", CSV.encode())  # never mapped
+    pending = Path(settings.MEDIA_ROOT) / "datasets" / "pending"
+    (left,) = pending.iterdir()
+    day_ago = time.time() - 25 * 3600
+    os.utime(left, (day_ago, day_ago))
+    upload_and_map(client, project)
+    assert not left.exists()  # the next upload pruned it
+
+    dataset = Dataset.objects.get(name="sums")
+    files = [Path(dataset.file.path), Path(dataset.test_file.path)]
+    assert all(f.exists() for f in files)
+    dataset.delete()
+    assert not any(f.exists() for f in files)

@@ -14,6 +14,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 
 from webapp.runs.limits import check_limit_table
 
@@ -203,6 +205,14 @@ class Dataset(RegistryEntry):
     def config_overrides(self) -> dict[str, Any]:
         """Column mapping as config keys (``data.prompt_key``, ``data.answer_key``)."""
         return {self.COLUMN_ROLES[role]: column for role, column in (self.column_mapping or {}).items()}
+
+
+@receiver(post_delete, sender=Dataset)
+def _delete_dataset_files(sender, instance: Dataset, **kwargs: Any) -> None:
+    """An uploaded dataset's files go with its row (runs that used it keep the row: it is protected)."""
+    for stored in (instance.file, instance.test_file):
+        if stored:
+            stored.delete(save=False)
 
 
 def local_path(stored) -> str:

@@ -19,6 +19,7 @@ import json
 import random
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import PurePosixPath
 from typing import IO, Any
 
@@ -26,6 +27,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.core.files.uploadhandler import FileUploadHandler, StopUpload
+from django.utils import timezone
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
 PREVIEW_ROWS = 10
@@ -222,9 +224,28 @@ def jsonl_bytes(rows: list[dict]) -> bytes:
     return "".join(json.dumps(row, ensure_ascii=False, default=str) + "\n" for row in rows).encode()
 
 
+PENDING_FOLDER = "datasets/pending"
+PENDING_MAX_AGE = timedelta(days=1)
+
+
 def save_pending(upload, kind: str) -> str:
-    """Keep an upload until its columns are mapped; returns the storage name (made up here)."""
-    return default_storage.save(f"datasets/pending/{uuid.uuid4().hex}.{kind}", upload)
+    """Keep an upload until its columns are mapped; returns the storage name (made up here).
+    Uploads whose columns were never mapped are deleted after a day."""
+    prune_pending()
+    return default_storage.save(f"{PENDING_FOLDER}/{uuid.uuid4().hex}.{kind}", upload)
+
+
+def prune_pending(max_age: timedelta = PENDING_MAX_AGE) -> int:
+    """Delete uploads left waiting for their columns longer than ``max_age``; how many."""
+    try:
+        _, names = default_storage.listdir(PENDING_FOLDER)
+    except (FileNotFoundError, NotImplementedError):
+        return 0
+    cutoff = timezone.now() - max_age
+    old = [name for name in names if default_storage.get_modified_time(f"{PENDING_FOLDER}/{name}") < cutoff]
+    for name in old:
+        default_storage.delete(f"{PENDING_FOLDER}/{name}")
+    return len(old)
 
 
 def open_stored(name: str) -> IO[bytes]:
