@@ -19,6 +19,10 @@ class TrainerProcessor(ABC):
     it raises ``ValueError`` (or a subclass) that says what is wrong and how to fix it.
     """
 
+    #: Whether training runs in an interpreter of its own (``trainer.python``; on the platform the
+    #: Backend's ``python``), so that its environment is checked there, not in the caller's process.
+    own_interpreter: bool = False
+
     def __init__(self, run_path: str) -> None:
         self.run_path = str(run_path)
         self.sinks = MultiSink()

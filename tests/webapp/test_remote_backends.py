@@ -38,6 +38,38 @@ def test_admin_shows_whether_environment_imports_and_credentials_are_set(admin_c
     assert "missing: its environment /nowhere/python does not exist" in page
 
 
+def test_a_backend_with_its_own_interpreter_is_checked_in_that_interpreter(admin_client_, registry):
+    """The swift backend's status comes from its python (a subprocess importing ms-swift there),
+    not from the web process: this process's interpreter has no ms-swift, .venv-swift has."""
+    import sys
+
+    from training import interpreters
+    from training.backends.swift_backend import DEFAULT_PYTHON
+
+    interpreters.forget()
+    swift = registry["backends"]["swift"]
+    swift.python = sys.executable
+    swift.save()
+    page = admin_client_.get("/admin/registry/backend/").content.decode()
+    assert f"missing: its environment {sys.executable} cannot import swift" in page
+    assert "No module named &#x27;swift&#x27;" in page
+    listed = {b["name"]: b for b in admin_client_.get("/api/backends/").json()["results"]}
+    assert "No module named 'swift'" in listed["swift"]["status"]["environment"]
+    if DEFAULT_PYTHON.is_file():  # built by `make swift-env` (make test builds it)
+        swift.python = ".venv-swift/bin/python"
+        swift.save()
+        listed = {b["name"]: b for b in admin_client_.get("/api/backends/").json()["results"]}
+        assert listed["swift"]["status"]["environment"] is None
+
+
+def test_an_interpreter_set_on_a_backend_that_would_not_use_it_is_reported(owner_client, registry):
+    trl = registry["backends"]["trl"]
+    trl.python = ".venv-swift/bin/python"
+    trl.save()
+    listed = {b["name"]: b for b in owner_client.get("/api/backends/").json()["results"]}
+    assert "the trl backend trains in the worker's own process and would not use it" in listed["trl"]["status"]["environment"]
+
+
 def test_the_form_refuses_a_backend_without_credentials_naming_them(owner_client, copy_form_data, registry, monkeypatch):
     monkeypatch.delenv("FIREWORKS_API_KEY", raising=False)
     response = owner_client.post(URL, {**copy_form_data, "backend": registry["backends"]["fireworks"].pk})

@@ -18,7 +18,6 @@ functions are refused at construction: ms-swift's hook sees one conversation per
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -32,6 +31,7 @@ from training.backends.base import BuiltinProcessor, TrainResult
 from training.backends.swift_child import PLAIN_TEMPLATE
 from training.config import Config, ConfigError
 from training.data import dataset_to_tasks
+from training.interpreters import import_problem
 from training.log import logger
 from training.models import TINY_MODEL
 from training.outcomes import OutcomeMonitor
@@ -59,27 +59,14 @@ def swift_python(config: Config | str | Path | None = None) -> Path:
     return path if path.is_absolute() else PROJECT_ROOT / path  # relative to the checkout, not the caller's cwd
 
 
-@functools.lru_cache(maxsize=8)
-def _environment_problem(python: str, mtime: float) -> str | None:
-    """Whether ``python`` exists and finds ms-swift and our library (found, not imported: fast)."""
-    if not Path(python).is_file():
-        return f"its environment {python} does not exist (build it with `make swift-env`)"
-    check = "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in ('swift', 'trl', 'torch', 'training')) else 3)"
-    try:
-        done = subprocess.run([python, "-c", check], cwd=PROJECT_ROOT, env=_child_env(), capture_output=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"its environment {python} does not start ({exc})"
-    if done.returncode != 0:
-        return f"its environment {python} cannot import ms-swift (rebuild it with `make swift-env`)"
-    return None
+# What the training process imports, checked in its interpreter (the admin's status, the run form).
+CHILD_MODULES = ("swift", "trl", "torch", "training.backends.swift_child")
 
 
 def environment_problem(python: Path) -> str | None:
-    try:
-        mtime = python.stat().st_mtime
-    except OSError:
-        mtime = 0.0
-    return _environment_problem(str(python), mtime)
+    """Whether ``python`` imports ms-swift, its trl and torch, and our child module, asked of that
+    interpreter in a short isolated subprocess (cached for a while; see ``training.interpreters``)."""
+    return import_problem(python, CHILD_MODULES, hint="build it with `make swift-env`")
 
 
 def _child_env() -> dict[str, str]:
@@ -94,6 +81,7 @@ def _child_env() -> dict[str, str]:
 
 class SwiftProcessor(BuiltinProcessor):
     name = "swift"
+    own_interpreter = True
 
     def default_overrides(self) -> dict[str, Any]:
         return {"trainer.cpu_threads": 1}

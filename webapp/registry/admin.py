@@ -75,7 +75,9 @@ class BackendAdmin(admin.ModelAdmin):
     list_display = ("name", "processor", "enabled", "queue", "needs_gpu", "max_concurrent_runs", "environment", "credentials")
     readonly_fields = ("environment", "credentials")
 
-    # Checked in the web server's process; workers are configured alike (same image, same variables).
+    # Credentials, and the environment of backends that train in the worker's process, are checked in
+    # the web server's process (workers are configured alike: same image, same variables); a backend
+    # with an interpreter of its own (python) is checked in that interpreter (Backend.environment_status).
     @admin.display(description="Environment imports")
     def environment(self, backend: Backend) -> str:
         return _status(backend.environment_status()["environment"])

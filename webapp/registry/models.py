@@ -340,15 +340,23 @@ class Backend(models.Model):
         return self.name if self.enabled else f"{self.name} (disabled)"
 
     def environment_status(self) -> dict[str, str | None]:
-        """Whether this backend's environment imports and its credentials are set, as seen by this
-        process (``{"environment": problem or None, "credentials": problem or None}``)."""
+        """Whether this backend's environment imports and its credentials are set
+        (``{"environment": problem or None, "credentials": problem or None}``). A backend with an
+        interpreter of its own (``python``) is checked in that interpreter, by a short subprocess
+        that imports what its training process needs (cached for a while); the others, and the
+        credentials, in this process, whose environment the workers share."""
         from training.processor import get_processor_class
 
         try:
             processor = get_processor_class(self.processor)
         except ValueError as exc:
             return {"environment": str(exc), "credentials": None}
-        return processor.environment_status(self.python or None)
+        status = processor.environment_status(self.python or None)
+        if self.python and not processor.own_interpreter:
+            status = {**status, "environment": (
+                f"python is set to {self.python}, but the {self.processor} backend trains in the worker's own "
+                "process and would not use it; leave python empty")}
+        return status
 
     def has_capacity(self) -> bool:
         if not self.max_concurrent_runs:
