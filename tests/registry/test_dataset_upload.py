@@ -205,3 +205,30 @@ def test_abandoned_uploads_are_pruned_and_a_deleted_dataset_takes_its_files(page
     assert all(f.exists() for f in files)
     dataset.delete()
     assert not any(f.exists() for f in files)
+
+
+def test_the_upload_form_still_checks_csrf(owner, project, settings):
+    """The view reads its body itself (to stop an oversized file early), so it checks CSRF itself."""
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(owner)
+    response = upload(client, project, "forged", "x.csv", CSV.encode())
+    assert response.status_code == 403
+    assert not (Path(settings.MEDIA_ROOT) / "datasets").exists()
+
+
+def test_members_delete_entries_no_run_uses(page_client, owner, teammate, viewer, stranger, project, make_run):
+    upload_and_map(page_client(owner), project)
+    dataset = Dataset.objects.get(name="sums")
+    url = reverse("registry:entry_delete", args=["datasets", dataset.pk])
+    assert page_client(stranger).post(url).status_code == 404
+    assert page_client(viewer).post(url).status_code == 404
+    run = make_run(dataset=dataset, project=project)
+    page = page_client(teammate).post(url, follow=True)
+    assert "sums stays: 1 run used it" in text(page) and Dataset.objects.filter(pk=dataset.pk).exists()
+    run.delete()
+    page_client(teammate).post(url)
+    assert not Dataset.objects.filter(pk=dataset.pk).exists()
+    shared = Dataset.objects.create(name="shared", identifier="copy")  # no project: the administrators' own
+    assert page_client(owner).post(reverse("registry:entry_delete", args=["datasets", shared.pk])).status_code == 404

@@ -9,4 +9,5 @@ urlpatterns = [
     path("projects/<int:pk>/datasets/upload/<str:token>/", views.dataset_map, name="dataset_map"),
     path("projects/<int:pk>/agents/new/", views.agent_create, name="agent_create"),
     path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
+    path("registry/<str:kind>/<int:pk>/delete/", views.entry_delete, name="entry_delete"),
 ]

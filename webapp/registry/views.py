@@ -12,10 +12,12 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import ProtectedError
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.http import require_POST
 
 from webapp.registry import uploads
 from webapp.registry.forms import ChatAgentForm, ColumnMappingForm, DatasetUploadForm
@@ -82,6 +84,10 @@ def dataset_map(request, pk: int, token: str):
     pending = request.session.get(PENDING, {}).get(token)
     if pending is None or pending["project"] != project.pk:
         raise Http404("This upload is not waiting for its columns (it was finished, or belongs to another session).")
+    if not uploads.default_storage.exists(pending["stored"]):  # left for more than a day, and pruned
+        _forget(request, token)
+        messages.error(request, "That upload waited too long for its columns and was deleted; upload the file again.")
+        return redirect("registry:dataset_upload", pk=project.pk)
     with uploads.open_stored(pending["stored"]) as handle:
         table = uploads.parse(handle, pending["kind"], uploads.Limits.from_settings())
     form = ColumnMappingForm(request.POST or None, table=table)
@@ -138,3 +144,25 @@ def agent_create(request, pk: int):
         query = urlencode({"agent": agent.pk, "project": project.pk, "model": agent.llm_config["llm_model_name"]})
         return redirect(reverse("runs:create") + "?" + query)
     return render(request, "registry/agent_form.html", {"project": project, "form": form})
+
+
+ENTRY_KINDS = {"datasets": Dataset, "agents": Agent}
+
+
+@login_required
+@require_POST
+def entry_delete(request, kind: str, pk: int):
+    """A project's dataset or agent, deleted by someone who may add to the project; kept while runs use it."""
+    model = ENTRY_KINDS.get(kind)
+    if model is None:
+        raise Http404("No such entry.")
+    entry = get_object_or_404(model.objects.filter(project__isnull=False).select_related("project"), pk=pk)
+    project = _project(request.user, entry.project_id, "run")
+    try:
+        entry.delete()
+    except ProtectedError:
+        count = entry.runs.count()
+        messages.error(request, f"{entry.name} stays: {count} run{'s' if count != 1 else ''} used it (delete those runs first).")
+    else:
+        messages.info(request, f"{entry.name} deleted.")
+    return redirect("registry:project", pk=project.pk)
