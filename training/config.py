@@ -253,7 +253,9 @@ class TrainerConfig:
     test_freq: int = _doc(
         "Score the test dataset every N steps and after the last (-1 or 0: never); metrics val/<data_source>/...", -1
     )
-    val_before_train: bool = _doc("Score the test dataset before the first step (when there is one).", True)
+    val_before_train: bool = _doc(
+        "Score the test dataset before the first step (when there is one; not again when resuming from a checkpoint).", True
+    )
     log_freq: int = _doc("Report metrics every N steps.", 1)
     resume_mode: str = _doc("auto (resume from the latest checkpoint if any) or disable.", "auto")
     project_name: str = _doc("Project name, for grouping runs.", "agent-trainer")

@@ -230,16 +230,17 @@ CELERY_TASK_DEFAULT_QUEUE = "cpu"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # Run lifecycle.
-RUN_HEARTBEAT_SECONDS = envint("RUN_HEARTBEAT_SECONDS", "3", minimum=1)
+RUN_HEARTBEAT_SECONDS = envint("RUN_HEARTBEAT_SECONDS", "2", minimum=1)
 # A running platform run whose worker sent no heartbeat for this long is lost: it is queued again
-# (or failed after its backend's max_attempts). Detected within this plus RUN_SWEEP_SECONDS.
-RUN_STALE_SECONDS = envint("RUN_STALE_SECONDS", "15", minimum=2)
+# (or failed after its backend's max_attempts). Detected within this plus RUN_SWEEP_SECONDS. Five
+# missed heartbeats; a sweeper that was itself starved by the load waits a whole window again.
+RUN_STALE_SECONDS = envint("RUN_STALE_SECONDS", "10", minimum=2)
 if RUN_STALE_SECONDS <= RUN_HEARTBEAT_SECONDS:
     raise ImproperlyConfigured("RUN_STALE_SECONDS must be longer than RUN_HEARTBEAT_SECONDS.")
 # External runs report from elsewhere (training.remote heartbeats every 20 s): failed after this long silent.
 EXTERNAL_RUN_STALE_SECONDS = envint("EXTERNAL_RUN_STALE_SECONDS", "120", minimum=10)
 # How often each worker's housekeeping thread looks for lost runs and sends due queued runs.
-RUN_SWEEP_SECONDS = envint("RUN_SWEEP_SECONDS", "3", minimum=1)
+RUN_SWEEP_SECONDS = envint("RUN_SWEEP_SECONDS", "2", minimum=1)
 # A queued run sent to its queue but not claimed within this long is sent again (a message lost
 # with the broker); a duplicate is harmless, the claim takes a run once.
 RUN_REDISPATCH_SECONDS = envint("RUN_REDISPATCH_SECONDS", "300", minimum=1)

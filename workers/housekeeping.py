@@ -10,8 +10,11 @@ too) does two things:
 * the **liveness sweep** finds running runs nobody heartbeats for any more (``Run.objects.lost()``)
   every ``RUN_SWEEP_SECONDS`` and re-queues them (they resume from their last checkpoint) or fails
   them once their backend's ``max_attempts`` are used. It only judges after this process has
-  reached the database for ``RUN_STALE_SECONDS`` in a row, so a database outage (no heartbeat
-  could be written) is never mistaken for dead workers.
+  reached the database, on schedule, for ``RUN_STALE_SECONDS`` in a row: a database outage (no
+  heartbeat could be written) or a machine so loaded, or paused, that this thread itself missed
+  its ticks (so the supervisors beating next to it may have too) is never mistaken for dead
+  workers. Heartbeats and the staleness test both use the database's clock, so clocks that differ
+  between machines cannot make a run look lost either.
 
 On SIGTERM (a deploy) the worker tells its training processes to stop: each saves a checkpoint at
 its next step and queues its run again (``workers.execute``), instead of holding the deploy for
@@ -92,6 +95,7 @@ class Housekeeper:
         self._thread = threading.Thread(target=self._loop, name="housekeeping", daemon=True)
         self._database_since: float | None = None  # since when this process reaches the database
         self._last_sweep = 0.0
+        self._last_tick: float | None = None
 
     def start(self) -> "Housekeeper":
         self._thread.start()
@@ -103,20 +107,27 @@ class Housekeeper:
 
     def tick(self) -> None:
         now = time.monotonic()
+        late = now - self._last_tick - DISPATCH_POLL_SECONDS if self._last_tick is not None else 0.0
+        if late > settings.RUN_HEARTBEAT_SECONDS:
+            # This thread was starved (or the machine paused) past a heartbeat: so may the
+            # supervisors have been. Judge only after a full stale window on schedule again.
+            logger.warning("Housekeeping ran %.1f s late; not judging runs lost for %s s.", late, settings.RUN_STALE_SECONDS)
+            self._database_since = None
+        self._last_tick = now
         try:
             if self._database_since is None:
                 connection.ensure_connection()
                 self._database_since = now
+            if now - self._last_sweep >= settings.RUN_SWEEP_SECONDS and now - self._database_since >= settings.RUN_STALE_SECONDS:
+                self._last_sweep = now
+                recover_lost_runs()  # before dispatching: a run re-queued now is sent in this tick
+                from webapp.integrations import alerts
+
+                alerts.tick()  # runs gone quiet, alerts due for (re)delivery; never raises
             dispatch_due_runs()
             from workers.playground import dispatch_due_requests
 
             dispatch_due_requests()  # questions to runs' trained models (webapp.playground), the same outbox way
-            if now - self._last_sweep >= settings.RUN_SWEEP_SECONDS and now - self._database_since >= settings.RUN_STALE_SECONDS:
-                self._last_sweep = now
-                recover_lost_runs()
-                from webapp.integrations import alerts
-
-                alerts.tick()  # runs gone quiet, alerts due for (re)delivery; never raises
         except Exception as exc:  # the database is down: judge nothing until it has been back a while
             if self._database_since is not None:
                 logger.warning("Housekeeping cannot reach the database (%s); retrying.", exc)

@@ -69,6 +69,18 @@ def test_the_test_dataset_is_scored_on_schedule_per_data_source(tmp_path, sink, 
     assert "validation at step 0 (3 tasks" in caplog.text
 
 
+def test_a_resumed_run_does_not_score_its_start_again(tmp_path, sink):
+    first = tiny(**{"trainer.total_training_steps": 2, "trainer.save_freq": 1})
+    AgentTrainer(train_dataset=TRAIN, val_dataset=TEST, reward_func=starts_with_a, backend="trl",
+                 run_path=str(tmp_path), config=first, sinks=[sink]).train()
+    assert [m["step"] for m in sink.metrics if "val/letters/reward" in m] == [0]
+    sink.metrics.clear()
+    AgentTrainer(train_dataset=TRAIN, val_dataset=TEST, reward_func=starts_with_a, backend="trl",
+                 run_path=str(tmp_path), config=tiny(**{"trainer.total_training_steps": 4}), sinks=[sink]).train()
+    assert [m["step"] for m in sink.metrics if "reward" in m] == [3, 4]  # resumed after step 2
+    assert not any("val/letters/reward" in m for m in sink.metrics)
+
+
 def test_validation_off_and_on_its_own_step(tmp_path, sink):
     AgentTrainer(train_dataset=TRAIN, val_dataset=TEST, reward_func=starts_with_a, backend="trl",
                  run_path=str(tmp_path / "off"), config=tiny(**{"trainer.val_before_train": False}), sinks=[sink]).train()

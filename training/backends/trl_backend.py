@@ -582,7 +582,8 @@ def _make_sink_callback(run: _TRLRun):
         cooperative stop flag once per step."""
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if run.val_tasks and run.config.trainer.val_before_train:
+            # Not again when resuming from a checkpoint: the run scored its start before its first step.
+            if run.val_tasks and run.config.trainer.val_before_train and state.global_step == 0:
                 run.log_validation(state.global_step, run.validate(state.global_step))
 
         def on_step_end(self, args, state, control, **kwargs):

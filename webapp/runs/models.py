@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Now
 from django.dispatch import Signal
 from django.urls import reverse
 from django.utils import timezone
@@ -51,7 +52,7 @@ class RunQuerySet(models.QuerySet):
     def lost(self) -> "RunQuerySet":
         """Running runs nobody vouches for: a platform run whose worker sent no heartbeat for
         ``RUN_STALE_SECONDS``, an external run that reported nothing for ``EXTERNAL_RUN_STALE_SECONDS``."""
-        now = timezone.now()
+        now = Now()  # the database's clock, which heartbeats are written with too
         platform = models.Q(kind=Run.Kind.PLATFORM, heartbeat_at__lt=now - timedelta(seconds=settings.RUN_STALE_SECONDS))
         external = models.Q(kind=Run.Kind.EXTERNAL,
                             heartbeat_at__lt=now - timedelta(seconds=settings.EXTERNAL_RUN_STALE_SECONDS))
@@ -171,8 +172,12 @@ class Run(models.Model):
             rows = rows.filter(attempts=self.attempts)
         changed = rows.update(**changes)
         if changed:
+            computed = [field for field, value in changes.items() if hasattr(value, "resolve_expression")]
             for field, value in changes.items():
-                setattr(self, field, value)
+                if field not in computed:
+                    setattr(self, field, value)
+            if computed:  # values the database computed (its clock): read them back
+                self.refresh_from_db(fields=computed)
             if "status" in changes:
                 run_status_changed.send(sender=Run, run=self)
         return bool(changed)
@@ -183,13 +188,13 @@ class Run(models.Model):
         now = timezone.now()
         return self._transition(
             (self.Status.QUEUED,), same_attempt=True, status=self.Status.RUNNING, worker=worker,
-            started_at=self.started_at or now, heartbeat_at=now, attempts=self.attempts + 1,
+            started_at=self.started_at or now, heartbeat_at=Now(), attempts=self.attempts + 1,
         )
 
     def heartbeat(self) -> bool:
         """False when this attempt no longer holds the run (it ended, or was given up on and re-queued)."""
         same_attempt = self.kind == self.Kind.PLATFORM
-        return self._transition((self.Status.RUNNING,), same_attempt=same_attempt, heartbeat_at=timezone.now())
+        return self._transition((self.Status.RUNNING,), same_attempt=same_attempt, heartbeat_at=Now())
 
     def finish(self, status: str, error: str = "", traceback: str = "", **fields: Any) -> bool:
         """Record the final status of a running run. False when it had already ended (or this
