@@ -78,6 +78,17 @@ def test_the_form_refuses_a_backend_without_credentials_naming_them(owner_client
     assert Run.objects.count() == 0
 
 
+def test_the_api_refuses_a_tinker_run_without_its_key_before_anything_is_queued(owner, api_client, registry, no_queue, monkeypatch):
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    response = api_client(owner).post("/api/runs/", {
+        "name": "tinker run", "agent": "copy-task", "dataset": "copy", "reward": "char-accuracy", "backend": "tinker",
+        "model": "tiny-char", "overrides": {"data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2},
+    }, format="json")
+    assert response.status_code == 400
+    assert "TINKER_API_KEY is not set" in " ".join(response.json()["backend"]), response.json()
+    assert Run.objects.count() == 0
+
+
 def test_the_form_refuses_a_backend_whose_environment_is_missing(owner_client, copy_form_data, registry):
     swift = registry["backends"]["swift"]
     swift.python = "/nowhere/python"
