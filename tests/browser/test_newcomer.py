@@ -1,6 +1,9 @@
 """A newcomer's walk in a real browser: every page reads as text (no template syntax leaks), fits a
 390 px phone without sideways scrolling, a wrong URL gets our own 404 page, /api/docs/ renders its
 operations with the network outside the platform blocked, and the destructive buttons ask first.
+The demo run `make run` queues learns (its reward series ends higher than it started), then the
+newcomer reads one of its episodes, downloads its final model, chats with its checkpoint in the
+playground (answered by the worker) and clones it with one change.
 
 One live platform and one browser for the whole module (tests/browser/conftest.py)."""
 
@@ -22,7 +25,7 @@ TEMPLATE_SYNTAX = ("{#", "#}", "{{", "}}", "{%", "%}")
 def _pages(run, team, share) -> list[str]:
     return [
         "/", "/runs/new/", f"/runs/{run.pk}/", "/teams/", f"/teams/{team.slug}/", "/fleet/", "/admin/",
-        f"/dashboard/compare/?runs={run.pk}", f"/share/{share.token}/", "/no/such/page/",
+        f"/dashboard/compare/?runs={run.pk}", f"/share/{share.token}/", f"/runs/{run.pk}/playground/", "/no/such/page/",
     ]
 
 
@@ -116,3 +119,103 @@ def test_a_finished_run_says_finished_with_a_full_bar(walk, make_run):
     assert page.evaluate("() => [document.getElementById('run-bar').value, document.getElementById('run-bar').max]") == [2, 2]
     assert "Step 2 of 2" in page.inner_text("#run-progress")
     assert page.locator("#chart-reward").count() == 1
+
+
+# The demo's reward, averaged over this many steps at its start and at its end: one step's reward is
+# noisy (32 episodes), a window's mean is not.
+WINDOW = 10
+# Generous: the demo recipe climbs within ~2 minutes on 2 idle cores; CI's machine is shared.
+LEARN_LIMIT_S = 600
+
+
+def _reward_series(page, url: str, run_id: int) -> list[float]:
+    answer = page.request.get(f"{url}/dashboard/runs/{run_id}/series.json?keys=reward&points=5000")
+    assert answer.ok, answer.text()
+    return [value for value in answer.json()["series"]["reward"]["y"] if value is not None]
+
+
+def _learned(rewards: list[float]) -> bool:
+    return len(rewards) >= 2 * WINDOW and sum(rewards[-WINDOW:]) / WINDOW > sum(rewards[:WINDOW]) / WINDOW + 0.1
+
+
+def test_the_demo_run_learns_then_its_model_answers_and_it_clones(live_platform, browser, admin_user, registry, log_in, tail):
+    import tarfile
+    import time
+
+    from webapp.playground.models import PlaygroundRequest
+    from webapp.registry.models import Backend
+    from webapp.runs.management.commands.platform import Command
+    from webapp.runs.models import Run
+
+    Backend.objects.filter(name="trl").update(queue=live_platform["queue"])  # this module's worker
+    demo = Command()._queue_demo_run(admin_user)  # exactly the run `make run` queues
+    assert demo is not None
+    url = live_platform["url"]
+    page = browser.new_page()
+    page.set_default_timeout(60_000)
+    try:
+        log_in(page, url, "admin", "admin-password")
+        page.goto(f"{url}/runs/{demo.pk}/")
+
+        # The reward climbs: read from the series the chart draws, until the last steps' mean beats the first steps'.
+        deadline = time.monotonic() + LEARN_LIMIT_S
+        while not _learned(rewards := _reward_series(page, url, demo.pk)):
+            demo.refresh_from_db()
+            assert not demo.is_final, f"the demo run ended {demo.status} before learning: {demo.error} {rewards}"
+            assert time.monotonic() < deadline, f"no rise within {LEARN_LIMIT_S} s: {rewards}"
+            time.sleep(2)
+        # Enough seen: stop it from the page (it saves its final model), and the ended series still ends higher.
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("#run-cancel button")
+        page.wait_for_function("() => document.getElementById('run-status').textContent === 'cancelled'", timeout=120_000)
+        assert _learned(_reward_series(page, url, demo.pk))
+        demo.refresh_from_db()
+
+        # One of its episodes, turn by turn.
+        page.reload()
+        page.click("tr.dash-episode")
+        detail = page.text_content("#dash-episode-detail")
+        assert "Turn 1" in detail and "Model response" in detail and "Environment observation" in detail
+
+        # Its final model, as an archive transformers can load after unpacking.
+        with page.expect_download() as download:
+            page.click("#run-models a:text('Final model')")
+        with tarfile.open(download.value.path()) as archive:
+            names = archive.getnames()
+        assert f"run-{demo.pk}-final_model/config.json" in names and any(n.endswith(".safetensors") for n in names)
+
+        # Chat with its checkpoint, on a phone: the worker of the run's queue answers, the page shows it.
+        page.set_viewport_size({"width": PHONE["width"], "height": PHONE["height"]})
+        page.click("#run-playground")
+        checkpoint = demo.checkpoints.get()
+        page.select_option("#pg-model", f"checkpoint-{checkpoint.step}")
+        page.fill("#pg-tokens", "4")
+        page.fill("#chat-input", "Where next?")
+        page.click("#chat-send")
+        page.wait_for_selector("#chat-log .chat-assistant", timeout=180_000)
+        asked = PlaygroundRequest.objects.get(run=demo)
+        assert asked.status == "succeeded" and asked.model_name == f"checkpoint-{checkpoint.step}"
+        assert asked.worker.startswith(live_platform["queue"]) and 1 <= asked.reply_tokens <= 4
+        assert page.text_content("#chat-log .chat-assistant pre") == asked.reply
+        assert "Answered by" in page.text_content("#playground-status")
+        assert page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth") <= 0
+
+        # Clone it with one change: everything else comes over as it was.
+        page.set_viewport_size({"width": 1400, "height": 900})
+        page.goto(f"{url}/runs/{demo.pk}/")
+        page.click("#run-clone")
+        overrides = page.input_value("textarea[name=overrides]")
+        assert "trainer.total_training_steps: 150" in overrides
+        page.fill("textarea[name=overrides]", overrides.replace("trainer.total_training_steps: 150", "trainer.total_training_steps: 3"))
+        page.click("main form button[type=submit]")
+        page.wait_for_url(lambda address: address.rstrip("/").split("/")[-1] not in ("new", str(demo.pk)))
+        clone = Run.objects.exclude(pk=demo.pk).get()
+        clone.request_cancel()  # its training is not what this walk is about
+        assert clone.config_overrides == {**demo.config_overrides, "trainer.total_training_steps": 3}
+        assert (clone.agent, clone.dataset, clone.backend, clone.model) == (demo.agent, demo.dataset, demo.backend, demo.model)
+    except Exception:
+        print("web log:\n" + tail(live_platform["logs"] / "web.log"))
+        print("worker log:\n" + tail(live_platform["logs"] / "worker.log"))
+        raise
+    finally:
+        page.close()

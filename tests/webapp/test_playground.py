@@ -30,7 +30,8 @@ from webapp.teams.models import Membership
 from workers.execute import database_url
 from workers.playground import answer_request, dispatch_due_requests, trusts_remote_code
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Tests whose child process reads the rows need them committed (transaction=True); the rest do not.
+committed = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
@@ -65,6 +66,7 @@ def greedy_reply(folder, prompt: str, max_new_tokens: int) -> str:
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
+@committed
 def test_a_question_is_answered_by_the_worker_with_the_runs_weights(trained_run, owner_client):
     page = owner_client.get(f"/runs/{trained_run.pk}/playground/")
     assert page.status_code == 200 and b"Final model" in page.content
@@ -81,6 +83,7 @@ def test_a_question_is_answered_by_the_worker_with_the_runs_weights(trained_run,
     assert state["reply"] == greedy_reply(trained_run.folder() / "final_model", "hello there", 6)
 
 
+@committed
 def test_the_web_process_never_imports_torch_to_ask_or_poll(trained_run, owner):
     """The page, the question and the poll in a fresh Django process: torch stays unimported."""
     script = f"""
@@ -103,6 +106,7 @@ print(json.dumps(sorted(m for m in ("torch", "transformers") if m in sys.modules
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
+@committed
 def test_the_agent_plays_one_dataset_row(make_run, registry, owner_client):
     run = make_run(status=Run.Status.SUCCEEDED, steps=2, agent=registry["agents"]["frozenlake"],
                    dataset=registry["datasets"]["frozenlake"], reward=None,
@@ -131,6 +135,7 @@ def test_the_agent_plays_one_dataset_row(make_run, registry, owner_client):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.django_db
 def test_who_may_ask_is_who_may_view_the_run(trained_run, page_client, stranger, teammate, project, owner):
     stranger_client = page_client(stranger)
     assert stranger_client.get(f"/runs/{trained_run.pk}/playground/").status_code == 404
@@ -146,7 +151,7 @@ def test_who_may_ask_is_who_may_view_the_run(trained_run, page_client, stranger,
     assert ask(teammate_client, trained_run).status_code == 404
 
 
-@pytest.mark.parametrize("body, field, words", [
+BAD_QUESTIONS = [
     ({"max_new_tokens": 100_000}, "max_new_tokens", "less than or equal to"),
     ({"max_new_tokens": 0}, "max_new_tokens", "greater than or equal to"),
     ({"temperature": 50}, "temperature", "less than or equal to"),
@@ -157,21 +162,26 @@ def test_who_may_ask_is_who_may_view_the_run(trained_run, page_client, stranger,
     ({"messages": [{"role": "assistant", "content": "hi"}]}, "messages", "must end with yours"),
     ({"messages": [{"role": "tool", "content": "hi"}]}, "messages", "Message 1"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}, "messages", "only the first"),
-    ({"kind": "row", "messages": None}, "row", "index of the dataset row"),
-])
-def test_every_number_and_text_is_bounded(trained_run, owner_client, body, field, words):
-    response = ask(owner_client, trained_run, **body)
-    assert response.status_code == 400
-    assert words in " ".join(response.json()["errors"][field]), response.json()
+    ({"kind": "row", "messages": None}, "row", "index of the dataset row")]
+
+
+@pytest.mark.django_db
+def test_every_number_and_text_is_bounded(trained_run, owner_client):
+    for body, field, words in BAD_QUESTIONS:
+        response = ask(owner_client, trained_run, **body)
+        assert response.status_code == 400, body
+        assert words in " ".join(response.json()["errors"][field]), response.json()
     assert not PlaygroundRequest.objects.exists()
 
 
+@pytest.mark.django_db
 def test_one_person_waits_for_a_few_answers_at_most(trained_run, owner_client, settings):
     settings.PLAYGROUND_MAX_PENDING = 2
     assert [ask(owner_client, trained_run).status_code for _ in range(3)] == [201, 201, 429]
     assert "wait for 2 answer" in ask(owner_client, trained_run).json()["error"]
 
 
+@pytest.mark.django_db
 def test_a_question_nobody_takes_in_time_says_so(trained_run, owner_client, settings):
     response = ask(owner_client, trained_run)
     asked = PlaygroundRequest.objects.get(pk=response.json()["id"])
@@ -184,6 +194,7 @@ def test_a_question_nobody_takes_in_time_says_so(trained_run, owner_client, sett
     assert PlaygroundRequest.objects.get(pk=asked.pk).worker == ""
 
 
+@pytest.mark.django_db
 def test_the_dispatcher_sends_each_request_to_the_runs_queue_once(trained_run, owner_client, monkeypatch):
     from workers import tasks
 
@@ -195,6 +206,7 @@ def test_the_dispatcher_sends_each_request_to_the_runs_queue_once(trained_run, o
     assert sent == [([first], trained_run.backend.queue)]
 
 
+@committed
 def test_an_answer_that_takes_too_long_is_stopped(trained_run, owner_client, settings):
     settings.PLAYGROUND_REPLY_SECONDS = 1  # less than the child needs to import torch
     asked = ask(owner_client, trained_run).json()
@@ -202,6 +214,7 @@ def test_an_answer_that_takes_too_long_is_stopped(trained_run, owner_client, set
     assert "took longer than 1 s and was stopped" in owner_client.get(asked["url"]).json()["error"]
 
 
+@pytest.mark.django_db
 def test_a_models_own_code_runs_only_when_an_admin_trusts_it(trained_run, make_run):
     assert trusts_remote_code(trained_run) is False
     Model.objects.filter(name="tiny-char").update(trust_remote_code=True)
