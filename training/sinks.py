@@ -101,14 +101,21 @@ class MultiSink:
         if episodes:
             self._each("log_episodes", step, episodes)
 
+    def log_checkpoint(self, step: int, path: str | Path) -> None:
+        """A checkpoint of ``step`` is saved whole at ``path``. Optional for a sink: those that keep
+        files (``training.artifacts.CheckpointUploadSink``) define it."""
+        self._each("log_checkpoint", step, path, optional=True)
+
     def close(self) -> None:
         for source in self.sources:
             source.close()
         self.sources.clear()
         self._each("close")
 
-    def _each(self, method: str, *args: Any) -> None:
+    def _each(self, method: str, *args: Any, optional: bool = False) -> None:
         for sink in list(self.sinks):
+            if optional and not hasattr(sink, method):
+                continue
             try:
                 getattr(sink, method)(*args)
             except Exception:

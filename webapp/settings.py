@@ -370,3 +370,37 @@ CONTENT_SECURITY_POLICY = {
         "frame-ancestors": [NONE],
     },
 }
+
+# Run files and uploads on an artifact store (docs/fleet.md).
+def envartifacts(name: str) -> str:
+    """$ARTIFACTS_URL: empty (each run's files stay in its folder under RUNS_DIR, where it trained: one
+    machine), a shared folder (an absolute path or file:///path) or ``s3://bucket/prefix`` (any
+    S3-compatible store; credentials from the AWS variables, AWS_ENDPOINT_URL for one not on AWS)."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return ""
+    if value.startswith(("s3://", "file:///")) and len(value.split("://", 1)[1].strip("/")) > 0:
+        return value
+    if value.startswith("/"):
+        return value
+    raise ImproperlyConfigured(f"{name} must be an absolute folder, file:///folder or s3://bucket/prefix, not {value!r}.")
+
+
+# Where run files (checkpoints, final models, metrics, episodes, logs) and uploaded datasets are
+# kept for every machine to read (workers train in a scratch folder under RUNS_DIR and copy them there).
+ARTIFACTS_URL = envartifacts("ARTIFACTS_URL")
+# How long a finished run waits for the store to take its final model before it fails (an outage).
+ARTIFACTS_FINISH_SECONDS = envint("ARTIFACTS_FINISH_SECONDS", "3600", minimum=1)
+# The longest wait between two tries of an upload while the store is unreachable.
+ARTIFACTS_RETRY_MAX_SECONDS = envint("ARTIFACTS_RETRY_MAX_SECONDS", "30", minimum=1)
+# Checkpoints waiting to be stored, at most; beyond it the oldest waiting one is skipped for the newer.
+ARTIFACTS_MAX_PENDING = envint("ARTIFACTS_MAX_PENDING", "8", minimum=1)
+# Checkpoints each run keeps in the store, the newest (a project's own number comes first); 0: all.
+ARTIFACTS_KEEP_CHECKPOINTS = envint("ARTIFACTS_KEEP_CHECKPOINTS", "0", minimum=0)
+# Download links to the store's objects last this long (a store that signs URLs: S3, MinIO).
+ARTIFACTS_PRESIGN_SECONDS = envint("ARTIFACTS_PRESIGN_SECONDS", "300", minimum=10)
+if ARTIFACTS_URL:  # uploaded files (datasets) go to the store too, readable by every worker
+    STORAGES = {
+        "default": {"BACKEND": "webapp.runs.artifacts.ArtifactStorage"},
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }

@@ -31,12 +31,14 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
+from training.artifacts import ArtifactStoreError, CheckpointUploadSink
 from webapp.dashboard.recording import DashboardSink
 from webapp.integrations.tracking import prepare_run
 from webapp.registry.models import Backend
 from webapp.runs.models import Run, RunLog
 from webapp.runs.trainer_args import check_spec, load_training_plugins, run_trainer_kwargs
 from webapp.runs.recording import DatabaseSink, RunLogHandler, RunRecorder
+from webapp.runs import artifacts
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +73,9 @@ def claim(run_id: int, worker_name: str) -> str | Run:
             return BUSY
         if not run.claim(worker_name):
             return SKIPPED
-    run.run_path = str(run.folder())  # a resumed attempt gets the folder (and checkpoints) of the first
+    # A resumed attempt gets the folder (and checkpoints) of the first; with a shared artifact store,
+    # a scratch folder on this worker, filled from the store.
+    run.run_path = str(artifacts.scratch_folder(run))
     Run.objects.filter(pk=run.pk).update(run_path=run.run_path)
     return run
 
@@ -320,10 +324,17 @@ def train_run(run_id: int) -> str:
     should_stop = _StopCheck(run)
     previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: should_stop.pause("the worker is shutting down.")) \
         if threading.current_thread() is threading.main_thread() else None
+    uploader = None
     try:
         load_training_plugins()
         kwargs = run_trainer_kwargs(run, run_path)
+        uploader = artifacts.start_uploads(run, Path(run_path))  # a shared store: what earlier attempts stored
         sinks = [DatabaseSink(recorder), DashboardSink(run.pk, spool_dir=run_path), *prepare_run(run, kwargs)]  # the project's trackers, alerts
+        if uploader is not None:
+            sinks.append(CheckpointUploadSink(uploader))
+            # The backend's own rotation could delete a checkpoint before it is stored; the store keeps
+            # the project's number and the uploader clears stored ones from the scratch folder.
+            kwargs["config"]["trainer.max_checkpoints"] = 0
         trainer = AgentTrainer(**kwargs, sinks=sinks, should_stop=should_stop)
         spec = check_spec(kwargs, run.config_overrides)  # what the form checked, checked again where it runs
         check_platform_keys(trainer, spec["pinned"], spec["user_keys"])
@@ -335,6 +346,7 @@ def train_run(run_id: int) -> str:
         result = trainer.train()
     except BaseException as exc:  # also KeyboardInterrupt/SystemExit: the row must not stay running
         training_logger.error("Run %s failed: %s", run.pk, exc)
+        _store_what_is_left(uploader, run, run_path, timeout=30)
         recorder.close()
         training_logger.removeHandler(handler)
         if isinstance(exc, Exception) and should_stop.pause_reason and not should_stop.cancelled:
@@ -355,16 +367,44 @@ def train_run(run_id: int) -> str:
 
     stopped = bool(getattr(result, "stopped", False))
     steps = int(getattr(result, "steps", 0) or 0)
-    recorder.close()
-    training_logger.removeHandler(handler)
+    checkpoint = getattr(result, "checkpoint", None) or ""
     if should_stop.pause_reason and not should_stop.cancelled:
+        # The checkpoint it stopped with is what the next attempt, on any worker, resumes from.
+        _store_what_is_left(uploader, run, run_path, timeout=settings.RUN_SHUTDOWN_GRACE_SECONDS / 2)
+        recorder.close()
+        training_logger.removeHandler(handler)
         reason = f"{should_stop.pause_reason[0].upper()}{should_stop.pause_reason[1:-1]}; stopped after step {steps} with a checkpoint."
         return _with_database(lambda: _requeue_or_recover(run, reason), "re-queue the run")
+    try:  # never succeeded before its final model is stored
+        artifacts.finish_uploads(uploader, run, Path(run_path), checkpoint, settings.ARTIFACTS_FINISH_SECONDS)
+    except ArtifactStoreError as exc:
+        training_logger.error("Run %s: its files could not be stored: %s", run.pk, exc)
+        recorder.close()
+        training_logger.removeHandler(handler)
+        error = f"Trained {steps} step(s), but the final model could not be stored in the artifact store: {exc}"
+
+        def fail() -> str:
+            run.finish(Run.Status.FAILED, error=error)
+            return Run.objects.get(pk=run.pk).status
+
+        return _with_database(fail, "record the run's end")
+    recorder.close()
+    training_logger.removeHandler(handler)
     metrics = {k: v for k, v in (getattr(result, "metrics", None) or {}).items() if _finite(v)}
-    checkpoint = getattr(result, "checkpoint", None) or ""
     training_logger.info("Run %s %s after %d step(s).", run.pk, "stopped (cancelled)" if stopped else "finished", steps)
     return _with_database(lambda: _record_end(run, stopped or should_stop.cancelled, steps, metrics, str(checkpoint)),
                           "record the run's end")
+
+
+def _store_what_is_left(uploader, run: Run, run_path: str, timeout: float) -> None:
+    """An attempt that stops early stores what it saved (checkpoints, logs) for the next one, as far
+    as the store takes it within ``timeout`` seconds."""
+    if uploader is None:
+        return
+    try:
+        artifacts.finish_uploads(uploader, run, Path(run_path), None, timeout)
+    except ArtifactStoreError as exc:
+        logging.getLogger("training").warning("Run %s: not everything it saved could be stored: %s", run.pk, exc)
 
 
 def _record_end(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint: str) -> str:

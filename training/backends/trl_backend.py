@@ -595,6 +595,12 @@ def _make_sink_callback(run: _TRLRun):
                 else:
                     run.log_validation(state.global_step, metrics)
 
+        def on_save(self, args, state, control, **kwargs):
+            # Called once the checkpoint is whole on disk: sinks that keep files (an artifact store) take it.
+            saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if saved.is_dir():
+                run.processor.sinks.log_checkpoint(state.global_step, saved)
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 run.report(state.global_step, logs)

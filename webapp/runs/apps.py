@@ -5,3 +5,6 @@ class RunsConfig(AppConfig):
     name = "webapp.runs"
     label = "runs"
     verbose_name = "Runs"
+
+    def ready(self) -> None:
+        from webapp.runs import artifacts  # noqa: F401  (deleting a run removes its files)

@@ -66,6 +66,10 @@ class Project(models.Model):
     name = models.SlugField(max_length=100)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    keep_checkpoints = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Checkpoints each run keeps in the artifact store, the newest (its final model is always kept). Empty: the platform's setting.",
+    )
 
     class Meta:
         ordering = ["team__name", "name"]

@@ -1,0 +1,134 @@
+"""Runs trained by real Celery workers that keep their files on an S3-compatible store (moto's
+server mode on loopback, standing in for S3/MinIO): each worker has its own scratch folder (its own
+PLATFORM_VAR_DIR, as on separate machines), and all they share is Postgres, Redis and the store."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
+from fault_harness import SLOW_REWARD, latest_step, lost_and_doubled, run_overrides, start_worker, wait_for  # noqa: E402
+
+from training.artifacts import STORED_MARKER, ArtifactStore
+from webapp.registry.models import Backend, RewardFunction
+from webapp.runs.models import Run, RunLog
+from workers.execute import database_url
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+RUN_TIMEOUT = 300
+
+
+@pytest.fixture
+def queue(registry):
+    name = f"test-artifacts-{uuid.uuid4().hex[:8]}"  # no other worker listens here
+    Backend.objects.filter(name="trl").update(queue=name, max_attempts=3)
+    return name
+
+
+@pytest.fixture
+def fleet(tmp_path, s3_url, s3_env):
+    """Start workers that share the store: ``start(tag)`` gives each its own scratch folder."""
+    started = []
+    base = {"DATABASE_URL": database_url(connection.settings_dict), "REDIS_URL": settings.REDIS_URL,
+            "ARTIFACTS_URL": s3_url, "ARTIFACTS_RETRY_MAX_SECONDS": "2", **s3_env}
+
+    def start(queue: str, tag: str):
+        worker = start_worker(queue, tag, {**base, "PLATFORM_VAR_DIR": str(tmp_path / f"machine-{tag}")}, tmp_path)
+        started.append(worker)
+        return worker
+
+    start.store = ArtifactStore(s3_url)
+    start.scratch = lambda tag: tmp_path / f"machine-{tag}" / "runs"
+    yield start
+    for worker in started:
+        worker.stop(timeout=10)
+
+
+@pytest.fixture
+def slow_run(make_run, queue):
+    reward = RewardFunction.objects.create(name="slow-char", path=SLOW_REWARD)
+
+    def make(steps: int, **overrides) -> Run:
+        run = make_run(reward=reward, config_overrides={**run_overrides(steps), **overrides})
+        run.enqueue()
+        return run
+
+    return make
+
+
+def finished(run: Run, *workers) -> Run:
+    wait_for(lambda: Run.objects.get(pk=run.pk).is_final, RUN_TIMEOUT, f"run {run.pk} to end", workers)
+    run.refresh_from_db()
+    return run
+
+
+def messages(run: Run) -> list[str]:
+    return list(RunLog.objects.filter(run=run).values_list("message", flat=True))
+
+
+def test_a_run_stopped_on_one_machine_resumes_on_another_from_the_stores_checkpoint(queue, fleet, slow_run):
+    steps = 10
+    first = fleet(queue, "a")
+    run = slow_run(steps)
+    prefix = f"runs/{run.pk}-{run.uid.hex}"
+    wait_for(lambda: latest_step(run.pk) >= 3 and fleet.store.stored_checkpoints(f"{prefix}/checkpoints"),
+             RUN_TIMEOUT, "step 3 and a stored checkpoint", (first,))
+    first.kill_celery_only()  # the machine's worker is gone: its training process checkpoints, stores and re-queues
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.QUEUED, 90, "the run to be queued again", (first,))
+    paused_at = max(step for step, _ in fleet.store.stored_checkpoints(f"{prefix}/checkpoints"))
+    second = fleet(queue, "b")  # another machine: its scratch folder has nothing of this run
+    run = finished(run, second)
+
+    assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
+    assert run.steps == steps and run.attempts == 2
+    assert lost_and_doubled(run.pk, steps) == (0, 0)  # every step stored once
+    log = messages(run)
+    assert any(f"checkpoints/checkpoint-{paused_at}" in m and "fetched" in m for m in log), log[-20:]
+    # The second machine trained in its own scratch folder, from the checkpoint it fetched there.
+    fetched_copy = fleet.scratch("b") / f"{run.pk}-{run.uid.hex}" / "checkpoints" / f"checkpoint-{paused_at}"
+    assert any(m == f"resuming from checkpoint {fetched_copy}" for m in log), log[-20:]
+    # The store holds every checkpoint once, whole, the final model, the run files and both attempts' logs.
+    stored = [step for step, _ in fleet.store.stored_checkpoints(f"{prefix}/checkpoints")]
+    assert stored == list(range(1, steps + 1))
+    keys = set(fleet.store.list(prefix))
+    assert {f"final_model/{STORED_MARKER}", "config.yaml", "metrics.jsonl", "logs/attempt-1.log", "logs/attempt-2.log"} <= keys
+    assert any(k.startswith("final_model/") and k.endswith(".safetensors") for k in keys)
+    with fleet.store.open(f"{prefix}/metrics.jsonl") as handle:
+        logged = {int(line.split(b'"step": ')[1].split(b",")[0]) for line in handle if line.strip()}
+    assert set(range(1, steps + 1)) <= logged
+
+
+def test_the_store_down_for_30_s_mid_run_loses_nothing(queue, fleet, slow_run, s3_server):
+    steps = 40
+    worker = fleet(queue, "a")
+    run = slow_run(steps, **{"trainer.save_freq": 5})
+    prefix = f"runs/{run.pk}-{run.uid.hex}"
+    wait_for(lambda: fleet.store.stored_checkpoints(f"{prefix}/checkpoints"), RUN_TIMEOUT, "a stored checkpoint", (worker,))
+    s3_server.stop()
+    try:
+        stopped_at = latest_step(run.pk)
+        time.sleep(30)
+        trained_meanwhile = latest_step(run.pk) - stopped_at
+        status_meanwhile = Run.objects.get(pk=run.pk).status
+    finally:
+        s3_server.start()
+    run = finished(run, worker)
+
+    assert trained_meanwhile > 0, "training waited for the store"
+    assert status_meanwhile == Run.Status.RUNNING  # never succeeded before its final model is stored
+    assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
+    assert run.steps == steps and lost_and_doubled(run.pk, steps) == (0, 0)
+    stored = [step for step, _ in fleet.store.stored_checkpoints(f"{prefix}/checkpoints")]
+    assert stored == list(range(5, steps + 1, 5))
+    assert fleet.store.exists(f"{prefix}/final_model/{STORED_MARKER}")
+    log = messages(run)
+    assert len([m for m in log if "artifact store unreachable" in m]) == 1, log
+    assert any("artifact store reachable again" in m for m in log), log

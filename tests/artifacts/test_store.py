@@ -1,0 +1,148 @@
+"""The artifact store over a real S3 client (s3fs) against an S3-compatible server on loopback
+(moto's server mode standing in for S3/MinIO), and over a local folder: put, get, list, delete,
+presign, whole checkpoints, and the background uploader's retries while the store is down."""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from training.artifacts import (
+    STORED_MARKER, ArtifactStore, ArtifactStoreError, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints,
+)
+
+
+@pytest.fixture(params=["s3", "folder"])
+def store(request, tmp_path):
+    if request.param == "s3":
+        return ArtifactStore(request.getfixturevalue("s3_url"))
+    return ArtifactStore(str(tmp_path / "store"))
+
+
+def write_checkpoint(folder: Path, weights: bytes = b"weights") -> Path:
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(weights)
+    (folder / "sub" / "trainer_state.json").write_text('{"global_step": 1}')
+    return folder
+
+
+def test_put_get_list_delete_round_trip(store, tmp_path):
+    source = tmp_path / "a.txt"
+    source.write_bytes(b"hello store")
+    store.put_file(source, "runs/1-x/config.yaml")
+    store.put_bytes(b"rows", "runs/1-x/metrics.jsonl")
+    assert store.list("runs/1-x") == ["config.yaml", "metrics.jsonl"]
+    assert store.children("runs") == ["1-x"]
+    assert store.exists("runs/1-x/config.yaml") and not store.exists("runs/1-x/missing")
+    assert store.size("runs/1-x/config.yaml") == len(b"hello store")
+    store.get_file("runs/1-x/config.yaml", tmp_path / "back" / "config.yaml")
+    assert (tmp_path / "back" / "config.yaml").read_bytes() == b"hello store"
+    with store.open("runs/1-x/metrics.jsonl") as handle:
+        assert handle.read() == b"rows"
+    assert store.delete("runs/1-x") == 2
+    assert store.list("runs/1-x") == [] and store.list() == []
+
+
+def test_keys_never_leave_the_root(store):
+    for key in ("../escape", "runs/../../escape", "/etc/passwd", ""):
+        with pytest.raises(ValueError):
+            store.path(key)
+
+
+def test_a_checkpoint_is_whole_only_with_its_marker_and_the_newest_is_fetched(store, tmp_path):
+    scratch = tmp_path / "scratch"
+    store.put_dir(write_checkpoint(scratch / "checkpoint-1", b"one"), "runs/r/checkpoints/checkpoint-1")
+    store.put_dir(write_checkpoint(scratch / "checkpoint-2", b"two"), "runs/r/checkpoints/checkpoint-2")
+    # A third whose upload was cut before its marker: not a checkpoint to resume from.
+    store.put_dir(write_checkpoint(scratch / "checkpoint-3", b"three"), "runs/r/checkpoints/checkpoint-3", marker=False)
+    assert store.stored_checkpoints("runs/r/checkpoints") == [(1, "checkpoint-1"), (2, "checkpoint-2")]
+    fetched = store.fetch_latest_checkpoint("runs/r/checkpoints", tmp_path / "other-worker" / "checkpoints")
+    assert fetched == tmp_path / "other-worker" / "checkpoints" / "checkpoint-2"
+    assert (fetched / "model.safetensors").read_bytes() == b"two"
+    assert (fetched / "sub" / "trainer_state.json").is_file()
+    assert store.fetch_latest_checkpoint("runs/none/checkpoints", tmp_path / "x") is None
+
+
+def test_prune_keeps_the_newest(store, tmp_path):
+    for step in (1, 2, 3, 4):
+        store.put_dir(write_checkpoint(tmp_path / f"checkpoint-{step}"), f"p/checkpoint-{step}")
+    assert prune_checkpoints(store, "p", 2) == ["checkpoint-1", "checkpoint-2"]
+    assert store.stored_checkpoints("p") == [(3, "checkpoint-3"), (4, "checkpoint-4")]
+    assert not any(key.startswith("checkpoint-1") for key in store.list("p"))
+
+
+def test_presigned_urls_fetch_without_credentials(s3_url, tmp_path, monkeypatch):
+    store = ArtifactStore(s3_url)
+    store.put_bytes(b"final weights", "runs/5-y/final_model/model.safetensors")
+    url = store.presign("runs/5-y/final_model/model.safetensors", expires=60)
+    assert url and "Signature" in url
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    with urllib.request.urlopen(url, timeout=10) as response:  # a plain HTTP GET: no AWS client, no keys
+        assert response.read() == b"final weights"
+    assert ArtifactStore(str(tmp_path / "local")).presign("anything") is None
+
+
+def test_checkpoint_step_names():
+    assert checkpoint_step("checkpoint-12") == 12 and checkpoint_step("global_step_3") == 3
+    assert checkpoint_step("checkpoint-") is None and checkpoint_step("final_model") is None
+
+
+def test_uploader_stores_checkpoints_and_run_files_once_and_waits_for_the_final_model(store, tmp_path):
+    scratch = tmp_path / "scratch"
+    (scratch / "checkpoints").mkdir(parents=True)
+    (scratch / "metrics.jsonl").write_text('{"step": 1}\n')
+    (scratch / "process.log").write_text("training\n")
+    uploader = RunUploader(store, "runs/9-z", scratch, log_name="attempt-1.log", keep_last=2)
+    for step in (1, 2, 3):
+        uploader.checkpoint_saved(write_checkpoint(scratch / "checkpoints" / f"checkpoint-{step}", bytes([step])))
+    uploader.checkpoint_saved(scratch / "checkpoints" / "checkpoint-3")  # told twice: stored once
+    final = write_checkpoint(scratch / "final_model", b"final")
+    uploader.finish(final, timeout=60)
+    assert store.stored_checkpoints("runs/9-z/checkpoints") == [(2, "checkpoint-2"), (3, "checkpoint-3")]
+    keys = store.list("runs/9-z")
+    assert {"metrics.jsonl", "logs/attempt-1.log", f"final_model/{STORED_MARKER}", "final_model/model.safetensors"} <= set(keys)
+    fresh = tmp_path / "another-scratch"
+    fresh.mkdir()
+    assert fetch_run_files(store, "runs/9-z", fresh) == ["metrics.jsonl"]
+    assert (fresh / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+class Collected(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_uploader_retries_through_an_outage_and_logs_it_once(s3_server, s3_env, tmp_path):
+    store = ArtifactStore(f"s3://{s3_server.new_bucket()}/p")
+    scratch = tmp_path / "scratch"
+    uploader = RunUploader(store, "runs/1-a", scratch, retry_max_seconds=1)
+    collected = Collected()
+    logging.getLogger("training").addHandler(collected)
+    s3_server.stop()
+    try:
+        for step in (1, 2, 3):
+            uploader.checkpoint_saved(write_checkpoint(scratch / "checkpoints" / f"checkpoint-{step}"))
+        deadline = time.monotonic() + 60
+        while not any("unreachable" in m for m in collected.messages) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with pytest.raises(ArtifactStoreError, match="did not take"):
+            uploader.finish(None, timeout=2)
+    finally:
+        s3_server.start()
+    try:
+        uploader.finish(write_checkpoint(scratch / "final_model"), timeout=120)
+    finally:
+        logging.getLogger("training").removeHandler(collected)
+    assert [step for step, _ in store.stored_checkpoints("runs/1-a/checkpoints")] == [1, 2, 3]
+    assert store.exists(f"runs/1-a/final_model/{STORED_MARKER}")
+    assert len([m for m in collected.messages if "unreachable" in m]) == 1, collected.messages
+    assert any("reachable again" in m for m in collected.messages), collected.messages

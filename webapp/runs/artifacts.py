@@ -1,0 +1,305 @@
+"""Where the platform keeps run files and uploads: the artifact store named by ``ARTIFACTS_URL``.
+
+Without it (one machine) each run's files stay in the folder it trained in, under ``RUNS_DIR``, and
+that folder is the run's place in a local store rooted at ``RUNS_DIR``. With it (a fleet) workers
+train in a scratch folder under their own ``RUNS_DIR`` and copy the run's files to
+``<ARTIFACTS_URL>/runs/<id>-<uid>/`` (``training.artifacts.RunUploader``), uploads go to
+``<ARTIFACTS_URL>/uploads/`` (``ArtifactStorage``, Django's default storage then), and every
+machine reads them from there.
+
+Objects are only ever written under the prefix of a run row that exists, or under ``uploads/``
+before the row that names them is saved; a crash between the two, or between a run's deletion and
+the removal of its objects, leaves objects no row names, which ``manage.py artifacts orphans``
+finds (and removes with ``--delete``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from datetime import datetime, timedelta, timezone as dt_timezone
+from pathlib import Path
+from typing import IO, Iterable
+
+from django.conf import settings
+from django.core.files.base import File
+from django.core.files.storage import Storage
+from django.db import transaction
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
+from django.utils.deconstruct import deconstructible
+
+from training.artifacts import (
+    STORED_MARKER, ArtifactStore, ArtifactStoreError, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints,
+)
+
+logger = logging.getLogger("training")
+
+RUNS_PREFIX = "runs"
+UPLOADS_PREFIX = "uploads"
+# A run folder's name: <id>-<uid as 32 hex digits>.
+RUN_FOLDER = re.compile(r"^(\d+)-([0-9a-f]{32})$")
+
+_stores: dict[str, ArtifactStore] = {}
+
+
+def shared() -> bool:
+    """True when run files are copied to a store every machine reads (ARTIFACTS_URL is set)."""
+    return bool(settings.ARTIFACTS_URL)
+
+
+def store() -> ArtifactStore:
+    """The store run files are kept in: ARTIFACTS_URL's, else a local one over RUNS_DIR."""
+    url = settings.ARTIFACTS_URL or str(Path(settings.RUNS_DIR).resolve())
+    if url not in _stores:
+        _stores[url] = ArtifactStore(url)
+    return _stores[url]
+
+
+def runs_root() -> str:
+    """The key under which run folders lie ('' for the local store, whose root is RUNS_DIR)."""
+    return RUNS_PREFIX if shared() else ""
+
+
+def scratch_folder(run) -> Path:
+    """Where this machine trains ``run``: its own folder under RUNS_DIR (a run's recorded folder was
+    another worker's scratch when the store is shared)."""
+    if shared():
+        return Path(settings.RUNS_DIR) / f"{run.pk}-{run.uid.hex}"
+    return run.folder()
+
+
+def run_prefix(run) -> str | None:
+    """The key of ``run``'s folder in the store, or None when its files are nowhere the store reaches
+    (a local run recorded with a folder outside RUNS_DIR)."""
+    if shared():
+        return f"{RUNS_PREFIX}/{run.pk}-{run.uid.hex}"
+    if not run.run_path:
+        return None
+    folder = Path(run.run_path).resolve()
+    root = Path(settings.RUNS_DIR).resolve()
+    if not folder.is_relative_to(root) or folder == root:
+        return None
+    return folder.relative_to(root).as_posix()
+
+
+def run_checkpoints(run) -> list[tuple[int, str]]:
+    """(step, key) of every checkpoint of ``run`` in the store, oldest first. In a shared store only
+    complete ones (marked stored); locally, every checkpoint folder."""
+    prefix = run_prefix(run)
+    if prefix is None:
+        return []
+    if shared():
+        return [(step, f"{prefix}/checkpoints/{name}") for step, name in store().stored_checkpoints(f"{prefix}/checkpoints")]
+    folder = Path(store().path(prefix)) / "checkpoints"
+    found = [(checkpoint_step(p.name), f"{prefix}/checkpoints/{p.name}") for p in folder.iterdir()
+             if p.is_dir() and not p.is_symlink() and checkpoint_step(p.name) is not None] if folder.is_dir() else []
+    return sorted(found)
+
+
+def final_model_key(run) -> str | None:
+    """The key of ``run``'s final model folder when the store has it (whole), else None."""
+    prefix = run_prefix(run)
+    if prefix is None:
+        return None
+    key = f"{prefix}/final_model"
+    if shared():
+        return key if store().exists(f"{key}/{STORED_MARKER}") else None
+    folder = Path(store().path(key))
+    return key if folder.is_dir() and not folder.is_symlink() else None
+
+
+# -- retention --------------------------------------------------------------------------------
+
+def keep_checkpoints(run) -> int | None:
+    """How many checkpoints ``run`` keeps: its project's ``keep_checkpoints``, else the setting (None: all)."""
+    project = getattr(run, "project", None)
+    value = getattr(project, "keep_checkpoints", None) if project is not None else None
+    return value or settings.ARTIFACTS_KEEP_CHECKPOINTS or None
+
+
+def apply_retention(run) -> list[str]:
+    """Remove all but the newest ``keep_checkpoints(run)`` checkpoints of ``run`` from the store (the
+    final model is never one of them). Returns the keys removed."""
+    keep = keep_checkpoints(run)
+    if not keep:
+        return []
+    prefix = run_prefix(run)
+    if prefix is None:
+        return []
+    if shared():
+        return [f"{prefix}/checkpoints/{name}" for name in prune_checkpoints(store(), f"{prefix}/checkpoints", keep)]
+    removed = []
+    for _, key in run_checkpoints(run)[:-keep]:
+        store().delete(key)
+        removed.append(key)
+    return removed
+
+
+# -- deletion and orphans ---------------------------------------------------------------------
+
+def delete_run_objects(run) -> int:
+    """Remove every object of ``run`` from the store. Returns how many."""
+    prefix = run_prefix(run)
+    return store().delete(prefix) if prefix else 0
+
+
+@receiver(post_delete, sender="runs.Run")
+def _run_deleted(sender, instance, **kwargs) -> None:
+    # After the commit: a rolled-back delete keeps its files. A crash in between leaves an orphan
+    # the orphans command finds.
+    prefix = run_prefix(instance)
+    if prefix:
+        transaction.on_commit(lambda: store().delete(prefix))
+
+
+def orphans(older_than: timedelta = timedelta(hours=1)) -> list[str]:
+    """Keys of run folders whose run row is gone and of uploads no row names, last written more than
+    ``older_than`` ago (younger ones may belong to a row being written right now)."""
+    from webapp.runs.models import Run
+
+    found = []
+    known = {f"{pk}-{uid.hex}" for pk, uid in Run.objects.values_list("pk", "uid")}
+    recorded = {Path(p).name for p in Run.objects.exclude(run_path="").values_list("run_path", flat=True)}
+    root = runs_root()
+    for name in store().children(root):
+        key = f"{root}/{name}" if root else name
+        if RUN_FOLDER.match(name) and name not in known and name not in recorded and _older(key, older_than):
+            found.append(key)
+    if shared():
+        named = set(_stored_file_names())
+        for key in store().list(UPLOADS_PREFIX):
+            if key not in named and _older(f"{UPLOADS_PREFIX}/{key}", older_than):
+                found.append(f"{UPLOADS_PREFIX}/{key}")
+    return found
+
+
+def _stored_file_names() -> Iterable[str]:
+    """The storage names of every file a model's FileField holds (uploads the platform knows)."""
+    from django.apps import apps
+    from django.db.models import FileField
+
+    for model in apps.get_models():
+        for field in model._meta.get_fields():
+            if isinstance(field, FileField):
+                yield from (n for n in model.objects.exclude(**{field.name: ""}).values_list(field.name, flat=True) if n)
+
+
+def _older(key: str, age: timedelta) -> bool:
+    if age <= timedelta(0):
+        return True
+    fs = store().fs
+    newest = None
+    for sub in store().list(key) or [""]:
+        path = store().path(f"{key}/{sub}" if sub else key)
+        try:
+            modified = fs.modified(path)
+        except (OSError, NotImplementedError):
+            continue
+        if modified.tzinfo is None:
+            modified = modified.replace(tzinfo=dt_timezone.utc)
+        newest = modified if newest is None or modified > newest else newest
+    return newest is None or newest < datetime.now(dt_timezone.utc) - age
+
+
+# -- uploads ----------------------------------------------------------------------------------
+
+def store_upload(project_id: int | None, filename: str, content: IO[bytes]) -> str:
+    """Store an uploaded file under its project (``datasets/<project>/<random>-<name>``) in the
+    default storage (the artifact store when ARTIFACTS_URL is set). Returns its storage name, for
+    a FileField."""
+    from django.core.files.storage import default_storage
+
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", Path(filename).name)[-100:] or "upload"
+    return default_storage.save(f"datasets/{project_id or 'none'}/{uuid.uuid4().hex[:12]}-{safe}", File(content))
+
+
+@deconstructible
+class ArtifactStorage(Storage):
+    """Django's file storage on the artifact store, under ``uploads/`` (the default storage when
+    ARTIFACTS_URL is set): a dataset uploaded on the web host is readable by every worker."""
+
+    def _key(self, name: str) -> str:
+        return f"{UPLOADS_PREFIX}/{name}"
+
+    def _open(self, name: str, mode: str = "rb") -> File:
+        if "w" in mode or "a" in mode:
+            raise ValueError("Artifact store files are written whole through save().")
+        return File(store().open(self._key(name)), name=name)
+
+    def _save(self, name: str, content: File) -> str:
+        content.seek(0) if hasattr(content, "seek") else None
+        with store().fs.open(store().path(self._key(name)), "wb") as target:
+            for chunk in content.chunks():
+                target.write(chunk)
+        return name
+
+    def exists(self, name: str) -> bool:
+        return store().exists(self._key(name))
+
+    def delete(self, name: str) -> None:
+        store().delete(self._key(name))
+
+    def size(self, name: str) -> int:
+        return store().size(self._key(name))
+
+    def url(self, name: str) -> str:
+        return store().presign(self._key(name), settings.ARTIFACTS_PRESIGN_SECONDS) or ""
+
+    def listdir(self, path: str):
+        prefix = self._key(path.strip("/")) if path.strip("/") else UPLOADS_PREFIX
+        keys = store().list(prefix)
+        folders = sorted({k.split("/", 1)[0] for k in keys if "/" in k})
+        return folders, sorted(k for k in keys if "/" not in k)
+
+
+# -- a training attempt's files ---------------------------------------------------------------
+
+def start_uploads(run, scratch: Path) -> RunUploader | None:
+    """Before an attempt trains in ``scratch``: with a shared store, fetch what earlier attempts
+    stored (the run files, the newest whole checkpoint, which the backend then resumes from) and
+    return the uploader that copies this attempt's files as they are written. None without one."""
+    if not shared():
+        return None
+    prefix = run_prefix(run)
+    scratch.mkdir(parents=True, exist_ok=True)
+    fetched = _retrying(lambda: fetch_run_files(store(), prefix, scratch), "fetch the run's files")
+    checkpoint = _retrying(lambda: store().fetch_latest_checkpoint(f"{prefix}/checkpoints", scratch / "checkpoints"),
+                           "fetch the run's latest checkpoint")
+    if fetched or checkpoint:
+        logger.info("Run %s: fetched %s from the artifact store", run.pk,
+                    ", ".join([*fetched, *([f"checkpoints/{checkpoint.name}"] if checkpoint else [])]))
+    return RunUploader(store(), prefix, scratch, log_name=f"attempt-{run.attempts}.log",
+                       max_pending=settings.ARTIFACTS_MAX_PENDING, retry_max_seconds=settings.ARTIFACTS_RETRY_MAX_SECONDS,
+                       keep_last=keep_checkpoints(run))
+
+
+def finish_uploads(uploader: RunUploader | None, run, scratch: Path, final_model: str | Path | None,
+                   timeout: float) -> None:
+    """After an attempt: store the checkpoints a backend did not announce, the final model (when it
+    is a folder in ``scratch``) and the run files, waiting up to ``timeout`` seconds. Raises
+    ArtifactStoreError when the store did not take them. Without a shared store: the project's
+    retention, applied to the run's own folder."""
+    if uploader is None:
+        apply_retention(run)
+        return
+    uploader.sweep_checkpoints(scratch / "checkpoints")
+    final = Path(final_model) if final_model else None
+    if final is not None and not (final.is_dir() and final.resolve().is_relative_to(scratch.resolve())):
+        final = None  # a remote backend's model id, not files here
+    uploader.finish(final, timeout)
+
+
+def _retrying(action, what: str, tries: int = 5):
+    delay = 1.0
+    for attempt in range(tries):
+        try:
+            return action()
+        except ArtifactStoreError as exc:
+            if attempt == tries - 1:
+                raise ArtifactStoreError(f"could not {what} from the artifact store: {exc}") from exc
+            logger.warning("Cannot %s yet (%s); retrying in %.0f s.", what, exc, delay)
+            time.sleep(delay)
+            delay *= 2
