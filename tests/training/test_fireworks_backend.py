@@ -8,6 +8,12 @@ DeploymentSampler and FiretitanTrainingClient, and all of our code, are real.
 """
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,6 +100,43 @@ def test_cancel_stops_after_the_step_and_tears_everything_down(platform, tmp_pat
     result = trainer(platform, tmp_path, 20, sink, should_stop=lambda: len(sink.metrics) >= 1).train()
     assert result.stopped and result.steps == 1
     assert platform.running() == [] and len(platform.deleted) == 2
+
+
+KILLED_ATTEMPT = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from task_rewards import PROMPTS, starts_a_to_m
+from training import AgentTrainer
+AgentTrainer(train_dataset=PROMPTS, reward_func=starts_a_to_m, backend="fireworks", run_path={run!r}, config={config!r}).train()
+"""
+
+
+def test_what_a_killed_attempt_left_running_is_deleted_by_the_next(platform, tmp_path):
+    """A training process killed mid-run (SIGKILL, as when a worker is lost) cannot delete its job
+    and deployment; the run's next attempt in the same folder deletes them before provisioning."""
+    root = Path(__file__).resolve().parents[2]
+    config = {"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2, "data.train_batch_size": 2,
+              "data.max_response_length": 2, "trainer.total_training_steps": 1000, "trainer.logger": [],
+              "remote.base_url": platform.url, "remote.poll_interval_s": 0.05}
+    code = KILLED_ATTEMPT.format(root=str(root), tests=str(root / "tests" / "training"), run=str(tmp_path), config=config)
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=root)  # FIREWORKS_API_KEY comes from the fixture
+    try:
+        deadline = time.monotonic() + 300
+        while not platform.hotloads and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the deployment serves the first weights: both resources exist
+        assert platform.hotloads, f"the first attempt never got going (exit code {child.poll()})"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    left = platform.running()
+    assert len(left) == 2  # a job and a deployment, billing with nobody to delete them
+    assert len(json.loads((tmp_path / "fireworks_resources.json").read_text())) == 2
+
+    result = trainer(platform, tmp_path, 1).train()
+    assert result.steps == 1
+    assert set(left) <= set(platform.deleted)
+    assert platform.running() == []
+    assert json.loads((tmp_path / "fireworks_resources.json").read_text()) == []
 
 
 def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):

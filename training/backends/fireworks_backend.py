@@ -6,7 +6,10 @@ The training step is the tinker backend's (``training.backends.remote``); what d
   (``TrainerJobManager``) and a hot-load rollout deployment attached to it (``DeploymentManager``).
   Their ids are reported as soon as they exist (the run page shows them), and ``close`` deletes
   both at the end, on failure and on cancel, then checks that they are gone and logs an error
-  naming any that is not.
+  naming any that is not. A process killed before its teardown (a lost worker) cannot delete
+  anything, so each resource is also written to ``<run>/fireworks_resources.json`` when created
+  and struck off once seen deleted; the run's next attempt (the platform's retry, or a re-run in
+  the same folder) deletes what is listed there before it provisions its own.
 - **Sampling** goes through the deployment (``DeploymentSampler``, token ids in, ids and sampling
   log-probabilities out), not a Tinker sampling client.
 - **Publishing weights** is ``WeightSyncer.save_and_hotload``: sampler weights are saved on the
@@ -18,8 +21,10 @@ The training step is the tinker backend's (``training.backends.remote``); what d
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
+from pathlib import Path
 from typing import Any
 
 from training.backends.remote import (
@@ -33,12 +38,40 @@ from training.backends.remote import (
 from training.log import logger
 
 DEFAULT_BASE_URL = "https://api.fireworks.ai"
+LEDGER_FILE = "fireworks_resources.json"
+
+
+class ResourceLedger:
+    """The paid resources of a run not yet seen deleted (``[{"kind": "job"|"deployment", "id": ...}]``),
+    kept in the run's folder so that they outlive the process that created them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def entries(self) -> list[dict[str, str]]:
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return []
+
+    def add(self, kind: str, resource_id: str) -> None:
+        self._write([*self.entries(), {"kind": kind, "id": resource_id}])
+
+    def remove(self, kind: str, resource_id: str) -> None:
+        self._write([e for e in self.entries() if (e["kind"], e["id"]) != (kind, resource_id)])
+
+    def _write(self, entries: list[dict[str, str]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(entries))
+        temporary.replace(self.path)  # never half-written, even if the process dies here
 
 
 class FireworksSession(ServiceSession):
     service = "fireworks"
 
-    def __init__(self, config: Any, resume: CheckpointRecord | None, api_key: str, run_name: str, on_ids=None) -> None:
+    def __init__(self, config: Any, resume: CheckpointRecord | None, api_key: str, run_name: str, on_ids=None,
+                 ledger: ResourceLedger | None = None) -> None:
         super().__init__()
         from fireworks.training import sdk
 
@@ -52,6 +85,8 @@ class FireworksSession(ServiceSession):
         self.service_client: Any = None
         self.trainer_mgr = sdk.TrainerJobManager(api_key=api_key, base_url=self.base_url)
         self.deploy_mgr = sdk.DeploymentManager(api_key=api_key, base_url=self.base_url)
+        self.ledger = ledger
+        self._delete_leftovers()
         try:
             self._provision(model, remote, run_name)
             self.service_client = sdk.FiretitanServiceClient(base_url=self.endpoint.base_url, api_key=api_key)
@@ -83,12 +118,14 @@ class FireworksSession(ServiceSession):
             auto_select_training_shape=remote.training_shape is None,
         )))
         self.job_id = job.job_id
+        self._record("job", job.job_id)
         self._report("fireworks_trainer_job", job.job_id)
         self.endpoint = remote_call("fireworks", f"waiting for trainer job {job.job_id}", lambda: self.trainer_mgr.wait_for_ready(
             job.job_id, job_name=job.job_name, poll_interval_s=remote.poll_interval_s, timeout_s=remote.ready_timeout_s,
         ))
         deployment_id = f"agent-trainer-{uuid.uuid4().hex[:12]}"
         self.deployment_id = deployment_id
+        self._record("deployment", deployment_id)
         self._report("fireworks_deployment", deployment_id)
         options = {"accelerator_type": remote.accelerator_type} if remote.accelerator_type else {}
         remote_call("fireworks", f"creating deployment {deployment_id}", lambda: self.deploy_mgr.create_or_get(sdk.DeploymentConfig(
@@ -99,6 +136,36 @@ class FireworksSession(ServiceSession):
             deployment_id, timeout_s=remote.ready_timeout_s, poll_interval_s=remote.poll_interval_s,
         ))
         self.inference_model = info.inference_model
+
+    def _record(self, kind: str, resource_id: str) -> None:
+        if self.ledger is not None:
+            self.ledger.add(kind, resource_id)
+
+    def _delete_leftovers(self) -> None:
+        """Delete what an earlier attempt of this run created and never saw deleted (it was killed)."""
+        if self.ledger is None:
+            return
+        leftovers = self.ledger.entries()
+        if not leftovers:
+            return
+        logger.warning("an earlier attempt of this run left fireworks resources behind; deleting them: %s",
+                       ", ".join(f"{e['kind']} {e['id']}" for e in leftovers))
+        left = [f"{e['kind']} {e['id']}" for e in leftovers if not self._teardown(e["kind"], e["id"])]
+        if left:
+            logger.error("fireworks resources of an earlier attempt may still be running and billing: %s; delete them in "
+                         "the Fireworks console.", ", ".join(left))
+
+    def _teardown(self, kind: str, resource_id: str) -> bool:
+        """Delete one resource (the SDK's delete is best-effort), then check; True when it is gone."""
+        if kind == "deployment":
+            self.deploy_mgr.delete(resource_id)
+            gone = not _still_there(lambda: self.deploy_mgr.get(resource_id))
+        else:
+            self.trainer_mgr.delete(resource_id)
+            gone = not _still_there(lambda: self.trainer_mgr.try_get(resource_id))
+        if gone and self.ledger is not None:
+            self.ledger.remove(kind, resource_id)
+        return gone
 
     def _report(self, key: str, value: str) -> None:
         self.remote_ids[key] = value
@@ -141,14 +208,10 @@ class FireworksSession(ServiceSession):
             except Exception as exc:
                 logger.warning("closing the fireworks training client failed: %s", exc)
         left = []
-        if self.deployment_id:
-            self.deploy_mgr.delete(self.deployment_id)
-            if _still_there(lambda: self.deploy_mgr.get(self.deployment_id)):
-                left.append(f"deployment {self.deployment_id}")
-        if self.job_id:
-            self.trainer_mgr.delete(self.job_id)
-            if _still_there(lambda: self.trainer_mgr.try_get(self.job_id)):
-                left.append(f"trainer job {self.job_id}")
+        if self.deployment_id and not self._teardown("deployment", self.deployment_id):
+            left.append(f"deployment {self.deployment_id}")
+        if self.job_id and not self._teardown("job", self.job_id):
+            left.append(f"trainer job {self.job_id}")
         if left:
             logger.error("fireworks resources may still be running and billing: %s; delete them in the Fireworks console.", ", ".join(left))
         else:
@@ -175,5 +238,5 @@ class FireworksProcessor(RemoteProcessor):
     def open_session(self, resume: CheckpointRecord | None) -> FireworksSession:
         return FireworksSession(
             self.config, resume, os.environ[self.api_key_env], run_name=f"agent-trainer {self.config.trainer.experiment_name}",
-            on_ids=self.remote_ids_callback,
+            on_ids=self.remote_ids_callback, ledger=ResourceLedger(self.path / LEDGER_FILE),
         )
