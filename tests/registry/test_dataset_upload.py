@@ -232,3 +232,21 @@ def test_members_delete_entries_no_run_uses(page_client, owner, teammate, viewer
     assert not Dataset.objects.filter(pk=dataset.pk).exists()
     shared = Dataset.objects.create(name="shared", identifier="copy")  # no project: the administrators' own
     assert page_client(owner).post(reverse("registry:entry_delete", args=["datasets", shared.pk])).status_code == 404
+
+
+def test_a_storage_without_local_paths_gives_workers_a_fetched_copy(page_client, owner, project, settings, tmp_path):
+    """Like an object store, Django's in-memory storage keeps files by name, none of them on this disk."""
+    from django.core.files.storage import default_storage
+
+    settings.STORAGES = {**settings.STORAGES, "default": {"BACKEND": "django.core.files.storage.InMemoryStorage"}}
+    settings.VAR_DIR = tmp_path / "var"
+    upload_and_map(page_client(owner), project)
+    dataset = Dataset.objects.get(name="sums")
+    assert not Path(dataset.file.path).exists()  # a name the storage makes up, no file there
+    kwargs = dataset.trainer_kwargs()
+    copies = tmp_path / "var" / "stored-files"
+    assert Path(kwargs["train_dataset"]) == copies / dataset.file.name
+    assert Path(kwargs["val_dataset"]) == copies / dataset.test_file.name
+    with default_storage.open(dataset.file.name, "rb") as stored:
+        content = stored.read()
+    assert Path(kwargs["train_dataset"]).read_bytes() == content and len(content.splitlines()) == 15

@@ -6,6 +6,7 @@ arguments (``webapp.runs.trainer_args``).
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -216,20 +217,23 @@ def _delete_dataset_files(sender, instance: Dataset, **kwargs: Any) -> None:
 
 
 def local_path(stored) -> str:
-    """A path on this machine for a stored file: the storage's own, or (an object store) a copy
-    fetched once into ``VAR_DIR/stored-files``, where the training process reads it."""
+    """A path on this machine for a stored file: the storage's own where the file is there, else
+    (an object store) a copy fetched once into ``VAR_DIR/stored-files``, where the training process reads it."""
     try:
-        return stored.path
+        own = stored.path
     except NotImplementedError:  # a storage without local files
-        copy = Path(settings.VAR_DIR) / "stored-files" / stored.name
-        if not copy.exists():
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            partial = copy.with_name(copy.name + ".partial")
-            with stored.open("rb") as source, open(partial, "wb") as target:
-                for chunk in iter(lambda: source.read(1 << 20), b""):
-                    target.write(chunk)
-            partial.replace(copy)
-        return str(copy)
+        own = None
+    if own is not None and Path(own).is_file():
+        return own
+    copy = Path(settings.VAR_DIR) / "stored-files" / stored.name
+    if not copy.exists():  # names are never reused (a random folder each), so a copy is never stale
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        partial = copy.with_name(f"{copy.name}.{os.getpid()}.partial")
+        with stored.open("rb") as source, open(partial, "wb") as target:
+            for chunk in iter(lambda: source.read(1 << 20), b""):
+                target.write(chunk)
+        partial.replace(copy)
+    return str(copy)
 
 
 def path_under_model_roots(value: str, what: str) -> str:
