@@ -116,10 +116,13 @@ def test_a_reward_object_the_child_cannot_import_is_refused(tmp_path):
 def test_a_stopped_run_resumes_from_its_checkpoint_and_continues_counting(tmp_path, sink):
     """Stopped mid-way (the platform's cancel or a lost worker), then run again in the same run
     directory: ms-swift's resume_from_checkpoint picks up the checkpoint saved at the stop."""
+    saved = []
+    sink.log_checkpoint = lambda step, path: saved.append((step, Path(path)))  # as the artifact store's sink takes them
     first = AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
                          config=config(12), sinks=[sink], should_stop=lambda: len(sink.metrics) >= 2).train()
     assert first.stopped and 2 <= first.steps < 12
     assert Path(first.checkpoint).name == f"checkpoint-{first.steps}"
+    assert saved == [(first.steps, Path(first.checkpoint))]
     stopped_at = first.steps
 
     resumed_sink = type(sink)()

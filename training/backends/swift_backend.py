@@ -200,6 +200,8 @@ class SwiftProcessor(BuiltinProcessor):
                 self._last_step, self._last_metrics = event["step"], metrics
                 self.sinks.log_metrics(event["step"], metrics)
                 self.sinks.log_episodes(event["step"], event.get("samples", []))
+            elif event["event"] == "checkpoint":
+                self.sinks.log_checkpoint(event["step"], Path(event["path"]))
 
     def write_job(self) -> Path:
         cfg = self.config

@@ -16,7 +16,8 @@ turn's. The episode ends when the environment says done or at ``max_turns``; its
 sum of the environment's step rewards, which our ORM returns for that completion.
 
 It talks to its parent (``SwiftProcessor``) on stdout, one line per event:
-``@agent-trainer {"event": "metrics", "step": N, "metrics": {...}}`` and ``{"event": "done", ...}``;
+``@agent-trainer {"event": "metrics", "step": N, "metrics": {...}}``, ``{"event": "checkpoint", "step": N,
+"path": ...}`` and ``{"event": "done", ...}``;
 a file named in the job (``stop_file``) asks it to stop after the current step.
 """
 
@@ -69,6 +70,11 @@ def register(job: dict[str, Any]) -> None:
                 numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and math.isfinite(v)}
                 emit("metrics", step=state.global_step, metrics=numbers, samples=list(samples))
                 samples.clear()
+
+        def on_save(self, args, state, control, **kwargs):
+            saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if saved.is_dir():  # whole on disk: sinks that keep files (an artifact store) take it
+                emit("checkpoint", step=state.global_step, path=str(saved))
 
         def on_step_end(self, args, state, control, **kwargs):
             if Path(job["stop_file"]).exists():
