@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 from django.utils import timezone
@@ -78,10 +77,8 @@ def test_who_may_invite(page_client, owner, teammate, team, stranger):
     page_client(teammate).post(url, {"role": "member"})  # members do not manage the team
     assert page_client(stranger).post(url, {"role": "member"}).status_code == 404
     assert not Invitation.objects.exists()
-    from webapp.teams.models import Membership as M
-
     admin = get_user_model().objects.create_user("team-admin", password="x" * 12)
-    M.objects.create(team=team, user=admin, role="admin")
+    Membership.objects.create(team=team, user=admin, role="admin")
     page_client(admin).post(url, {"role": "owner"})  # only owners make owners
     assert not Invitation.objects.exists()
     page_client(admin).post(url, {"role": "member"})
