@@ -5,6 +5,7 @@ Django is imported lazily so that library tests (tests/training) run without it.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -49,9 +50,24 @@ TINY_OVERRIDES = "trainer.total_training_steps=3\ndata.train_batch_size=2\nactor
 
 
 def _user(username: str, **extra):
+    """A persona whose password is ``<username>-password``. The hash is made once per password and
+    hasher setting and then reused: the default hasher's rounds cost a fifth of a second per user
+    (more on a busy machine), and hundreds of tests create personas. The stored hash is a real one of
+    the configured hasher, so logging in through a form (here or in a server process) checks it."""
+    from django.conf import settings
     from django.contrib.auth import get_user_model
 
-    return get_user_model().objects.create_user(username=username, password=f"{username}-password", **extra)
+    user = get_user_model().objects.create_user(username=username, password=None, **extra)
+    user.password = _password_hash(f"{username}-password", tuple(settings.PASSWORD_HASHERS))
+    user.save(update_fields=["password"])
+    return user
+
+
+@functools.cache
+def _password_hash(password: str, hashers: tuple[str, ...]) -> str:
+    from django.contrib.auth.hashers import make_password
+
+    return make_password(password)
 
 
 @pytest.fixture
