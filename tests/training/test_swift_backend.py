@@ -135,3 +135,24 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_continues_counting(tmp_pa
     before = AutoModelForCausalLM.from_pretrained(first.checkpoint).state_dict()
     after = AutoModelForCausalLM.from_pretrained(resumed.checkpoint).state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@needs_swift_env
+def test_a_model_that_ships_code_is_refused_unless_trusted(tmp_path):
+    """ms-swift loads every model with trust_remote_code=True, so the backend looks at the files first."""
+    from training.tiny import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model")
+    settings = {"actor_rollout_ref.model.path": str(model), "data.train_batch_size": 4}
+
+    def build(**extra):
+        return AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path / "run"),
+                            config={**settings, **extra})
+
+    build()  # plain weights and config: accepted
+    (model / "modeling_custom.py").write_text("raise SystemExit('this never runs')\n")
+    with pytest.raises(ValueError, match=r"ships its own code \(modeling_custom.py\).*trust_remote_code=True"):
+        build()
+    build(**{"actor_rollout_ref.model.trust_remote_code": True})  # an administrator's decision
+    with pytest.raises(ValueError, match="not in the local model cache, so its files cannot be checked"):
+        build(**{"actor_rollout_ref.model.path": "someone/not-cached-here"})

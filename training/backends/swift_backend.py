@@ -107,6 +107,7 @@ class SwiftProcessor(BuiltinProcessor):
         if config.algorithm.adv_estimator != "grpo":
             raise ConfigError("algorithm.adv_estimator", "ms-swift computes GRPO advantages itself; leave it at grpo or use the trl or verl backend.")
         refuse_recipe_keys(config, "swift")
+        refuse_model_code(config.actor_rollout_ref.model)
         if self.agent_spec.kind == "agent_env":
             self.agent_reference()
         else:
@@ -259,7 +260,7 @@ class SwiftProcessor(BuiltinProcessor):
         """The model directory or hub id, with ms-swift's model type and template where it cannot guess them."""
         model = self.config.actor_rollout_ref.model
         if model.path != TINY_MODEL:
-            return model.path, {}
+            return model.path, {"use_hf": True}  # hub ids from Hugging Face's hub and cache, as the other backends load them
         from training.tiny import build_char_tokenizer, save_tiny_model
 
         target = save_tiny_model(self.path / "base_model", layers=model.tiny_layers, hidden_size=model.tiny_hidden_size, seed=self.config.trainer.seed)
@@ -268,6 +269,34 @@ class SwiftProcessor(BuiltinProcessor):
         tokenizer.save_pretrained(target)
         # The tiny model is a Qwen2; its template renders the messages' text as our engine does.
         return str(target), {"model_type": "qwen2", "template": PLAIN_TEMPLATE}
+
+
+def refuse_model_code(model: Any) -> None:
+    """ms-swift loads every model with ``trust_remote_code=True`` (it has no setting to turn that
+    off), so a model that ships its own code is refused unless ``trust_remote_code`` allows it: the
+    model's files are looked at here (a local directory, or a hub id's files in the local cache)."""
+    if model.trust_remote_code or model.path == TINY_MODEL:
+        return
+    why = ("the swift backend cannot keep a model's own code from running (ms-swift always loads models with "
+           "trust_remote_code=True), so it trains only models that ship none unless actor_rollout_ref.model."
+           "trust_remote_code allows it (on the platform, an administrator marks the model trusted)")
+    directory = Path(model.path)
+    if not directory.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model.path, "config.json")
+        if not isinstance(cached, str):
+            raise ConfigError("actor_rollout_ref.model.path", f"{model.path} is not a directory and not in the local model "
+                              f"cache, so its files cannot be checked for code; {why}.")
+        directory = Path(cached).parent
+    code = sorted(p.name for p in directory.glob("*.py"))
+    try:
+        auto_map = json.loads((directory / "config.json").read_text()).get("auto_map")
+    except (OSError, ValueError):
+        auto_map = None
+    if code or auto_map:
+        shipped = ", ".join(code) if code else f"config.json auto_map {auto_map}"
+        raise ConfigError("actor_rollout_ref.model.path", f"{model.path} ships its own code ({shipped}); {why}.")
 
 
 def _latest_checkpoint(directory: Path) -> str | None:
