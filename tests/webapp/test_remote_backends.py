@@ -6,6 +6,8 @@ Stand-in: Fireworks' platform (``standins.fireworks_service``, a loopback server
 wire formats); the worker's ``train_run``, the database and the SDK are real.
 """
 
+from pathlib import Path
+
 import pytest
 
 from webapp.runs.models import Run
@@ -135,3 +137,31 @@ def test_a_cancelled_fireworks_run_deletes_its_job_and_deployment_and_shows_thei
     assert sorted(platform.deleted) == sorted([f"job:{run.remote_ids['fireworks_trainer_job']}", f"deployment:{run.remote_ids['fireworks_deployment']}"])
     page = owner_client.get(f"/runs/{run.pk}/").content.decode()
     assert run.remote_ids["fireworks_deployment"] in page and "fireworks_trainer_job" in page
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_multi_turn_swift_run_trains_through_the_worker_in_the_backends_interpreter(make_run, registry, tmp_path, settings):
+    """The seeded swift backend, its python (.venv-swift) honoured by the worker's train_run: a
+    FrozenLake run trains multi-turn through ms-swift and its steps and turns reach the database.
+    Nothing is a stand-in."""
+    from training.backends.swift_backend import DEFAULT_PYTHON, environment_problem
+    from webapp.runs.models import MetricPoint
+    from workers.execute import claim, train_run
+
+    if environment_problem(DEFAULT_PYTHON) is not None:
+        pytest.skip("no .venv-swift here; `make swift-env` builds it (make test does)")
+    settings.RUNS_DIR = tmp_path
+    run = make_run(backend=registry["backends"]["swift"], agent=registry["agents"]["frozenlake"],
+                   dataset=registry["datasets"]["frozenlake"], reward=None, config_overrides={
+                       "trainer.total_training_steps": 2, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
+                       "rllm.agent.max_steps": 4, "rllm.agent.max_tokens_per_turn": 1, "data.max_response_length": 16,
+                   })
+    claim(run.pk, "test-worker")
+    assert train_run(run.pk) == Run.Status.SUCCEEDED
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED and run.steps == 2, run.traceback
+    job = (Path(run.run_path) / "swift" / "job.json").read_text()
+    assert '"max_turns": 4' in job and "FrozenLakeEnv" in job
+    turns = list(MetricPoint.objects.filter(run=run, key="turns").values_list("value", flat=True))
+    assert len(turns) == 2 and all(t > 1 for t in turns), turns
