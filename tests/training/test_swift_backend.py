@@ -156,3 +156,13 @@ def test_a_model_that_ships_code_is_refused_unless_trusted(tmp_path):
     build(**{"actor_rollout_ref.model.trust_remote_code": True})  # an administrator's decision
     with pytest.raises(ValueError, match="not in the local model cache, so its files cannot be checked"):
         build(**{"actor_rollout_ref.model.path": "someone/not-cached-here"})
+
+
+@needs_swift_env
+def test_settings_swift_would_ignore_are_refused(tmp_path):
+    base = {"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4}
+    for key, value, message in [("trainer.test_freq", 2, "does not score a test dataset"),
+                                ("actor_rollout_ref.model.tokenizer_path", "other/tokenizer", "loads the tokenizer from the model's own directory")]:
+        with pytest.raises(ValueError, match=f"{key}: .*{message}"):
+            AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
+                         config={**base, key: value})

@@ -108,6 +108,15 @@ class SwiftProcessor(BuiltinProcessor):
             raise ConfigError("algorithm.adv_estimator", "ms-swift computes GRPO advantages itself; leave it at grpo or use the trl or verl backend.")
         refuse_recipe_keys(config, "swift")
         refuse_model_code(config.actor_rollout_ref.model)
+        model = config.actor_rollout_ref.model
+        if model.tokenizer_path and model.tokenizer_path != model.path:
+            raise ConfigError("actor_rollout_ref.model.tokenizer_path", "ms-swift loads the tokenizer from the model's own "
+                              "directory; leave it unset here, or use the trl or verl backend.")
+        if config.trainer.test_freq > 0:
+            raise ConfigError("trainer.test_freq", "the swift backend does not score a test dataset during training; "
+                              "set it to -1, or use the trl or verl backend.")
+        if self.test_dataset is not None:
+            logger.warning("the swift backend does not score the test dataset (no val/ metrics); it trains on train_dataset only")
         if self.agent_spec.kind == "agent_env":
             self.agent_reference()
         else:
