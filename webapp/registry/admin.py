@@ -27,6 +27,7 @@ class AgentAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "description", "project")}),
         ("Chat agent, written without code (AWorld's agent YAML fields)", {"fields": ("system_prompt", "llm_config", "tools")}),
         ("Agent as code (import paths)", {"fields": ("workflow_class", "workflow_args", "agent_class", "env_class", "agent_args", "env_args")}),
+        ("Defaults of its runs", {"fields": ("default_config",)}),
     )
 
 

@@ -25,6 +25,21 @@ _HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$")
 BUILTIN_MODELS = ("tiny-char",)
 
 
+def check_default_config(value: dict, whose: str) -> None:
+    """An entry's ``default_config``: only keys a run may set itself, with values the config accepts."""
+    from training.config import Config, ConfigError
+    from webapp.runs.trainer_args import refused_override
+
+    for key in value or {}:
+        why = refused_override(key)
+        if why is not None:
+            raise ValidationError({"default_config": f"{key} cannot be {whose} default: {why}."})
+    try:
+        Config.build(dict(value or {}))
+    except ConfigError as exc:
+        raise ValidationError({"default_config": str(exc)}) from exc
+
+
 def _dict_only(value: Any) -> None:
     if not isinstance(value, dict):
         raise ValidationError("Must be a JSON object, e.g. {\"key\": \"value\"}.")
@@ -106,6 +121,11 @@ class Agent(RegistryEntry):
                   "llm_model_name is the model trained unless the run names one.",
     )
     tools = models.ManyToManyField(Tool, blank=True, related_name="agents", help_text="Tools the chat agent may call.")
+    default_config = models.JSONField(
+        default=dict, blank=True, validators=[_dict_only],
+        help_text='Config keys every run of this agent gets under its own overrides (over its model\'s and '
+                  'backend\'s): what its task needs, e.g. {"rllm.agent.max_steps": 7}. The run form shows them as its defaults.',
+    )
 
     @property
     def kind(self) -> str:
@@ -122,6 +142,7 @@ class Agent(RegistryEntry):
         return bool(self.system_prompt or self.llm_config or (self.pk and self.tools.exists()))
 
     def clean(self) -> None:
+        check_default_config(self.default_config, "an agent's")
         if self.workflow_class and (self.agent_class or self.env_class):
             raise ValidationError("Give a workflow class or an agent and environment class, not both.")
         if (self.system_prompt or self.llm_config) and (self.workflow_class or self.agent_class or self.env_class):
@@ -268,12 +289,20 @@ class Model(RegistryEntry):
         help_text="Let this model's own Python code (config.json auto_map) run on the workers. Only for code an "
                   "administrator has read: no run can turn this on.",
     )
+    default_config = models.JSONField(
+        default=dict, blank=True, validators=[_dict_only],
+        help_text='Config keys every run of this model gets under its own overrides (over its backend\'s): the '
+                  'settings it learns with, e.g. {"actor_rollout_ref.actor.optim.lr": 0.001}. The run form shows them '
+                  "as its defaults.",
+    )
 
     def clean(self) -> None:
         try:
             self.trainer_config()
         except ValueError as exc:
             raise ValidationError({"identifier" if "tokenizer" not in str(exc) else "tokenizer": str(exc)}) from exc
+        check_default_config(self.default_config, "a model's")
+
 
     def trainer_config(self) -> dict[str, Any]:
         """The model keys of a run's config (path, tokenizer, trust_remote_code), checked again at use:

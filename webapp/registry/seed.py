@@ -12,13 +12,18 @@ TOOLS = [
 ]
 AGENTS = [
     {"name": "frozenlake", "description": "Multi-turn grid world (examples.frozenlake).",
-     "agent_class": "examples.frozenlake.FrozenLakeAgent", "env_class": "examples.frozenlake.FrozenLakeEnv"},
-    {"name": "copy-task", "description": "Single-turn: copy the prompt (examples.copy_task)."},
+     "agent_class": "examples.frozenlake.FrozenLakeAgent", "env_class": "examples.frozenlake.FrozenLakeEnv",
+     # One move a turn; the farthest start is 6 moves from the goal (examples/configs/frozenlake.yaml).
+     "default_config": {"rllm.agent.max_steps": 7, "rllm.agent.max_tokens_per_turn": 1, "data.max_response_length": 48}},
+    {"name": "copy-task", "description": "Single-turn: copy the prompt (examples.copy_task).",
+     "default_config": {"data.max_response_length": 4}},
     {"name": "countdown", "description": "A workflow agent (examples.countdown_workflow).",
-     "workflow_class": "examples.countdown_workflow.CountdownWorkflow"},
+     "workflow_class": "examples.countdown_workflow.CountdownWorkflow",
+     "default_config": {"data.max_response_length": 32, "rllm.agent.max_tokens_per_turn": 6}},
     {"name": "calculator", "description": "A chat agent with calculator tools, defined without code (examples/agents/calculator.yaml).",
      "system_prompt": "You are a careful calculator. Use the tools, then answer with the number alone.",
-     "llm_config": {"llm_temperature": 1.0}, "tools": ["add", "multiply"]},
+     "llm_config": {"llm_temperature": 1.0}, "tools": ["add", "multiply"],
+     "default_config": {"data.max_prompt_length": 2048, "data.max_response_length": 96, "rllm.agent.max_tokens_per_turn": 32}},
 ]
 DATASETS = [
     {"name": "frozenlake", "source": Dataset.Source.REGISTERED, "identifier": "frozenlake", "val_split": "test"},
@@ -28,7 +33,10 @@ DATASETS = [
 ]
 MODELS = [
     {"name": "tiny-char", "source": Model.Source.BUILTIN, "identifier": "tiny-char",
-     "description": "A 2-layer character-level Qwen2 model built in code (no download), for demos and tests."},
+     "description": "A 2-layer character-level Qwen2 model built in code (no download), for demos and tests.",
+     # It learns at the examples' rate (examples/configs/*.yaml); the library's 1e-6 (verl's, for
+     # billion-parameter models) leaves its reward flat.
+     "default_config": {"actor_rollout_ref.actor.optim.lr": 0.001}},
 ]
 REWARDS = [
     {"name": "exact-match", "path": "exact_match", "description": "1 when the answer equals ground_truth."},

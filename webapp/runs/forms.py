@@ -162,8 +162,11 @@ class RunForm(forms.Form):
 
         fields = {f["key"]: f for f in config_fields()}
         for name, key in COMMON_FIELDS.items():
-            self.fields[name].help_text = f"{fields[key]['doc']} ({key}; default {fields[key]['default']})"
+            # The placeholder is the value an empty field gives: the library's default here, the chosen
+            # agent's, model's or backend's once chosen (the page's script, from ``common_defaults``).
+            self.fields[name].help_text = f"{fields[key]['doc']} ({key}; empty: the default shown, the chosen agent's, model's or backend's, else {fields[key]['default']})"
             self.fields[name].widget.attrs["placeholder"] = fields[key]["default"]
+            self.fields[name].widget.attrs["data-key"] = key
         if user is not None:  # the registry entries and projects this user may use
             from webapp.runs.access import projects_for
 
@@ -181,6 +184,23 @@ class RunForm(forms.Form):
             runs = Run.objects.visible_to(user).filter(status=Run.Status.SUCCEEDED, kind=Run.Kind.PLATFORM)[:50]
             choices += [(f"run:{run.pk}", f"run {run.pk} {run.name}: its trained model".replace("  ", " ")) for run in runs]
         return choices
+
+    def common_defaults(self) -> dict[str, dict[str, Any]]:
+        """What each common field gives when left empty, per choice: ``{"backends": {pk: {key: value}},
+        "models": {choice: {...}}, "agents": {pk: {...}}}``, the keys of their ``default_config`` (an
+        agent's win over a model's, a model's over a backend's, as in ``trainer_args.merged_config``)."""
+        from webapp.runs.trainer_args import model_defaults
+
+        keys = set(COMMON_FIELDS.values())
+
+        def common(config: dict | None) -> dict[str, Any]:
+            return {k: v for k, v in (config or {}).items() if k in keys}
+
+        return {
+            "backends": {str(b.pk): common(b.default_config) for b in self.fields["backend"].queryset},
+            "models": {choice: common(model_defaults(choice)) for choice, _ in self.fields["model"].widget.choices if choice},
+            "agents": {str(a.pk): common(a.default_config) for a in self.fields["agent"].queryset},
+        }
 
     @staticmethod
     def initial_from(run: Run) -> dict[str, Any]:

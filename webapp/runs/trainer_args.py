@@ -100,6 +100,21 @@ def model_config(choice: str, user=None) -> dict[str, Any]:
     return entry.trainer_config()
 
 
+def model_defaults(choice: str) -> dict[str, Any]:
+    """The config a run of the model ``choice`` gets under its own overrides: the registered entry's
+    ``default_config``; for ``run:<id>``, that of the model the run trained from (the settings it learns with)."""
+    from webapp.registry.models import Model
+    from webapp.runs.models import Run
+
+    match = RUN_MODEL.match(choice.strip())
+    if match:
+        choice = Run.objects.filter(pk=int(match.group(1))).values_list("model", flat=True).first() or ""
+        if RUN_MODEL.match(choice):
+            return {}
+    entry = Model.objects.filter(name=choice.strip()).first()
+    return dict(entry.default_config or {}) if entry else {}
+
+
 def platform_config(backend: Backend, model: dict[str, Any]) -> dict[str, Any]:
     """The value of every platform-set key for one run: the model's, the admin's (Backend), else none."""
     admin = {k: v for k, v in (backend.default_config or {}).items() if k in platform_set_keys()}
@@ -112,11 +127,15 @@ def platform_config(backend: Backend, model: dict[str, Any]) -> dict[str, Any]:
     return fixed
 
 
-def merged_config(backend: Backend, dataset: Dataset, overrides: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
-    """Backend defaults, then the dataset's column mapping, then the owner's overrides, then the
-    platform-set keys (``fixed``), which nothing below them changes."""
+def merged_config(backend: Backend, dataset: Dataset, overrides: dict[str, Any], fixed: dict[str, Any],
+                  model: dict[str, Any] | None = None, agent: Agent | None = None) -> dict[str, Any]:
+    """Backend defaults, then the model's (``model_defaults``: the settings it learns with), then the
+    agent's (what its task needs: turns, tokens per turn), then the dataset's column mapping, then
+    the owner's overrides, then the platform-set keys (``fixed``), which nothing below them changes."""
     config: dict[str, Any] = {}
     config.update(backend.default_config or {})
+    for defaults in (model or {}, (agent.default_config if agent is not None else None) or {}):
+        config.update({k: v for k, v in defaults.items() if refused_override(k) is None})
     config.update(dataset.config_overrides())
     config.update({k: v for k, v in overrides.items() if refused_override(k) is None})  # the form refuses them too
     config.update(fixed)
@@ -141,7 +160,7 @@ def trainer_kwargs(
         **dataset.trainer_kwargs(),
         "reward_func": reward.path if reward else None,
         "backend": backend.processor,
-        "config": merged_config(backend, dataset, overrides, fixed),
+        "config": merged_config(backend, dataset, overrides, fixed, model_defaults(model), agent),
         "run_path": run_path,
     }
 
