@@ -1,7 +1,8 @@
 """Whether another Python interpreter (a backend's own environment, e.g. ``.venv-swift``) can
 import what a backend's training process needs, asked of that interpreter itself.
 
-The answer comes from a short subprocess, ``python -I -c "import ..."``, with a timeout, and is
+The answer comes from a short subprocess, ``python -I -c "import ..."``, with a timeout (heavy
+packages such as torch are only looked up, not imported, to keep it short), and is
 kept for ``CACHE_SECONDS``: the admin's backend list and the run form ask often. ``-I`` (isolated
 mode) keeps the caller's working directory, ``PYTHONPATH`` and user site-packages out of the
 interpreter's path, so a file someone left where the web process runs (a ``swift.py``) is never
@@ -20,20 +21,21 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CACHE_SECONDS = 120.0
 TIMEOUT_SECONDS = 30.0
 
-_cache: dict[tuple[str, tuple[str, ...]], tuple[float, str | None]] = {}
+_cache: dict[tuple[str, tuple[str, ...], tuple[str, ...]], tuple[float, str | None]] = {}
 _lock = threading.Lock()
 
 
-def import_problem(python: Path | str, modules: tuple[str, ...], hint: str = "") -> str | None:
-    """None when ``python`` imports every one of ``modules``; else what is wrong, in words
-    (a missing interpreter, the import error's last line, a timeout), followed by ``hint``."""
-    key = (str(python), tuple(modules))
+def import_problem(python: Path | str, modules: tuple[str, ...], hint: str = "", present: tuple[str, ...] = ()) -> str | None:
+    """None when ``python`` imports every one of ``modules`` and finds the packages ``present``
+    (looked up, not imported); else what is wrong, in words (a missing interpreter, the import
+    error's last line, a missing package, a timeout), followed by ``hint``."""
+    key = (str(python), tuple(modules), tuple(present))
     now = time.monotonic()
     with _lock:
         cached = _cache.get(key)
     if cached is not None and now - cached[0] < CACHE_SECONDS:
         return cached[1]
-    problem = _ask(Path(python), modules)
+    problem = _ask(Path(python), tuple(modules), tuple(present))
     if problem is not None and hint:
         problem = f"{problem} ({hint})"
     with _lock:
@@ -52,10 +54,14 @@ def _plain_env() -> dict[str, str]:
     return {**env, "HF_HUB_OFFLINE": "1"}
 
 
-def _ask(python: Path, modules: tuple[str, ...]) -> str | None:
+def _ask(python: Path, modules: tuple[str, ...], present: tuple[str, ...]) -> str | None:
     if not python.is_file():
         return f"its environment {python} does not exist"
-    code = f"import sys; sys.path.insert(0, {str(PROJECT_ROOT)!r}); " + "; ".join(f"import {m}" for m in modules)
+    code = "; ".join([
+        f"import sys, importlib.util; sys.path.insert(0, {str(PROJECT_ROOT)!r})",
+        *(f"import {m}" for m in modules),
+        *(f"importlib.util.find_spec({p!r}) or sys.exit({f'ModuleNotFoundError: No module named {p!r}'!r})" for p in present),
+    ])
     try:
         done = subprocess.run([str(python), "-I", "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
                               timeout=TIMEOUT_SECONDS, env=_plain_env())
@@ -65,5 +71,5 @@ def _ask(python: Path, modules: tuple[str, ...]) -> str | None:
         return f"its environment {python} does not start ({exc})"
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return f"its environment {python} cannot import {', '.join(modules)}: {lines[-1] if lines else f'exit code {done.returncode}'}"
+        return f"its environment {python} cannot import {', '.join(modules + present)}: {lines[-1] if lines else f'exit code {done.returncode}'}"
     return None

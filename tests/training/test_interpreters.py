@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from training import interpreters
-from training.backends.swift_backend import CHILD_MODULES, DEFAULT_PYTHON, environment_problem
+from training.backends.swift_backend import CHILD_MODULES, CHILD_PACKAGES, DEFAULT_PYTHON, environment_problem
 
 THIS_PYTHON = Path(sys.executable)
 
@@ -26,13 +26,19 @@ def test_an_interpreter_that_imports_the_modules_is_fine():
 
 def test_an_interpreter_without_the_package_names_the_import_error():
     problem = environment_problem(THIS_PYTHON)  # the platform's environment has no ms-swift
-    assert problem.startswith(f"its environment {THIS_PYTHON} cannot import {', '.join(CHILD_MODULES)}: ")
+    assert problem.startswith(f"its environment {THIS_PYTHON} cannot import {', '.join(CHILD_MODULES + CHILD_PACKAGES)}: ")
     assert "ModuleNotFoundError: No module named 'swift'" in problem and "make swift-env" in problem
 
 
 @pytest.mark.skipif(not DEFAULT_PYTHON.is_file(), reason="no .venv-swift here; `make swift-env` builds it (make test does)")
 def test_the_swift_environment_imports_ms_swift():
     assert environment_problem(DEFAULT_PYTHON) is None
+
+
+def test_a_package_that_is_only_looked_up_is_named_when_missing():
+    problem = interpreters.import_problem(THIS_PYTHON, ("json",), present=("torch", "no_such_package_here"))
+    assert problem.endswith("ModuleNotFoundError: No module named 'no_such_package_here'")
+    assert interpreters.import_problem(THIS_PYTHON, ("json",), present=("torch",)) is None
 
 
 def test_a_missing_interpreter_is_named():

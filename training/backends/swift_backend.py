@@ -59,14 +59,16 @@ def swift_python(config: Config | str | Path | None = None) -> Path:
     return path if path.is_absolute() else PROJECT_ROOT / path  # relative to the checkout, not the caller's cwd
 
 
-# What the training process imports, checked in its interpreter (the admin's status, the run form).
-CHILD_MODULES = ("swift", "trl", "torch", "training.backends.swift_child")
+# What the training process imports, checked in its interpreter (the admin's status, the run form):
+# imported (light), and found (torch and trl take seconds to import).
+CHILD_MODULES = ("swift", "training.backends.swift_child")
+CHILD_PACKAGES = ("trl", "torch")
 
 
 def environment_problem(python: Path) -> str | None:
-    """Whether ``python`` imports ms-swift, its trl and torch, and our child module, asked of that
+    """Whether ``python`` imports ms-swift and our child module and has trl and torch, asked of that
     interpreter in a short isolated subprocess (cached for a while; see ``training.interpreters``)."""
-    return import_problem(python, CHILD_MODULES, hint="build it with `make swift-env`")
+    return import_problem(python, CHILD_MODULES, hint="build it with `make swift-env`", present=CHILD_PACKAGES)
 
 
 def _child_env() -> dict[str, str]:
