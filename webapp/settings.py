@@ -397,7 +397,9 @@ ARTIFACTS_RETRY_MAX_SECONDS = envint("ARTIFACTS_RETRY_MAX_SECONDS", "30", minimu
 ARTIFACTS_MAX_PENDING = envint("ARTIFACTS_MAX_PENDING", "8", minimum=1)
 # Checkpoints each run keeps in the store, the newest (a project's own number comes first); 0: all.
 ARTIFACTS_KEEP_CHECKPOINTS = envint("ARTIFACTS_KEEP_CHECKPOINTS", "0", minimum=0)
-# Download links to the store's objects last this long (a store that signs URLs: S3, MinIO).
+# Downloads of stored files redirect to a presigned link (the bytes go from the store to the browser)
+# lasting this long; off when browsers cannot reach the store's endpoint (then they stream through here).
+ARTIFACTS_PRESIGN = envbool("ARTIFACTS_PRESIGN", "true")
 ARTIFACTS_PRESIGN_SECONDS = envint("ARTIFACTS_PRESIGN_SECONDS", "300", minimum=10)
 if ARTIFACTS_URL:  # uploaded files (datasets) go to the store too, readable by every worker
     STORAGES = {

@@ -4,12 +4,15 @@ PLATFORM_VAR_DIR, as on separate machines), and all they share is Postgres, Redi
 
 from __future__ import annotations
 
+import io
 import sys
+import tarfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import connection
 
@@ -64,6 +67,13 @@ def slow_run(make_run, queue):
     return make
 
 
+def streamed(response) -> bytes:
+    async def collect() -> bytes:
+        return b"".join([chunk async for chunk in response.streaming_content])
+
+    return async_to_sync(collect)()
+
+
 def finished(run: Run, *workers) -> Run:
     wait_for(lambda: Run.objects.get(pk=run.pk).is_final, RUN_TIMEOUT, f"run {run.pk} to end", workers)
     run.refresh_from_db()
@@ -74,7 +84,9 @@ def messages(run: Run) -> list[str]:
     return list(RunLog.objects.filter(run=run).values_list("message", flat=True))
 
 
-def test_a_run_stopped_on_one_machine_resumes_on_another_from_the_stores_checkpoint(queue, fleet, slow_run):
+def test_a_run_stopped_on_one_machine_resumes_on_another_from_the_stores_checkpoint(
+    queue, fleet, slow_run, settings, s3_url, owner_client
+):
     steps = 10
     first = fleet(queue, "a")
     run = slow_run(steps)
@@ -104,6 +116,15 @@ def test_a_run_stopped_on_one_machine_resumes_on_another_from_the_stores_checkpo
     with fleet.store.open(f"{prefix}/metrics.jsonl") as handle:
         logged = {int(line.split(b'"step": ')[1].split(b",")[0]) for line in handle if line.strip()}
     assert set(range(1, steps + 1)) <= logged
+    # The web server (this process, on no worker's machine) offers the final model from the store.
+    settings.ARTIFACTS_URL = s3_url
+    page = owner_client.get(f"/runs/{run.pk}/").content.decode()
+    assert f"/runs/{run.pk}/models/final_model.tar.gz" in page
+    archive = streamed(owner_client.get(f"/runs/{run.pk}/models/final_model.tar.gz"))
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        weights = tar.extractfile(f"run-{run.pk}-final_model/model.safetensors").read()
+    with fleet.store.open(f"{prefix}/final_model/model.safetensors") as handle:
+        assert weights == handle.read() and len(weights) > 1000
 
 
 def test_the_store_down_for_30_s_mid_run_loses_nothing(queue, fleet, slow_run, s3_server):

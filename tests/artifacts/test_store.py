@@ -146,3 +146,17 @@ def test_uploader_retries_through_an_outage_and_logs_it_once(s3_server, s3_env, 
     assert store.exists(f"runs/1-a/final_model/{STORED_MARKER}")
     assert len([m for m in collected.messages if "unreachable" in m]) == 1, collected.messages
     assert any("reachable again" in m for m in collected.messages), collected.messages
+
+
+def test_artifacts_url_setting_names_what_it_accepts(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from webapp.settings import envartifacts
+
+    for value in ("", "s3://bucket/prefix", "s3://bucket", "/srv/artifacts", "file:///srv/artifacts"):
+        monkeypatch.setenv("ARTIFACTS_URL", value)
+        assert envartifacts("ARTIFACTS_URL") == value
+    for value in ("relative/folder", "gs://bucket", "s3://", "http://minio:9000/bucket"):
+        monkeypatch.setenv("ARTIFACTS_URL", value)
+        with pytest.raises(ImproperlyConfigured, match="ARTIFACTS_URL"):
+            envartifacts("ARTIFACTS_URL")

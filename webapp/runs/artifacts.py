@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import time
 import uuid
 from datetime import datetime, timedelta, timezone as dt_timezone
@@ -303,3 +304,21 @@ def _retrying(action, what: str, tries: int = 5):
             logger.warning("Cannot %s yet (%s); retrying in %.0f s.", what, exc, delay)
             time.sleep(delay)
             delay *= 2
+
+
+def fetch_folder(run, key: str) -> Path | None:
+    """A folder of ``run`` in the shared store (its final model, a checkpoint), copied once into this
+    machine's folder for the run, where a process here loads it. None when the store lacks it."""
+    prefix = run_prefix(run)
+    if prefix is None or not key.startswith(prefix + "/"):
+        return None
+    target = scratch_folder(run) / key.removeprefix(prefix + "/")
+    if not (target / STORED_MARKER).exists():
+        partial = target.with_name(f".{target.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        if not store().get_dir(key, partial):
+            return None
+        (partial / STORED_MARKER).touch()
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
+    return target

@@ -1,6 +1,8 @@
 """What a run page offers to download: its config as YAML, its metrics as CSV, its checkpoints and
-final model as .tar.gz archives. Whoever may view the run may download them; files are only ever
-read from inside the run's own directory under RUNS_DIR."""
+final model as .tar.gz archives, and (with a shared artifact store) the files its workers stored.
+Whoever may view the run may download them; files are only ever read from inside the run's own
+directory under RUNS_DIR, or from its own prefix in the artifact store (streamed from there, or a
+presigned link to the store where it signs them, given after the run's access check)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,17 @@ import io
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.views.decorators.http import require_GET
 
+from training.artifacts import STORED_MARKER, iter_chunks
+from webapp.runs import artifacts
 from webapp.runs.access import get_run_for_user
 from webapp.runs.models import Run
 
@@ -53,6 +57,12 @@ def config_yaml(run: Run) -> str:
 
 def archives(run: Run) -> list[dict]:
     """The run's downloadable model directories: each checkpoint, then the final model."""
+    if artifacts.shared():
+        found = [{"label": f"checkpoint at step {step}", "name": f"checkpoint-{step}", "step": step}
+                 for step, _ in artifacts.run_checkpoints(run)]
+        if artifacts.final_model_key(run):
+            found.append({"label": "final model", "name": "final_model", "step": None})
+        return found
     found = [{"label": f"checkpoint at step {c.step}", "name": f"checkpoint-{c.step}", "step": c.step}
              for c in run.checkpoints.all() if _inside_run(run, c.path)]
     if _inside_run(run, Path(run.run_path or "") / "final_model"):
@@ -62,7 +72,11 @@ def archives(run: Run) -> list[dict]:
 
 def model_folder(run: Run, name: str) -> Path | None:
     """The directory of the run's saved model ``name`` (``final_model`` or ``checkpoint-<step>``, as
-    ``archives`` names them), when it lies inside the run's own directory; None otherwise."""
+    ``archives`` names them), when it lies inside the run's own directory; None otherwise. With a
+    shared artifact store: a copy fetched from it into this machine's folder for the run."""
+    if artifacts.shared():
+        key = _stored_model_key(run, name)
+        return artifacts.fetch_folder(run, key) if key else None
     if name == "final_model":
         return _inside_run(run, Path(run.run_path or "") / "final_model")
     if name.startswith("checkpoint-") and name.removeprefix("checkpoint-").isdigit():
@@ -139,6 +153,8 @@ def metrics_csv(request, pk: int) -> StreamingHttpResponse:
 def model_archive(request, pk: int, name: str) -> StreamingHttpResponse:
     """``final_model`` or ``checkpoint-<step>`` as a .tar.gz (built in a temporary file, then sent)."""
     run = get_run_for_user(request.user, pk, "view")
+    if artifacts.shared():
+        return _stored_archive(run, name)
     folder = model_folder(run, name)
     if folder is None:
         raise Http404("This run has no such model to download.")
@@ -158,6 +174,98 @@ def model_archive(request, pk: int, name: str) -> StreamingHttpResponse:
     response = StreamingHttpResponse(chunks(), content_type="application/gzip")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{name}.tar.gz"'
     response["Content-Length"] = str(size)
+    return response
+
+
+def _stored_model_key(run: Run, name: str) -> str | None:
+    if name == "final_model":
+        return artifacts.final_model_key(run)
+    if name.startswith("checkpoint-") and name.removeprefix("checkpoint-").isdigit():
+        step = int(name.removeprefix("checkpoint-"))
+        return next((key for s, key in artifacts.run_checkpoints(run) if s == step), None)
+    return None
+
+
+def _stored_archive(run: Run, name: str) -> StreamingHttpResponse:
+    """A model folder of the run in the artifact store as a .tar.gz, built while it streams (no copy
+    on this server's disk)."""
+    key = _stored_model_key(run, name)
+    if key is None:
+        raise Http404("This run has no such model to download.")
+    store = artifacts.store()
+    members = [(k, store.size(f"{key}/{k}")) for k in store.list(key) if k != STORED_MARKER]
+
+    def archive() -> Iterator[bytes]:
+        out = _Chunks()
+        with tarfile.open(fileobj=out, mode="w|gz") as tar:
+            for member, size in members:
+                info = tarfile.TarInfo(f"run-{run.pk}-{name}/{member}")
+                info.size = size
+                with store.open(f"{key}/{member}") as handle:
+                    tar.addfile(info, handle)
+                yield from out.take()
+        yield from out.take()
+
+    response = StreamingHttpResponse(_async(archive()), content_type="application/gzip")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{name}.tar.gz"'
+    return response
+
+
+class _Chunks(io.RawIOBase):
+    """A write-only file whose bytes are taken out as they are written (tarfile's stream mode writes to it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._parts: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> Iterator[bytes]:
+        parts, self._parts = self._parts, []
+        if parts:
+            yield b"".join(parts)
+
+
+async def _async(chunks: Iterator[bytes]):
+    """A blocking iterator served as an async one: the ASGI server streams it, a thread reads each chunk."""
+    done = object()
+    while (chunk := await sync_to_async(next)(chunks, done)) is not done:
+        yield chunk
+
+
+# The run files a worker stores beside its checkpoints, downloadable from the run page.
+STORED_FILES = ("metrics.jsonl", "episodes.jsonl")
+
+
+def stored_files(run: Run) -> list[str]:
+    """The run's files in a shared artifact store: metrics and episodes as the library wrote them,
+    and each attempt's process log (``logs/attempt-N.log``)."""
+    prefix = artifacts.run_prefix(run) if artifacts.shared() else None
+    if prefix is None:
+        return []
+    keys = artifacts.store().list(prefix)
+    return [k for k in keys if k in STORED_FILES or (k.startswith("logs/") and k.count("/") == 1)]
+
+
+@login_required
+@require_GET
+def stored_file(request, pk: int, name: str) -> HttpResponse:
+    """One of ``stored_files(run)``: a redirect to a short-lived presigned link where the store signs
+    them (the bytes never pass through this server), else streamed from the store."""
+    run = get_run_for_user(request.user, pk, "view")
+    if name not in stored_files(run):
+        raise Http404("This run has no such file.")
+    key = f"{artifacts.run_prefix(run)}/{name}"
+    url = artifacts.store().presign(key, settings.ARTIFACTS_PRESIGN_SECONDS) if settings.ARTIFACTS_PRESIGN else None
+    if url:
+        return HttpResponseRedirect(url)
+    response = StreamingHttpResponse(_async(iter_chunks(artifacts.store().open(key))), content_type="application/octet-stream")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{name.replace("/", "-")}"'
     return response
 
 

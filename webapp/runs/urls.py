@@ -15,4 +15,5 @@ urlpatterns = [
     path("runs/<int:pk>/config.yaml", downloads.config_download, name="config_yaml"),
     path("runs/<int:pk>/metrics.csv", downloads.metrics_csv, name="metrics_csv"),
     path("runs/<int:pk>/models/<str:name>.tar.gz", downloads.model_archive, name="model_archive"),
+    path("runs/<int:pk>/files/<path:name>", downloads.stored_file, name="stored_file"),
 ]

@@ -113,6 +113,7 @@ def run_detail(request, pk: int):
         "total_steps": downloads.total_steps(run),
         "config_yaml": downloads.config_yaml(run),
         "archives": downloads.archives(run),
+        "stored_files": downloads.stored_files(run),
         "may": {action: can(request.user, run, action) for action in ("edit", "run", "cancel", "delete")},
         "edit_form": RunEditForm(instance=run),
         "share_links": run.share_links.active(),
