@@ -215,10 +215,11 @@ class ArtifactStore:
                 found.append((step, name))
         return sorted(found)
 
-    def fetch_latest_checkpoint(self, prefix: str, local_dir: str | Path) -> Path | None:
-        """Download the newest complete checkpoint under ``prefix`` into ``local_dir/<name>`` (unless
-        a complete copy is there already). Returns its local path, or None when the store has none."""
-        stored = self.stored_checkpoints(prefix)
+    def fetch_latest_checkpoint(self, prefix: str, local_dir: str | Path, max_step: int | None = None) -> Path | None:
+        """Download the newest complete checkpoint under ``prefix`` (of a step up to ``max_step``, when
+        given) into ``local_dir/<name>``, unless a complete copy is there already. Returns its local
+        path, or None when the store has none."""
+        stored = [(step, name) for step, name in self.stored_checkpoints(prefix) if max_step is None or step <= max_step]
         if not stored:
             return None
         step, name = stored[-1]

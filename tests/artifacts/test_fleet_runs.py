@@ -84,7 +84,7 @@ def messages(run: Run) -> list[str]:
     return list(RunLog.objects.filter(run=run).values_list("message", flat=True))
 
 
-def test_a_run_stopped_on_one_machine_resumes_on_another_from_the_stores_checkpoint(
+def test_a_run_killed_with_its_machine_resumes_on_another_from_the_stores_checkpoint(
     queue, fleet, slow_run, settings, s3_url, owner_client
 ):
     steps = 10
@@ -93,21 +93,21 @@ def test_a_run_stopped_on_one_machine_resumes_on_another_from_the_stores_checkpo
     prefix = f"runs/{run.pk}-{run.uid.hex}"
     wait_for(lambda: latest_step(run.pk) >= 3 and fleet.store.stored_checkpoints(f"{prefix}/checkpoints"),
              RUN_TIMEOUT, "step 3 and a stored checkpoint", (first,))
-    first.kill_celery_only()  # the machine's worker is gone: its training process checkpoints, stores and re-queues
-    wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.QUEUED, 90, "the run to be queued again", (first,))
-    paused_at = max(step for step, _ in fleet.store.stored_checkpoints(f"{prefix}/checkpoints"))
+    first.kill()  # the machine is lost: worker and training process SIGKILLed, its disk out of reach
     second = fleet(queue, "b")  # another machine: its scratch folder has nothing of this run
     run = finished(run, second)
 
     assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
-    assert run.steps == steps and run.attempts == 2
+    assert run.steps == steps and run.attempts == 2 and run.lost_attempts == 1
     assert lost_and_doubled(run.pk, steps) == (0, 0)  # every step stored once
     log = messages(run)
-    assert any(f"checkpoints/checkpoint-{paused_at}" in m and "fetched" in m for m in log), log[-20:]
+    fetched = [m for m in log if m.startswith("fetched checkpoint checkpoint-") and "from the artifact store" in m]
+    assert len(fetched) == 1, log[-30:]
+    resumed_at = int(fetched[0].split("checkpoint-")[1].split(" ")[0])
     # The second machine trained in its own scratch folder, from the checkpoint it fetched there.
-    fetched_copy = fleet.scratch("b") / f"{run.pk}-{run.uid.hex}" / "checkpoints" / f"checkpoint-{paused_at}"
+    fetched_copy = fleet.scratch("b") / f"{run.pk}-{run.uid.hex}" / "checkpoints" / f"checkpoint-{resumed_at}"
     assert any(m == f"resuming from checkpoint {fetched_copy}" for m in log), log[-20:]
-    # The store holds every checkpoint once, whole, the final model, the run files and both attempts' logs.
+    # The store holds every checkpoint whole, the final model, the run files and both attempts' logs.
     stored = [step for step, _ in fleet.store.stored_checkpoints(f"{prefix}/checkpoints")]
     assert stored == list(range(1, steps + 1))
     keys = set(fleet.store.list(prefix))

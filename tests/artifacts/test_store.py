@@ -65,6 +65,10 @@ def test_a_checkpoint_is_whole_only_with_its_marker_and_the_newest_is_fetched(st
     assert (fetched / "model.safetensors").read_bytes() == b"two"
     assert (fetched / "sub" / "trainer_state.json").is_file()
     assert store.fetch_latest_checkpoint("runs/none/checkpoints", tmp_path / "x") is None
+    # Capped at a step (the last one the database holds reports of): the newest at or before it.
+    capped = store.fetch_latest_checkpoint("runs/r/checkpoints", tmp_path / "third" / "checkpoints", max_step=1)
+    assert capped.name == "checkpoint-1" and (capped / "model.safetensors").read_bytes() == b"one"
+    assert store.fetch_latest_checkpoint("runs/r/checkpoints", tmp_path / "fourth", max_step=0) is None
 
 
 def test_prune_keeps_the_newest(store, tmp_path):

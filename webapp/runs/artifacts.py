@@ -267,14 +267,34 @@ def start_uploads(run, scratch: Path) -> RunUploader | None:
     prefix = run_prefix(run)
     scratch.mkdir(parents=True, exist_ok=True)
     fetched = _retrying(lambda: fetch_run_files(store(), prefix, scratch), "fetch the run's files")
-    checkpoint = _retrying(lambda: store().fetch_latest_checkpoint(f"{prefix}/checkpoints", scratch / "checkpoints"),
-                           "fetch the run's latest checkpoint")
+    max_step = None if _has_spooled_reports(scratch) else _last_recorded_step(run)
+    checkpoint = _retrying(
+        lambda: store().fetch_latest_checkpoint(f"{prefix}/checkpoints", scratch / "checkpoints", max_step=max_step),
+        "fetch the run's latest checkpoint")
     if fetched or checkpoint:
         logger.info("Run %s: fetched %s from the artifact store", run.pk,
                     ", ".join([*fetched, *([f"checkpoints/{checkpoint.name}"] if checkpoint else [])]))
     return RunUploader(store(), prefix, scratch, log_name=f"attempt-{run.attempts}.log",
                        max_pending=settings.ARTIFACTS_MAX_PENDING, retry_max_seconds=settings.ARTIFACTS_RETRY_MAX_SECONDS,
                        keep_last=keep_checkpoints(run))
+
+
+def _has_spooled_reports(scratch: Path) -> bool:
+    """Whether an earlier attempt on this machine left reports in the run's spool (they are stored
+    before this attempt trains, so its newest checkpoint loses no step)."""
+    spool = scratch / "spool"
+    return spool.is_dir() and any(spool.iterdir())
+
+
+def _last_recorded_step(run) -> int:
+    """The last step the database holds reports of. An attempt lost with another machine may have
+    saved (and stored) a checkpoint after it, with that step's reports still in the lost machine's
+    spool: resuming from there would lose them, so an attempt elsewhere resumes from no later step."""
+    from django.db.models import Max
+
+    from webapp.runs.models import MetricPoint
+
+    return MetricPoint.objects.filter(run_id=run.pk).aggregate(last=Max("step"))["last"] or 0
 
 
 def finish_uploads(uploader: RunUploader | None, run, scratch: Path, final_model: str | Path | None,
