@@ -152,7 +152,7 @@ def chat_reply(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[
         )
     completion = output[0, len(prompt):].tolist()
     return {"reply": tokenizer.decode(completion, skip_special_tokens=True), "prompt_tokens": len(prompt),
-            "reply_tokens": len(completion)}
+            "reply_tokens": len(completion), "device": device}
 
 
 def row_episode(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[str, Any]:
@@ -193,7 +193,7 @@ def row_episode(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict
             turns.append({"agent": trajectory.name, "prompt": "" if seen is None else str(seen),
                           "response": step.model_response, "reward": float(step.reward), "done": bool(step.done)})
     reason = episode.termination_reason.value if episode.termination_reason else None
-    return {"reply": turns[-1]["response"] if turns else "",
+    return {"reply": turns[-1]["response"] if turns else "", "device": device,
             "episode": {"task": episode.to_dict()["task"], "reward": episode.reward, "is_correct": bool(episode.is_correct),
                         "num_turns": episode.num_turns, "termination_reason": reason, "error": episode.error, "turns": turns}}
 

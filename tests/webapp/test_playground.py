@@ -78,7 +78,7 @@ def test_a_question_is_answered_by_the_worker_with_the_runs_weights(trained_run,
     assert answer_request(asked.pk, "test-worker@here") == "succeeded"
     state = owner_client.get(response.json()["url"]).json()
     assert state["status"] == "succeeded", state["error"]
-    assert state["worker"] == "test-worker@here" and state["prompt_tokens"] == len("hello there")
+    assert state["worker"] == "test-worker@here" and state["device"] == "cpu" and state["prompt_tokens"] == len("hello there")
     assert 1 <= state["reply_tokens"] <= 6
     assert state["reply"] == greedy_reply(trained_run.folder() / "final_model", "hello there", 6)
 
@@ -204,6 +204,29 @@ def test_the_dispatcher_sends_each_request_to_the_runs_queue_once(trained_run, o
     first = ask(owner_client, trained_run).json()["id"]
     assert dispatch_due_requests() == 1 and dispatch_due_requests() == 0
     assert sent == [([first], trained_run.backend.queue)]
+
+
+@pytest.mark.gpu
+@committed
+def test_a_gpu_backends_run_is_answered_on_the_gpu(trained_run, owner_client):
+    from webapp.registry.models import Backend
+
+    Backend.objects.filter(pk=trained_run.backend_id).update(needs_gpu=True)
+    asked = ask(owner_client, trained_run, max_new_tokens=6).json()
+    assert answer_request(asked["id"], "gpu-worker") == "succeeded", PlaygroundRequest.objects.get().error
+    state = owner_client.get(asked["url"]).json()
+    assert state["device"] == "cuda" and 1 <= state["reply_tokens"] <= 6
+
+
+@pytest.mark.django_db
+def test_a_question_whose_worker_was_lost_says_so(trained_run, owner_client, settings):
+    asked = ask(owner_client, trained_run).json()
+    PlaygroundRequest.objects.filter(pk=asked["id"]).update(status="running", worker="gone@host", started_at=timezone.now())
+    assert owner_client.get(asked["url"]).json()["status"] == "running"  # still within its time
+    PlaygroundRequest.objects.filter(pk=asked["id"]).update(
+        started_at=timezone.now() - timedelta(seconds=settings.PLAYGROUND_REPLY_SECONDS + 31))
+    state = owner_client.get(asked["url"]).json()
+    assert state["status"] == "failed" and "(gone@host) was lost" in state["error"]
 
 
 @committed

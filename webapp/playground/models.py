@@ -33,12 +33,24 @@ class PlaygroundQuerySet(models.QuerySet):
         return self.filter(due, status=PlaygroundRequest.Status.QUEUED, created_at__gte=queue_deadline())
 
     def overdue(self) -> "PlaygroundQuerySet":
-        """Queued requests no worker took within ``PLAYGROUND_QUEUE_SECONDS``."""
-        return self.filter(status=PlaygroundRequest.Status.QUEUED, created_at__lt=queue_deadline())
+        """Queued requests no worker took within ``PLAYGROUND_QUEUE_SECONDS``, and running ones whose
+        worker was lost (still running well past ``PLAYGROUND_REPLY_SECONDS``: its answer will never come)."""
+        queued = models.Q(status=PlaygroundRequest.Status.QUEUED, created_at__lt=queue_deadline())
+        running = models.Q(status=PlaygroundRequest.Status.RUNNING, started_at__lt=lost_deadline())
+        return self.filter(queued | running)
+
+
+# A running request's worker kills its generating process after PLAYGROUND_REPLY_SECONDS; this
+# much later, nobody is left to record an answer (the worker itself was lost).
+LOST_GRACE_SECONDS = 30
 
 
 def queue_deadline():
     return timezone.now() - timedelta(seconds=settings.PLAYGROUND_QUEUE_SECONDS)
+
+
+def lost_deadline():
+    return timezone.now() - timedelta(seconds=settings.PLAYGROUND_REPLY_SECONDS + LOST_GRACE_SECONDS)
 
 
 class PlaygroundRequest(models.Model):
@@ -74,6 +86,7 @@ class PlaygroundRequest(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    device = models.CharField(max_length=20, blank=True, help_text="Where it was generated: cpu or cuda.")
     reply = models.TextField(blank=True)
     episode = models.JSONField(null=True, blank=True, help_text="Row requests: the episode, turn by turn, and its reward.")
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
@@ -114,12 +127,17 @@ class PlaygroundRequest(models.Model):
         return self._transition((self.Status.QUEUED, self.Status.RUNNING), status=status, finished_at=timezone.now(), **fields)
 
     def expire_if_overdue(self) -> bool:
-        """End a request no worker took in time, saying why. True when it did (a claim checks the
-        same limit, so a late worker can no longer take it)."""
-        if self.status != self.Status.QUEUED or self.created_at >= queue_deadline():
-            return False
-        return self._transition((self.Status.QUEUED,), status=self.Status.EXPIRED, finished_at=timezone.now(),
-                                error=self.expiry_message())
+        """End a request no worker took in time (``expired``), or whose worker was lost while answering
+        (``failed``), saying which. True when it did (a claim checks the same limit, so a late worker
+        can no longer take it)."""
+        if self.status == self.Status.QUEUED and self.created_at < queue_deadline():
+            return self._transition((self.Status.QUEUED,), status=self.Status.EXPIRED, finished_at=timezone.now(),
+                                    error=self.expiry_message())
+        if self.status == self.Status.RUNNING and self.started_at and self.started_at < lost_deadline():
+            return self._transition((self.Status.RUNNING,), status=self.Status.FAILED, finished_at=timezone.now(), error=(
+                f"The worker answering it ({self.worker}) was lost: no answer after "
+                f"{settings.PLAYGROUND_REPLY_SECONDS + LOST_GRACE_SECONDS} s. Ask again."))
+        return False
 
     def expiry_message(self) -> str:
         return (f"No worker of the '{self.queue}' queue was free within {settings.PLAYGROUND_QUEUE_SECONDS} s "

@@ -74,7 +74,7 @@ def answer(request, pk: int) -> JsonResponse:
 def _state(asked: PlaygroundRequest) -> dict:
     state = {"status": asked.status, "queue": asked.queue, "reply": asked.reply, "error": asked.error,
              "episode": asked.episode, "prompt_tokens": asked.prompt_tokens, "reply_tokens": asked.reply_tokens,
-             "worker": asked.worker}
+             "worker": asked.worker, "device": asked.device}
     if asked.status == asked.Status.QUEUED:
         state["ahead"] = asked.position()
     return state
