@@ -253,6 +253,9 @@ RUN_SHUTDOWN_GRACE_SECONDS = envint("RUN_SHUTDOWN_GRACE_SECONDS", "60", minimum=
 RUN_DATABASE_RETRY_SECONDS = envint("RUN_DATABASE_RETRY_SECONDS", "900", minimum=1)
 RUN_BUFFER_MAX_POINTS = envint("RUN_BUFFER_MAX_POINTS", "1000000", minimum=1000)
 RUN_SPOOL_MAX_MB = envint("RUN_SPOOL_MAX_MB", "512", minimum=1)
+# Each worker process keeps a training process started ahead, its libraries imported (torch,
+# transformers, TRL: seconds), for its next run; a resumed run trains again that much sooner.
+RUN_WARM_PROCESS = envbool("RUN_WARM_PROCESS", "true")
 # After a cancel, how long the training process gets to stop at its next step before it is killed.
 RUN_CANCEL_GRACE_SECONDS = envint("RUN_CANCEL_GRACE_SECONDS", "30", minimum=0)
 # Log lines kept per run in the database (the full log stays in the run directory).

@@ -4,6 +4,7 @@
 
 import os
 
+from celery.signals import worker_process_init
 from celery.worker.control import inspect_command
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
@@ -24,3 +25,11 @@ def gpus(state) -> list[dict]:
 from workers import housekeeping  # noqa: E402 (also connects the graceful stop on SIGTERM)
 
 app.steps["worker"].add(housekeeping.HousekeepingStep)
+
+
+@worker_process_init.connect
+def _start_spare_training_process(**kwargs) -> None:
+    """Each pool process keeps a training process started ahead (``RUN_WARM_PROCESS``)."""
+    from workers.execute import keep_spares
+
+    keep_spares()

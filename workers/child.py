@@ -2,6 +2,10 @@
 
 The Celery task supervises it (heartbeat, cancel, kill of the process group); see workers.execute.
 It exits with ``EXIT_REQUEUED`` when it stopped (with a checkpoint) for a later attempt to resume.
+
+``python -m workers.child --wait``: a spare one. It imports the training libraries first, then
+reads ``<run id> <output file>`` from its stdin (end of input: the worker is gone, it exits),
+sends its output to that file and trains the run.
 """
 
 import os
@@ -16,7 +20,24 @@ def main() -> int:
     from webapp.runs.models import Run
     from workers.execute import EXIT_REQUEUED, train_run
 
-    return EXIT_REQUEUED if train_run(int(sys.argv[1])) == Run.Status.QUEUED else 0
+    if sys.argv[1] == "--wait":
+        import training.trainer  # noqa: F401 (what takes a new training process seconds: torch, transformers, TRL)
+        from trl import GRPOTrainer  # noqa: F401
+
+        from django.db import connections
+
+        connections.close_all()  # it may wait for hours: no connection held meanwhile
+        line = sys.stdin.readline().split(maxsplit=1)
+        if len(line) != 2:
+            return 0
+        run_id, output = int(line[0]), line[1].strip()
+        fd = os.open(output, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    else:
+        run_id = int(sys.argv[1])
+    return EXIT_REQUEUED if train_run(run_id) == Run.Status.QUEUED else 0
 
 
 if __name__ == "__main__":

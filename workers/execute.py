@@ -92,19 +92,87 @@ def execute_run(run_id: int, worker_name: str) -> str:
     output_path = run_path / "process.log"
     limit = run.backend.max_attempts
     resuming = f" (attempt {run.attempts} of {limit}, resuming from its last checkpoint)" if run.attempts > 1 else ""
-    _log(run, "INFO", f"Claimed by {worker_name}{resuming}; starting the training process.")
     try:
-        with open(output_path, "ab") as output:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "workers.child", str(run.pk)],
-                env=_child_env(run), stdout=output, stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: a kill reaches every process it starts
-                cwd=settings.BASE_DIR,
-            )
+        env = _child_env(run)
+        process = _take_spare(env)
+        how = "the training process started ahead takes it" if process else "starting the training process"
+        _log(run, "INFO", f"Claimed by {worker_name}{resuming}; {how}.")
+        if process is not None and not _hand_over(process, run.pk, output_path):
+            process = None
+        if process is None:
+            with open(output_path, "ab") as output:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "workers.child", str(run.pk)],
+                    env=env, stdout=output, stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: a kill reaches every process it starts
+                    cwd=settings.BASE_DIR,
+                )
     except Exception as exc:
         run.finish(Run.Status.FAILED, error=f"Could not start the training process: {exc}", traceback=traceback_module.format_exc())
         return Run.Status.FAILED
-    return _supervise(run, process, output_path)
+    try:
+        return _supervise(run, process, output_path)
+    finally:
+        start_spare()  # while this worker is idle: the next run (a resumed one too) starts warm
+
+
+# -- a warm training process ---------------------------------------------------------------------
+# Importing torch, transformers and TRL takes a new training process 5-10 s (more on a loaded
+# machine). Each worker process keeps one started ahead (``workers.child --wait``): libraries
+# imported, waiting on its stdin for a run. A run claimed by this worker takes it; the next spare is
+# started only once that run is over, so a worker that runs one run never starts one for nothing.
+_spare: tuple[subprocess.Popen, dict[str, str]] | None = None
+_keep_spares = False  # set in Celery's pool processes (workers.celery_app), not where runs are executed directly
+
+
+def keep_spares() -> None:
+    """From now on this process keeps a spare training process (when ``RUN_WARM_PROCESS`` is on)."""
+    global _keep_spares
+    _keep_spares = True
+    start_spare()
+
+
+def start_spare() -> None:
+    """Start this worker process's spare training process, unless there is one, the process keeps
+    none, or ``RUN_WARM_PROCESS`` is off."""
+    global _spare
+    if not (_keep_spares and settings.RUN_WARM_PROCESS) or (_spare is not None and _spare[0].poll() is None):
+        return
+    try:
+        env = _child_env(None)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "workers.child", "--wait"], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd=settings.BASE_DIR,
+        )
+    except Exception:  # noqa: BLE001 (no spare: the next run starts a process of its own)
+        logger.warning("Could not start a spare training process.", exc_info=True)
+        return
+    _spare = (process, env)
+
+
+def _take_spare(env: dict[str, str]) -> subprocess.Popen | None:
+    """This worker's spare training process; None when there is none alive or it was started with
+    another environment (a run given a GPU, another database)."""
+    global _spare
+    spare, _spare = _spare, None
+    if spare is None:
+        return None
+    process, spare_env = spare
+    if process.poll() is not None or spare_env != env:
+        _terminate_group(process, wait_seconds=1.0)
+        return None
+    return process
+
+
+def _hand_over(process: subprocess.Popen, run_id: int, output_path: Path) -> bool:
+    """Tell a spare to train ``run_id``, writing its output to ``output_path``."""
+    try:
+        process.stdin.write(f"{run_id} {output_path}\n".encode())
+        process.stdin.close()
+        return True
+    except OSError:
+        _terminate_group(process, wait_seconds=1.0)
+        return False
 
 
 def _supervise(run: Run, process: subprocess.Popen, output_path: Path) -> str:
@@ -206,15 +274,16 @@ def _terminate_group(process: subprocess.Popen, wait_seconds: float = 5.0) -> No
             continue
 
 
-def _child_env(run: Run) -> dict[str, str]:
-    """The worker's environment, with the database the worker uses and the GPU of this worker slot."""
+def _child_env(run: Run | None) -> dict[str, str]:
+    """The worker's environment, with the database the worker uses and the GPU of this worker slot
+    (``run`` None: a spare's, which no GPU run can use)."""
     from django.db import connection
 
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = os.environ.get("DJANGO_SETTINGS_MODULE", "webapp.settings")
     env["DATABASE_URL"] = database_url(connection.settings_dict)
     env["PYTHONUNBUFFERED"] = "1"
-    if run.backend.needs_gpu:
+    if run is not None and run.backend.needs_gpu:
         gpu = gpu_for_this_worker()
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
