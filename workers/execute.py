@@ -398,6 +398,7 @@ def train_run(run_id: int) -> str:
         load_training_plugins()
         kwargs = run_trainer_kwargs(run, run_path)
         uploader = artifacts.start_uploads(run, Path(run_path))  # a shared store: what earlier attempts stored
+        artifacts.fetch_trained_model(run.model)  # a model another run trained, from the store
         sinks = [DatabaseSink(recorder), DashboardSink(run.pk, spool_dir=run_path), *prepare_run(run, kwargs)]  # the project's trackers, alerts
         if uploader is not None:
             sinks.append(CheckpointUploadSink(uploader))

@@ -155,3 +155,19 @@ def test_without_a_shared_store_a_run_keeps_its_folder_and_deleting_it_removes_t
     with django_capture_on_commit_callbacks(execute=True):
         run.delete()
     assert not folder.exists()
+
+
+def test_a_run_starts_from_another_runs_model_fetched_from_the_store(stored_run, owner, settings, tmp_path):
+    from webapp.runs.trainer_args import MODEL_KEY, model_config
+
+    settings.RUNS_DIR = tmp_path / "another-machine" / "runs"
+    source, weights = stored_run
+    config = model_config(f"run:{source.pk}", owner)
+    local = tmp_path / "another-machine" / "runs" / f"{source.pk}-{source.uid.hex}" / "final_model"
+    assert config[MODEL_KEY] == str(local) and not local.exists()  # the web side only checks the store
+    assert artifacts.fetch_trained_model(f"run:{source.pk}") == local  # the worker fetches it
+    assert {p.relative_to(local).as_posix(): p.read_bytes() for p in local.rglob("*") if p.is_file() and p.name != ".stored"} == weights
+    assert artifacts.fetch_trained_model("tiny-char") is None
+    Run.objects.filter(pk=source.pk).update(status=Run.Status.FAILED)
+    with pytest.raises(ValueError, match="no trained model in the artifact store"):
+        model_config(f"run:{source.pk}", owner)

@@ -342,3 +342,20 @@ def fetch_folder(run, key: str) -> Path | None:
         shutil.rmtree(target, ignore_errors=True)
         partial.rename(target)
     return target
+
+
+def fetch_trained_model(model_choice: str) -> Path | None:
+    """For a run that starts from another run's model (``run:<id>``) with a shared store: that run's
+    final model, fetched into this machine's folder for it (where ``model_config`` points). None
+    for any other model."""
+    from webapp.runs.models import Run
+    from webapp.runs.trainer_args import RUN_MODEL
+
+    match = RUN_MODEL.match((model_choice or "").strip())
+    if not shared() or not match:
+        return None
+    source = Run.objects.filter(pk=int(match.group(1))).first()
+    key = final_model_key(source) if source is not None else None
+    if key is None:
+        raise ArtifactStoreError(f"run {match.group(1)}'s final model is not in the artifact store")
+    return _retrying(lambda: fetch_folder(source, key), f"fetch run {source.pk}'s final model")

@@ -85,6 +85,14 @@ def model_config(choice: str, user=None) -> dict[str, Any]:
         run = Run.objects.filter(pk=int(match.group(1))).first()
         if run is None or user is None or not can(user, run, "view"):
             raise ValueError(f"model {choice!r}: there is no run {match.group(1)} that you may see.")
+        from webapp.runs import artifacts
+
+        if artifacts.shared():  # on the store: the worker fetches it into its own folder for that run
+            stored = run.status == Run.Status.SUCCEEDED and artifacts.final_model_key(run)
+            trained = artifacts.scratch_folder(run) / "final_model" if stored else None
+            if trained is None:
+                raise ValueError(f"model {choice!r}: run {run.pk} ({run.status}) left no trained model in the artifact store.")
+            return {MODEL_KEY: str(trained), "actor_rollout_ref.model.tokenizer_path": None, TRUST_KEY: False}
         trained = run.folder() / "final_model" if run.run_path else None
         if run.status != Run.Status.SUCCEEDED or trained is None or not (trained / "config.json").is_file():
             raise ValueError(f"model {choice!r}: run {run.pk} ({run.status}) left no trained model on the workers.")
