@@ -127,7 +127,7 @@ def test_deleting_a_run_deletes_its_objects_and_the_orphans_command_finds_what_a
     assert shared_store.list(artifacts.run_prefix(keep))
 
 
-def test_an_uploaded_file_is_stored_in_the_artifact_store(shared_store, project, settings):
+def test_an_uploaded_file_is_stored_in_the_artifact_store(shared_store, project, settings, tmp_path):
     from django.core.files.storage import default_storage
 
     # What settings.py sets when ARTIFACTS_URL is (read at start-up, so set here as it would be).
@@ -138,6 +138,13 @@ def test_an_uploaded_file_is_stored_in_the_artifact_store(shared_store, project,
     assert shared_store.exists(f"uploads/{name}")
     with default_storage.open(name) as handle:
         assert handle.read() == b'{"prompt": "hi"}\n'
+    # A worker (no shared disk with the web host) reads it through the dataset's file field.
+    from webapp.registry.models import Dataset, local_path
+
+    settings.VAR_DIR = tmp_path / "worker-var"
+    dataset = Dataset.objects.create(name="uploaded", source=Dataset.Source.UPLOAD, file=name)
+    copy = local_path(Dataset.objects.get(pk=dataset.pk).file)
+    assert copy.startswith(str(tmp_path / "worker-var")) and open(copy, "rb").read() == b'{"prompt": "hi"}\n'
 
 
 def test_without_a_shared_store_a_run_keeps_its_folder_and_deleting_it_removes_the_folder(
