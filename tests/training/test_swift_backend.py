@@ -80,6 +80,8 @@ def test_agent_and_env_train_multi_turn_through_swifts_scheduler(tmp_path, sink)
     multi = [e for e in sink.episodes if len([s for s in e["trajectories"][0]["steps"] if s["model_response"]]) > 1]
     assert multi and multi[0]["trajectories"][0]["steps"][1]["observation"].endswith(">")
     assert {e["termination_reason"] for e in sink.episodes} <= {"env_done", "max_turns"}
+    last = sink.metrics[-1]
+    assert abs(last["termination/env_done"] + last["termination/max_turns"] - 1) < 1e-6 and last["termination/error"] == 0
     rewards = [m["reward"] for m in sink.metrics]
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.05, rewards
     job = json.loads((tmp_path / "swift" / "job.json").read_text())
@@ -166,3 +168,44 @@ def test_settings_swift_would_ignore_are_refused(tmp_path):
         with pytest.raises(ValueError, match=f"{key}: .*{message}"):
             AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
                          config={**base, key: value})
+
+
+CRACKING_LAKE = '''
+from examples.frozenlake import FrozenLakeEnv
+
+
+class CrackingLakeEnv(FrozenLakeEnv):
+    """The ice cracks under the first move: step() raises."""
+
+    @staticmethod
+    def from_dict(info):
+        env = FrozenLakeEnv.from_dict(info)
+        env.__class__ = CrackingLakeEnv
+        return env
+
+    def step(self, action):
+        raise ValueError("the ice cracked")
+'''
+
+
+@needs_swift_env
+def test_episodes_whose_environment_raises_fail_the_run_naming_the_error(tmp_path):
+    """An environment given as a file path (as uploaded code is) that raises: the episodes end with
+    an error inside ms-swift's rollout, and past trainer.max_episode_error_rate the run fails with
+    the same message and traceback as on the other backends."""
+    from training.outcomes import TooManyEpisodeErrors
+
+    env_file = tmp_path / "cracking_lake.py"
+    env_file.write_text(CRACKING_LAKE)
+    trainer = AgentTrainer(
+        agent_class="examples.frozenlake.FrozenLakeAgent", env_class=f"{env_file}:CrackingLakeEnv",
+        train_dataset="frozenlake:train", backend="swift", run_path=str(tmp_path / "run"),
+        config={"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2, "data.train_batch_size": 2,
+                "rllm.agent.max_steps": 3, "rllm.agent.max_tokens_per_turn": 1, "trainer.total_training_steps": 2,
+                "trainer.max_episode_error_rate": 0.5, "trainer.logger": []},
+    )
+    with pytest.raises(TooManyEpisodeErrors, match=r"4 of 4 episodes in step 1 ended with an error .*ValueError: the ice cracked") as failed:
+        trainer.train()
+    assert 'raise ValueError("the ice cracked")' in failed.value.user_traceback
+    job = json.loads((tmp_path / "run" / "swift" / "job.json").read_text())
+    assert job["agent"]["env_class"] == f"{env_file}:CrackingLakeEnv"

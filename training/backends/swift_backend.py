@@ -50,6 +50,13 @@ SWIFT_METRIC_NAMES = {
 }
 
 
+def _metric_name(key: str) -> str:
+    """The dashboard's name of one of ms-swift's metrics (ours, termination/..., pass as they are)."""
+    if key.startswith("termination/"):
+        return key
+    return SWIFT_METRIC_NAMES.get(key, f"swift/{key}")
+
+
 def swift_python(config: Config | str | Path | None = None) -> Path:
     """The interpreter of the training process: ``trainer.python`` (or a path given as such), else ``.venv-swift``."""
     configured = config.trainer.python if isinstance(config, Config) else config
@@ -135,7 +142,11 @@ class SwiftProcessor(BuiltinProcessor):
                     f"{name}: the swift backend trains in its own interpreter, so {cls.__qualname__} must be importable "
                     "(defined in a module, given as pkg.mod.Class or path/to/file.py:Class), not defined in __main__ or a function."
                 )
-            reference[name] = f"{cls.__module__}.{cls.__qualname__}"
+            module = sys.modules.get(cls.__module__)
+            if cls.__module__.startswith("_user_") and getattr(module, "__file__", None):  # loaded from path/to/file.py
+                reference[name] = f"{module.__file__}:{cls.__qualname__}"
+            else:
+                reference[name] = f"{cls.__module__}.{cls.__qualname__}"
         for name in ("agent_args", "env_args"):
             try:
                 reference[name] = json.loads(json.dumps(getattr(spec, name)))
@@ -187,6 +198,13 @@ class SwiftProcessor(BuiltinProcessor):
                 if stop_sent_at is not None and time.monotonic() - stop_sent_at > STOP_GRACE_SECONDS:
                     child.terminate()
             reader.join(timeout=10)
+        failed = next((e for e in events if e["event"] == "failed"), None)
+        if failed is not None:  # the checks every backend makes, made in the training process
+            from training import outcomes
+
+            kind = getattr(outcomes, failed["kind"], None)
+            kind = kind if isinstance(kind, type) and issubclass(kind, outcomes.TrainingFailed) else outcomes.TrainingFailed
+            raise kind(failed["summary"], failed.get("traceback", ""))
         if child.returncode != 0:
             tail = log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"the swift training process ({python}) failed with exit code {child.returncode}:\n{tail}")
@@ -208,7 +226,7 @@ class SwiftProcessor(BuiltinProcessor):
             event = json.loads(line[len(PREFIX):])
             events.append(event)
             if event["event"] == "metrics":
-                metrics = {SWIFT_METRIC_NAMES.get(k, f"swift/{k}"): v for k, v in event["metrics"].items()}
+                metrics = {_metric_name(k): v for k, v in event["metrics"].items()}
                 self._last_step, self._last_metrics = event["step"], metrics
                 self.sinks.log_metrics(event["step"], metrics)
                 self.sinks.log_episodes(event["step"], event.get("samples", []))
@@ -262,6 +280,7 @@ class SwiftProcessor(BuiltinProcessor):
             "reward": None if multi_turn else self.reward_reference(),
             "agent": self.agent_reference() if multi_turn else None, "answer_key": cfg.data.answer_key, "prompt_key": key,
             "stop_file": str(self._stop_file), "cpu_threads": cfg.trainer.cpu_threads, "swift_args": swift_args,
+            "max_episode_error_rate": cfg.trainer.max_episode_error_rate,
         }
         target = workdir / "job.json"
         target.write_text(json.dumps(job, indent=1))

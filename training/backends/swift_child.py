@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -51,25 +52,31 @@ def register(job: dict[str, Any]) -> None:
     from swift.callbacks.base import TrainerCallback
     from swift.rewards.orm import ORM, orms
 
+    from training.outcomes import OutcomeMonitor
+
     samples: list[dict] = []  # episodes (as dicts) for the next report
+    stats: dict[str, float] = {}  # the step's own metrics (termination/...), for the next report
+    # The checks every backend makes: episode error rate per step, a reward that raises.
+    monitor = OutcomeMonitor(job.get("max_episode_error_rate", 0.0))
 
     if job.get("agent"):
         from swift.rollout.multi_turn import multi_turns
 
         multi_turns[SCHEDULER_NAME] = agent_env_scheduler(job["agent"], samples)
-        reward_class = _episode_reward(ORM)
+        reward_class = _episode_reward(ORM, monitor, stats)
     else:
         from training.rewards import load_reward
 
-        reward_fn = load_reward(job["reward"], answer_key=job["answer_key"])
-        reward_class = _single_turn_reward(ORM, reward_fn, job["prompt_key"], samples)
+        reward_fn = monitor.watch_reward(load_reward(job["reward"], answer_key=job["answer_key"]))
+        reward_class = _single_turn_reward(ORM, reward_fn, job["prompt_key"], samples, monitor)
 
     class Report(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and any(key.startswith("reward") for key in logs):
                 numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-                emit("metrics", step=state.global_step, metrics=numbers, samples=list(samples))
+                emit("metrics", step=state.global_step, metrics={**numbers, **stats}, samples=list(samples))
                 samples.clear()
+                stats.clear()
 
         def on_save(self, args, state, control, **kwargs):
             saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -91,11 +98,12 @@ def register_plain_template() -> None:
     register_template(TemplateMeta(PLAIN_TEMPLATE, prefix=[], prompt=["{{QUERY}}"], chat_sep=[], auto_add_bos=True), exist_ok=True)
 
 
-def _single_turn_reward(ORM: type, reward_fn: Any, prompt_key: str, samples: list[dict]) -> type:
+def _single_turn_reward(ORM: type, reward_fn: Any, prompt_key: str, samples: list[dict], monitor: Any) -> type:
     from training.types import Episode, Step, TerminationReason, Trajectory
 
     class AgentTrainerReward(ORM):
-        def __call__(self, completions, **columns) -> list[float]:
+        def __call__(self, completions, trainer_state=None, **columns) -> list[float]:
+            monitor.step = trainer_state.global_step + 1 if trainer_state is not None else None
             rewards = []
             for i, completion in enumerate(completions):
                 task = {k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(completions)}
@@ -112,13 +120,23 @@ def _single_turn_reward(ORM: type, reward_fn: Any, prompt_key: str, samples: lis
     return AgentTrainerReward
 
 
-def _episode_reward(ORM: type) -> type:
-    class AgentTrainerEpisodeReward(ORM):
-        """The episode's reward, which ``AgentEnvScheduler`` summed from the environment's steps."""
+def _episode_reward(ORM: type, monitor: Any, stats: dict[str, float]) -> type:
+    from training.types import TerminationReason
 
-        def __call__(self, completions, rollout_infos=None, **columns) -> list[float]:
+    class AgentTrainerEpisodeReward(ORM):
+        """The episode's reward, which ``AgentEnvScheduler`` summed from the environment's steps
+        (0 for an episode whose agent or environment raised); the step's episodes are checked
+        against ``trainer.max_episode_error_rate`` as every backend's are."""
+
+        def __call__(self, completions, rollout_infos=None, trainer_state=None, **columns) -> list[float]:
             if rollout_infos is None or len(rollout_infos) != len(completions):
                 raise RuntimeError("ms-swift passed no rollout_infos with the multi-turn completions")
+            ends = [info.get("termination", TerminationReason.MAX_TURNS.value) for info in rollout_infos]
+            for reason in TerminationReason:
+                stats[f"termination/{reason.value}"] = ends.count(reason.value) / len(ends)
+            episodes = [{"termination_reason": end, "error": info.get("error"), "info": {"traceback": info.get("traceback", "")}}
+                        for end, info in zip(ends, rollout_infos)]
+            monitor.check_episodes(episodes, step=trainer_state.global_step + 1 if trainer_state is not None else None)
             return [float(info[EPISODE_REWARD]) for info in rollout_infos]
 
     return AgentTrainerEpisodeReward
@@ -139,14 +157,26 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict]) -> type:
                      agent_args=agent.get("agent_args") or {}, env_args=agent.get("env_args") or {}).validate()
 
     class Live:
+        """One episode in play. Agent and environment code can raise anything: the episode then
+        ends with an error (reward 0), as in our rollout engine, and the step's error rate decides."""
+
         def __init__(self, task: dict) -> None:
-            self.task = task
-            self.env = spec.env_class.from_dict({**task, **spec.env_args})
-            self.agent = spec.agent_class(**spec.agent_args)
-            self.agent.reset()
-            observation, info = self.env.reset()
-            self.agent.update_from_env(observation, 0.0, False, info)
-            self.total, self.turns, self.info = 0.0, 0, info
+            self.task, self.env, self.agent = task, None, None
+            self.total, self.turns, self.info = 0.0, 0, {}
+            self.error: str | None = None
+            self.traceback = ""
+            try:
+                self.env = spec.env_class.from_dict({**task, **spec.env_args})
+                self.agent = spec.agent_class(**spec.agent_args)
+                self.agent.reset()
+                observation, self.info = self.env.reset()
+                self.agent.update_from_env(observation, 0.0, False, self.info)
+            except Exception as exc:
+                self.failed(exc)
+
+        def failed(self, exc: Exception) -> None:
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.traceback = "".join(traceback.format_exception(exc))
 
     class AgentEnvScheduler(MultiTurnScheduler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -158,19 +188,34 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict]) -> type:
                 task = {k: v for k, v in (request.data_dict or {}).items() if k != "messages"}
                 self._close(request.uuid)
                 self.live[request.uuid] = episode = Live(task)
-                request.messages = [dict(message) for message in episode.agent.chat_completions]
+                if episode.error is None:  # else the row's placeholder stays, and the first turn ends it
+                    request.messages = [dict(message) for message in episode.agent.chat_completions]
 
         async def on_turn_end(self, request, response_choice, current_turn: int) -> dict[str, Any]:
             episode = self.live[request.uuid]
-            action = episode.agent.update_from_model(response_choice.message.content)
-            observation, reward, done, info = episode.env.step(action.action if isinstance(action, Action) else action)
-            episode.total += float(reward)
-            episode.turns, episode.info = current_turn, info
-            episode.agent.update_from_env(observation, reward, done, info)
-            out_of_turns = bool(self.max_turns) and current_turn >= self.max_turns
-            if done or out_of_turns:
-                self._finish(request.uuid, TerminationReason.ENV_DONE if done else TerminationReason.MAX_TURNS)
-            return {"done": bool(done), "rollout_infos": {EPISODE_REWARD: episode.total, "env_done": bool(done)}}
+            episode.turns, done = current_turn, False
+            if episode.error is None:
+                try:
+                    action = episode.agent.update_from_model(response_choice.message.content)
+                    observation, reward, done, info = episode.env.step(action.action if isinstance(action, Action) else action)
+                    episode.total += float(reward)
+                    episode.info = info
+                    episode.agent.update_from_env(observation, reward, done, info)
+                except Exception as exc:
+                    episode.failed(exc)
+            if episode.error is not None:
+                reason = TerminationReason.ERROR
+            elif done:
+                reason = TerminationReason.ENV_DONE
+            elif self.max_turns and current_turn >= self.max_turns:
+                reason = TerminationReason.MAX_TURNS
+            else:
+                return {"done": False, "rollout_infos": {EPISODE_REWARD: episode.total}}
+            infos = {EPISODE_REWARD: 0.0 if episode.error else episode.total, "termination": reason.value}
+            if episode.error:
+                infos.update(error=episode.error, traceback=episode.traceback)
+            self._finish(request.uuid, reason)
+            return {"done": True, "rollout_infos": infos}
 
         def step(self, request, response_choice, current_turn: int) -> dict[str, Any]:
             # The messages the agent added since the model's reply (the environment's answer) are the next turn.
@@ -180,21 +225,27 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict]) -> type:
 
         def _finish(self, uuid: str, reason: TerminationReason) -> None:
             episode = self.live[uuid]
-            if len(samples) < SAMPLES_PER_STEP:
-                trajectory = episode.agent.trajectory
-                trajectory.reward = episode.total
+            if len(samples) < SAMPLES_PER_STEP or (episode.error and not any(s.get("error") for s in samples)):
+                trajectories = []
+                if episode.agent is not None:
+                    trajectory = episode.agent.trajectory
+                    trajectory.reward = 0.0 if episode.error else episode.total
+                    trajectories = [trajectory]
                 ended_by_env = reason == TerminationReason.ENV_DONE
                 samples.append(Episode(
-                    task=episode.task, trajectories=[trajectory], termination_reason=reason,
+                    task=episode.task, trajectories=trajectories, termination_reason=reason, error=episode.error,
                     is_correct=bool((episode.info or {}).get("is_correct", ended_by_env and episode.total > 0)),
-                    metrics={"turns": float(episode.turns)},
+                    metrics={"turns": float(episode.turns)}, info={"traceback": episode.traceback} if episode.error else {},
                 ).to_dict())
             self._close(uuid)
 
         def _close(self, uuid: str) -> None:
             episode = self.live.pop(uuid, None)
-            if episode is not None:
-                episode.env.close()
+            if episode is not None and episode.env is not None:
+                try:
+                    episode.env.close()
+                except Exception:
+                    pass  # as our engine does: a failing close() does not change the episode
 
     return AgentEnvScheduler
 
@@ -210,9 +261,15 @@ def main(job_path: str) -> int:
     from swift.arguments import RLHFArguments
     from swift.pipelines.train.rlhf import rlhf_main
 
+    from training.outcomes import TrainingFailed
+
     scheduler = {"multi_turn_scheduler": SCHEDULER_NAME} if job.get("agent") else {}
     arguments = RLHFArguments(**job["swift_args"], **scheduler, reward_funcs=[REWARD_NAME], callbacks=[CALLBACK_NAME])
-    result = rlhf_main(arguments)
+    try:
+        result = rlhf_main(arguments)
+    except TrainingFailed as exc:  # the parent raises it again, as the other backends would
+        emit("failed", kind=type(exc).__name__, summary=exc.summary, traceback=exc.user_traceback)
+        return 1
     emit("done", result={k: v for k, v in (result or {}).items() if isinstance(v, (int, float, str))})
     return 0
 
