@@ -5,7 +5,8 @@ reward of the last five logged steps passes 0.9, or its steps run out. A seed pa
 target is reached within ``--budget`` seconds of training (the README's promise: 180 s on 2 CPU
 cores). The machine may be shared, so wall-clock times are pessimistic: the steps to the target are
 recorded beside the seconds, with the process's CPU seconds and the load average before and after
-each run.
+each run, and ``passed_by_cpu_s`` judges the promise by CPU seconds (one torch thread: on an idle
+core they are the wall seconds).
 
     python bench/demo_seeds.py [--seeds 1-10] [--budget 180] [--set key=value ...] [--out NAME]
 
@@ -64,6 +65,9 @@ def run_seed(seed: int, overrides: list[str], budget: float, timeout: float) -> 
         "steps": steps,  # the demo stops once the target is reached: steps to the target when reached
         "last_reward": float(done.group(3)) if done else None,
         "passed": reached is not None and seconds <= budget,
+        # the same promise judged by the CPU seconds of the whole run (start-up included), which a loaded
+        # machine does not inflate: on an idle core one torch thread's CPU seconds are its wall seconds
+        "passed_by_cpu_s": reached is not None and cpu <= budget,
         "wall_s": round(wall, 1),
         # CPU seconds of the whole run (start-up included): one torch thread, so this is roughly the
         # wall time the run takes on an idle core, whatever the neighbours do
@@ -92,6 +96,7 @@ def main() -> int:
         runs.append(result)
         print(json.dumps(result), flush=True)
     passed = sum(r["passed"] for r in runs)
+    passed_by_cpu = sum(r["passed_by_cpu_s"] for r in runs)
     reached = [r for r in runs if r["reached_target"]]
     summary = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
@@ -99,15 +104,17 @@ def main() -> int:
         "overrides": args.overrides,
         "budget_s": args.budget,
         "passed": f"{passed}/{len(runs)}",
+        "passed_by_cpu_s": f"{passed_by_cpu}/{len(runs)}",
         "reached_within_steps": f"{len(reached)}/{len(runs)}",
         "median_steps_to_target": sorted(r["steps"] for r in reached)[len(reached) // 2] if reached else None,
         "median_seconds_to_target": sorted(r["seconds_to_target"] for r in reached)[len(reached) // 2] if reached else None,
+        "median_cpu_s": sorted(r["cpu_s"] for r in reached)[len(reached) // 2] if reached else None,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "runs": runs,
     }
     out = ROOT / "bench" / "results" / f"{args.out}.json"
     out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"{passed}/{len(runs)} seeds reached the target within {args.budget:.0f} s; "
+    print(f"{passed}/{len(runs)} seeds reached the target within {args.budget:.0f} s ({passed_by_cpu} within {args.budget:.0f} CPU-s); "
           f"{len(reached)}/{len(runs)} within the recipe's steps; written to {out.relative_to(ROOT)}")
     return 0
 

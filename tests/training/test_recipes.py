@@ -197,3 +197,21 @@ def test_each_recipe_example_trains_with_its_options(tmp_path, sink, name, monke
     after = AutoModelForCausalLM.from_pretrained(result.checkpoint).state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert all("loss" in m and "reward" in m for m in sink.metrics)
+
+
+def test_the_entropy_bonus_reaches_the_loss(tmp_path, default_loss):
+    """actor.entropy_coeff is TRL's entropy_coef: the loss is the policy loss minus the coefficient
+    times the mean entropy over the response tokens (verl's token-mean entropy_loss)."""
+    coeff = 0.05
+    grpo, _ = grpo_trainer(tmp_path, {"actor_rollout_ref.actor.entropy_coeff": coeff})
+    assert grpo.args.entropy_coef == coeff
+    inputs, _ = off_policy_batch(grpo)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    with torch.no_grad():
+        ours = float(grpo._compute_loss(grpo.model, inputs))
+        _, entropies, _ = grpo._get_per_token_logps_and_entropies(grpo.model, ids, attention, MAX_TOKENS, compute_entropy=True)
+    mask = inputs["completion_mask"].float()
+    mean_entropy = float((entropies * mask).sum() / mask.sum())
+    assert mean_entropy > 1.0  # a fresh model: the bonus is far from zero
+    assert ours == pytest.approx(default_loss - coeff * mean_entropy, abs=1e-6)
