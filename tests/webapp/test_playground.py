@@ -243,3 +243,12 @@ def test_a_models_own_code_runs_only_when_an_admin_trusts_it(trained_run, make_r
     Model.objects.filter(name="tiny-char").update(trust_remote_code=True)
     assert trusts_remote_code(trained_run) is True
     assert trusts_remote_code(make_run(model=f"run:{trained_run.pk}")) is False
+
+
+@pytest.mark.django_db
+def test_admins_see_requests_read_only(trained_run, owner_client, admin_client_):
+    asked = ask(owner_client, trained_run).json()
+    listing = admin_client_.get("/admin/playground/playgroundrequest/")
+    assert listing.status_code == 200 and str(trained_run) in listing.content.decode()
+    assert admin_client_.get("/admin/playground/playgroundrequest/add/").status_code == 403
+    assert admin_client_.post(f"/admin/playground/playgroundrequest/{asked['id']}/change/", {"status": "succeeded"}).status_code == 403
