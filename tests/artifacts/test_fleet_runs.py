@@ -24,7 +24,7 @@ from webapp.registry.models import Backend, RewardFunction
 from webapp.runs.models import Run, RunLog
 from workers.execute import database_url
 
-pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 RUN_TIMEOUT = 300
 
