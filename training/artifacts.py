@@ -29,8 +29,9 @@ logger = logging.getLogger("training")
 
 # Written into a checkpoint directory in the store after its last file: the directory is whole.
 STORED_MARKER = ".stored"
-# The run's own small files, copied to the store beside its checkpoints (each time one is stored, and at the end).
-RUN_FILES = ("config.yaml", "metrics.jsonl", "episodes.jsonl")
+# The run's own small files, copied to the store beside its checkpoints (each time one is stored, and
+# at the end); a resumed attempt elsewhere starts from them (trackers.json: the same W&B/MLflow runs).
+RUN_FILES = ("config.yaml", "metrics.jsonl", "episodes.jsonl", "trackers.json")
 
 
 class ArtifactStoreError(RuntimeError):

@@ -50,6 +50,7 @@ def store_run_files(run: Run, tmp_path, steps=(1, 2, 3, 4)) -> dict[str, bytes]:
     for name, data in weights.items():
         (final / name).write_bytes(data)
     (scratch / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    (scratch / "trackers.json").write_text('{"wandb": {"id": "w4nd8", "mode": "offline"}}')
     (scratch / "process.log").write_text("training...\n")
     uploader.finish(final, timeout=60)
     return weights
@@ -178,3 +179,8 @@ def test_a_run_starts_from_another_runs_model_fetched_from_the_store(stored_run,
     Run.objects.filter(pk=source.pk).update(status=Run.Status.FAILED)
     with pytest.raises(ValueError, match="no trained model in the artifact store"):
         model_config(f"run:{source.pk}", owner)
+
+
+def test_the_run_page_links_the_trackers_a_worker_recorded_in_the_store(stored_run, owner_client):
+    run, _ = stored_run
+    assert "offline run w4nd8" in owner_client.get(f"/runs/{run.pk}/").content.decode()

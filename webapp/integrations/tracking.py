@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from training.trackers import read_ids
+from training.trackers import IDS_FILE, read_ids
 
 
 def target_of(run):
@@ -76,9 +76,14 @@ def prepare_run(run, trainer_kwargs: dict[str, Any]) -> list:
 def external_links(run) -> list[dict[str, str]]:
     """The run's external runs, from ``trackers.json`` in its folder: a link where the tool has a
     page (W&B online, an MLflow server), else where the files are."""
-    if not run.run_path:
+    from webapp.runs import artifacts
+
+    if artifacts.shared():  # the folder was a worker's scratch: its trackers.json is in the store
+        ids = artifacts.read_json(run, IDS_FILE)
+    elif not run.run_path:
         return []
-    ids = read_ids(run.run_path)
+    else:
+        ids = read_ids(run.run_path)
     links = []
     wandb = ids.get("wandb")
     if wandb:

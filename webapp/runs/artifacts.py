@@ -359,3 +359,16 @@ def fetch_trained_model(model_choice: str) -> Path | None:
     if key is None:
         raise ArtifactStoreError(f"run {match.group(1)}'s final model is not in the artifact store")
     return _retrying(lambda: fetch_folder(source, key), f"fetch run {source.pk}'s final model")
+
+
+def read_json(run, name: str) -> dict:
+    """A small JSON file of ``run`` in the shared store ({} when it is not there or unreadable)."""
+    import json
+
+    prefix = run_prefix(run)
+    try:
+        with store().open(f"{prefix}/{name}") as handle:
+            value = json.loads(handle.read())
+    except (ArtifactStoreError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
