@@ -168,6 +168,13 @@ def test_settings_swift_would_ignore_are_refused(tmp_path):
         with pytest.raises(ValueError, match=f"{key}: .*{message}"):
             AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
                          config={**base, key: value})
+    import examples  # noqa: F401  (registers the frozenlake dataset)
+
+    for key, value, message in [("rllm.agent.retries", 1, "does not retry an episode"),
+                                ("rllm.agent.overlong_filter", True, "cannot leave overlong ones out")]:
+        with pytest.raises(ValueError, match=f"{key}: .*{message}"):
+            AgentTrainer(agent_class="examples.frozenlake.FrozenLakeAgent", env_class="examples.frozenlake.FrozenLakeEnv",
+                         train_dataset="frozenlake:train", backend="swift", run_path=str(tmp_path), config={**base, key: value})
 
 
 CRACKING_LAKE = '''

@@ -121,6 +121,13 @@ class SwiftProcessor(BuiltinProcessor):
         if model.tokenizer_path and model.tokenizer_path != model.path:
             raise ConfigError("actor_rollout_ref.model.tokenizer_path", "ms-swift loads the tokenizer from the model's own "
                               "directory; leave it unset here, or use the trl or verl backend.")
+        agent_loop = config.rllm.agent
+        if self.agent_spec.kind == "agent_env" and agent_loop.retries > 0:
+            raise ConfigError("rllm.agent.retries", "the swift backend does not retry an episode inside ms-swift's rollout "
+                              "(an error ends it and counts against trainer.max_episode_error_rate); leave it at 0.")
+        if self.agent_spec.kind == "agent_env" and agent_loop.overlong_filter:
+            raise ConfigError("rllm.agent.overlong_filter", "ms-swift trains every episode it generates; the swift backend "
+                              "cannot leave overlong ones out. Set it to false, or use the trl backend.")
         if config.trainer.test_freq > 0:
             raise ConfigError("trainer.test_freq", "the swift backend does not score a test dataset during training; "
                               "set it to -1, or use the trl or verl backend.")
