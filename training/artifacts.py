@@ -32,6 +32,8 @@ STORED_MARKER = ".stored"
 # The run's own small files, copied to the store beside its checkpoints (each time one is stored, and
 # at the end); a resumed attempt elsewhere starts from them (trackers.json: the same W&B/MLflow runs).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "episodes.jsonl", "trackers.json")
+# verl writes this beside its global_step_N folders once step N is saved whole.
+VERL_LATEST = "latest_checkpointed_iteration.txt"
 
 
 class ArtifactStoreError(RuntimeError):
@@ -233,6 +235,8 @@ class ArtifactStore:
             _rmtree(target)
             partial.rename(target)
             logger.info("fetched checkpoint %s (step %d, %d files) from the artifact store", name, step, count)
+        if name.startswith("global_step_"):  # verl resumes from the step its marker file names
+            (Path(local_dir) / VERL_LATEST).write_text(str(step))
         return target
 
 
@@ -431,13 +435,22 @@ class RunUploader:
 
 
 class CheckpointUploadSink:
-    """A metric sink that hands every checkpoint a backend saves to a ``RunUploader``."""
+    """A metric sink that hands every checkpoint a backend saves to a ``RunUploader``: those the
+    backend reports (``log_checkpoint``: trl, swift), and verl's, which it names in its marker file
+    (looked at with each logged step)."""
 
-    def __init__(self, uploader: RunUploader) -> None:
+    def __init__(self, uploader: RunUploader, checkpoint_dir: str | Path | None = None) -> None:
         self.uploader = uploader
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else uploader.scratch / "checkpoints"
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        pass
+        try:
+            saved = int((self.checkpoint_dir / VERL_LATEST).read_text().strip())
+        except (OSError, ValueError):
+            return
+        folder = self.checkpoint_dir / f"global_step_{saved}"
+        if folder.is_dir() and not (folder / STORED_MARKER).exists():
+            self.uploader.checkpoint_saved(folder)
 
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
         pass

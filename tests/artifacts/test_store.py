@@ -164,3 +164,22 @@ def test_artifacts_url_setting_names_what_it_accepts(monkeypatch):
         monkeypatch.setenv("ARTIFACTS_URL", value)
         with pytest.raises(ImproperlyConfigured, match="ARTIFACTS_URL"):
             envartifacts("ARTIFACTS_URL")
+
+
+def test_verl_checkpoints_are_stored_once_its_marker_names_them_and_resume_gets_the_marker(store, tmp_path):
+    from training.artifacts import VERL_LATEST, CheckpointUploadSink
+
+    scratch = tmp_path / "scratch"
+    checkpoints = scratch / "checkpoints"
+    uploader = RunUploader(store, "runs/v", scratch)
+    sink = CheckpointUploadSink(uploader)
+    write_checkpoint(checkpoints / "global_step_2")
+    sink.log_metrics(2, {"reward": 0.1})  # saved, but verl has not marked it whole yet
+    (checkpoints / VERL_LATEST).write_text("2")
+    sink.log_metrics(3, {"reward": 0.2})
+    sink.log_metrics(4, {"reward": 0.3})  # still step 2's marker: nothing new to store
+    uploader.finish(None, timeout=60)
+    assert store.stored_checkpoints("runs/v/checkpoints") == [(2, "global_step_2")]
+    elsewhere = tmp_path / "elsewhere" / "checkpoints"
+    assert store.fetch_latest_checkpoint("runs/v/checkpoints", elsewhere).name == "global_step_2"
+    assert (elsewhere / VERL_LATEST).read_text() == "2"  # what verl resumes from
