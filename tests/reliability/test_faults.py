@@ -84,12 +84,13 @@ def assert_resumed_and_complete(run: Run, steps: int = STEPS) -> None:
 def test_a_run_lost_with_its_machine_resumes_on_another_worker(queue, env, workers, slow_run):
     first = workers(queue, "a", env)
     run = slow_run()
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.RUNNING, RUN_TIMEOUT, "the run to start", (first,))
+    second = workers(queue, "b", env)  # the rest of the fleet, started while the first trains
     # Killed the moment step 4's checkpoint is saved: the reports of step 4 (logged just before it)
     # are, as a rule, not stored yet. The resumed attempt starts after step 4 and must still have them.
     saved = Path(env["PLATFORM_VAR_DIR"]) / "runs" / f"{run.pk}-{run.uid.hex}" / "checkpoints" / "checkpoint-4" / "trainer_state.json"
     wait_for(saved.exists, RUN_TIMEOUT, "the checkpoint of step 4", (first,), poll=0.02)
     first.kill()  # worker and training process, SIGKILL: nothing gets to say goodbye
-    second = workers(queue, "b", env)
     run = finished(run, second)
     assert_resumed_and_complete(run)
     assert run.attempts == 2 and run.lost_attempts == 1 and run.worker.startswith(second.name)
@@ -99,10 +100,10 @@ def test_a_run_lost_with_its_machine_resumes_on_another_worker(queue, env, worke
 def test_celery_killed_alone_the_training_process_checkpoints_and_requeues_never_cancelled(queue, env, workers, slow_run):
     first = workers(queue, "a", env)
     run = slow_run()
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.RUNNING, RUN_TIMEOUT, "the run to start", (first,))
+    second = workers(queue, "b", env)
     wait_for(lambda: latest_step(run.pk) >= 3, RUN_TIMEOUT, "step 3", (first,))
     first.kill_celery_only()
-    wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.QUEUED, 60, "the run to be queued again", (first,))
-    second = workers(queue, "b", env)
     run = finished(run, second)
     assert_resumed_and_complete(run)
     assert run.cancel_requested_at is None and run.attempts == 2 and run.lost_attempts == 0
@@ -111,19 +112,18 @@ def test_celery_killed_alone_the_training_process_checkpoints_and_requeues_never
 
 def test_sigterm_requeues_the_run_within_the_grace_period_instead_of_finishing_it(queue, env, workers, slow_run):
     first = workers(queue, "a", env)
-    run = slow_run(steps=40)
+    run = slow_run()
     wait_for(lambda: latest_step(run.pk) >= 3, RUN_TIMEOUT, "step 3", (first,))
-    started = time.monotonic()
     first.process.terminate()
     first.process.wait(timeout=60)
-    assert time.monotonic() - started < 30, "the deploy waited for the run"
     run.refresh_from_db()
-    assert run.status == Run.Status.QUEUED and run.steps < 40
+    # Had the worker waited for the run (as before), the run would have ended with it.
+    assert run.status == Run.Status.QUEUED and run.steps < STEPS
     messages = list(RunLog.objects.filter(run=run).values_list("message", flat=True))
     assert any("Attempt 1 ended: The worker is shutting down" in m for m in messages), "\n".join(messages[-8:])
     second = workers(queue, "b", env)
     run = finished(run, second)
-    assert_resumed_and_complete(run, steps=40)
+    assert_resumed_and_complete(run)
     assert run.lost_attempts == 0
 def test_a_redis_outage_loses_no_run_and_queues_what_was_created_meanwhile(
     queue, env, workers, slow_run, owner_client, copy_form_data
@@ -133,7 +133,7 @@ def test_a_redis_outage_loses_no_run_and_queues_what_was_created_meanwhile(
     db_number = settings.REDIS_URL.rsplit("/", 1)[1]
     worker = workers(queue, "a", {**env, "REDIS_URL": f"redis://127.0.0.1:{proxy.port}/{db_number}"})
     try:
-        running = slow_run(steps=30)
+        running = slow_run(steps=16)
         wait_for(lambda: latest_step(running.pk) >= 2, RUN_TIMEOUT, "step 2", (worker,))
         proxy.cut()
         response = owner_client.post("/runs/new/", copy_form_data)  # no broker involved: recorded, never a 500
@@ -156,7 +156,7 @@ def test_a_postgres_outage_buffers_reports_and_training_goes_on(queue, env, work
     through_proxy = database_url({**db, "HOST": "127.0.0.1", "PORT": str(proxy.port)})
     worker = workers(queue, "a", {**env, "DATABASE_URL": through_proxy})
     try:
-        run = slow_run(steps=30)
+        run = slow_run(steps=20)
         wait_for(lambda: latest_step(run.pk) >= 3, RUN_TIMEOUT, "step 3", (worker,))
         proxy.cut()
         cut_at_step = latest_step(run.pk)
@@ -166,6 +166,6 @@ def test_a_postgres_outage_buffers_reports_and_training_goes_on(queue, env, work
         run = finished(run, worker)
         assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
         assert run.attempts == 1 and run.lost_attempts == 0
-        assert lost_and_doubled(run.pk, 30) == (0, 0)
+        assert lost_and_doubled(run.pk, 20) == (0, 0)
     finally:
         proxy.close()
