@@ -14,7 +14,7 @@ from training.rewards import RewardFunction, math_reward_fn
 from training.sinks import ConsoleSink, JsonlSink, MetricSink
 from training.trainer import AgentTrainer
 from training.types import Action, Episode, ModelOutput, RewardOutput, Step, TerminationReason, Trajectory
-from training.workflow import RolloutEngine, TerminationEvent, Workflow
+from training.workflow import RolloutEngine, SimpleWorkflow, TerminationEvent, Workflow
 
 __all__ = [
     "Action",
@@ -37,6 +37,7 @@ __all__ = [
     "RewardFunction",
     "RewardOutput",
     "RolloutEngine",
+    "SimpleWorkflow",
     "SingleTurnEnvironment",
     "Step",
     "TerminationEvent",

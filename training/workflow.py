@@ -231,3 +231,35 @@ def _stops_the_run(exc: BaseException) -> bool:
     from training.outcomes import TrainingFailed
 
     return isinstance(exc, (ModelCallError, TrainingFailed))
+
+
+class SimpleWorkflow(Workflow):
+    """rLLM's one-call workflow (``rllm.workflows.simple_workflow.SimpleWorkflow``): the task's
+    ``messages``, ``question``, ``prompt`` or ``problem`` (the first present) goes to the model once,
+    and ``reward_function(task, Action(reply))`` scores the reply. Ends ``env_done``, or
+    ``max_response_length`` when the reply ran out of tokens."""
+
+    TASK_KEYS = ("messages", "question", "prompt", "problem")
+
+    def __init__(self, rollout_engine: Any = None, reward_function: Callable | None = None, **kwargs: Any) -> None:
+        super().__init__(rollout_engine, **kwargs)
+        if reward_function is None:
+            raise ValueError("SimpleWorkflow needs workflow_args={'reward_function': fn}, fn(task, action) -> RewardOutput.")
+        self.reward_function = reward_function
+
+    async def run(self, task: dict, uid: str, **kwargs: Any) -> Episode | None:
+        from training.types import Action, Step
+
+        self.reset(task, uid)
+        key = next((k for k in self.TASK_KEYS if task.get(k) is not None), None)
+        if key is None:
+            raise ValueError(f"SimpleWorkflow: the task has none of {', '.join(self.TASK_KEYS)}; its fields are {sorted(task)}.")
+        messages = list(task[key]) if key == "messages" else [{"role": "user", "content": task[key]}]
+        output: ModelOutput = await self.rollout_engine.get_model_response(messages, application_id=uid, **kwargs)
+        action = Action(action=output.content)
+        scored = self.reward_function(task, action)
+        reply = {"role": "assistant", "content": output.content, "reasoning": output.reasoning}
+        step = Step(chat_completions=messages + [reply], thought=output.reasoning, action=action, reward=scored.reward, model_output=output)
+        self.commit(trajectory=Trajectory(steps=[step]))
+        ran_out = output.finish_reason == "length"
+        raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH if ran_out else TerminationReason.ENV_DONE)

@@ -158,3 +158,22 @@ def test_rllms_rolloutengine_is_the_only_class_of_that_name():
 
     assert training.RolloutEngine is RolloutEngine and issubclass(ModelClient, RolloutEngine)
     assert not hasattr(training.rollout, "RolloutEngine") and training.rollout.EpisodeRunner is EpisodeRunner
+
+
+def test_simple_workflow_asks_once_and_scores_with_the_reward_function():
+    from training import RewardOutput, SimpleWorkflow
+
+    def exact(task, action):
+        return RewardOutput(reward=float(action.action == task["answer"]), is_correct=action.action == task["answer"])
+
+    [right, wrong] = run(SimpleWorkflow, ["ok", "no"], tasks=[{"problem": "P", "answer": "ok"}] * 2,
+                         workflow_args={"reward_function": exact})
+    assert (right.reward, right.is_correct, wrong.reward) == (1.0, True, 0.0)
+    assert right.termination_reason == TerminationReason.ENV_DONE
+    [step] = right.trajectories[0].steps
+    assert step.chat_completions[0] == {"role": "user", "content": "P"} and step.action.action == "ok"
+    assert step.response_ids == ids("ok") + [EOS]
+
+    [broken] = run(SimpleWorkflow, ["ok"], tasks=[{"text": "P"}], workflow_args={"reward_function": exact})
+    assert broken.termination_reason == TerminationReason.ERROR
+    assert "the task has none of messages, question, prompt, problem; its fields are ['text']" in broken.error
