@@ -5,7 +5,8 @@ and the metric points lost and doubled. Results: bench/results/faults.json.
         python bench/faults.py [machine_lost celery_killed sigterm redis_outage postgres_outage]
 
 Real Celery worker processes (``-Q`` a queue of their own) train a tiny copy-task run that saves a
-checkpoint every step; a second worker is up when the first one is lost, as in a fleet. Faults:
+checkpoint every step; for the worker faults two workers are up from the start, as in a fleet, and
+the fault is dealt to the one that holds the run. Faults:
 
 * machine_lost     SIGKILL of the worker and its training process
 * celery_killed    SIGKILL of the Celery processes only (the training process lives on)
@@ -13,10 +14,13 @@ checkpoint every step; a second worker is up when the first one is lost, as in a
 * redis_outage     Redis cut for 20 s by a TCP proxy (a run is created during the outage too)
 * postgres_outage  Postgres cut for 30 s by a TCP proxy
 
-"Trains again" is the time from the fault to the first training step logged after it (the step's
-own time stamp, as the training process recorded it). Lost and doubled count steps 1..N of the
+"Trains again" is the time from the fault to the first training step logged by the run's next
+attempt (or, where the run kept its attempt, after the fault), by the step's own time stamp as the
+training process recorded it. Lost and doubled count steps 1..N of the
 ``reward`` series missing or stored twice, in the metric points and in the dashboard's series
-blocks. Heartbeats and thresholds are the production defaults (``webapp/settings.py``).
+blocks. Heartbeats and thresholds are the production defaults (``webapp/settings.py``). Where a run
+is given up and resumed, ``seconds_until_requeued`` and ``seconds_until_claimed`` say where the time
+went (detection, then dispatch, then the new training process's start-up until its first step).
 """
 
 from __future__ import annotations
@@ -110,16 +114,25 @@ class Scenario:
     def result(self, run, fault_at: datetime, **extra) -> dict:
         from fault_harness import lost_and_doubled, wait_for
 
-        from webapp.runs.models import MetricPoint, Run
+        from webapp.runs.models import MetricPoint, Run, RunLog
 
         wait_for(lambda: Run.objects.get(pk=run.pk).is_final, TIMEOUT, "the run to end", tuple(self.workers), poll=0.5)
         run.refresh_from_db()
-        after = MetricPoint.objects.filter(run=run, key="reward", time__gt=fault_at).order_by("time").first()
         lost, doubled = lost_and_doubled(run.pk, STEPS)
+        # Where the time went: the attempt given up (re-queued), the next one claimed, its first step.
+        milestones, since = {}, fault_at
+        for name, text in (("requeued", "Attempt 1 ended"), ("claimed", "(attempt 2 of")):
+            line = RunLog.objects.filter(run=run, message__contains=text, time__gt=fault_at).order_by("time").first()
+            if line is not None:
+                milestones[f"seconds_until_{name}"] = round((line.time - fault_at).total_seconds(), 1)
+                since = line.time
+        # Trains again: the first step the next attempt logged (a step the stopped attempt finished
+        # after the fault is not training again); without a next attempt, the first step after the fault.
+        after = MetricPoint.objects.filter(run=run, key="reward", time__gt=since).order_by("time").first()
         return {
             "status": run.status, "attempts": run.attempts, "lost_attempts": run.lost_attempts,
             "seconds_until_training_again": round((after.time - fault_at).total_seconds(), 1) if after else None,
-            "points_lost": lost, "points_doubled": doubled, **extra,
+            **milestones, "points_lost": lost, "points_doubled": doubled, **extra,
         }
 
     def close(self) -> None:
@@ -128,16 +141,22 @@ class Scenario:
 
 
 def worker_fault(name: str, inject) -> dict:
-    """Worker "a" trains until step 3 with worker "b" standing by; ``inject(a)`` is the fault and
-    returns extra figures for the result."""
+    """A fleet of two workers, "a" and "b", both up before the run is created (as standing workers
+    are, their spare training processes ready); the one that claims it trains until step 3, then
+    ``inject(that worker)`` is the fault and returns extra figures for the result."""
+    from fault_harness import wait_for
+
+    from webapp.runs.models import Run
+
     scenario = Scenario(name)
     try:
-        first = scenario.worker("a")
+        fleet = [scenario.worker("a"), scenario.worker("b")]
         run = scenario.run()
         scenario.wait_for_step(run, 3)
-        scenario.worker("b")  # the rest of the fleet
+        holder = wait_for(lambda: next((w for w in fleet if Run.objects.get(pk=run.pk).worker.startswith(w.name + "@")), None),
+                          60, "the worker holding the run", tuple(fleet))
         fault_at = _now()
-        extra = inject(first) or {}
+        extra = inject(holder) or {}
         return scenario.result(run, fault_at, **extra)
     finally:
         scenario.close()
