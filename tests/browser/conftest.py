@@ -4,9 +4,9 @@ Chromium (the system's, driven by Playwright) logged in as the owner persona."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,10 +25,10 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 QUEUE = f"test-browser-{uuid.uuid4().hex[:8]}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _listening_port(log) -> int | None:
+    """The port the web server (started with ``--port 0``) says it listens on, once it does."""
+    found = re.search(rb"Uvicorn running on http://127\.0\.0\.1:(\d+)", log.read_bytes()) if log.exists() else None
+    return int(found.group(1)) if found else None
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -39,9 +39,14 @@ def _stop(process: subprocess.Popen) -> None:
         process.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def live_platform(django_db_setup, django_db_blocker, tmp_path_factory):
-    """The base URL of the web server (webapp/server.py), with a worker taking runs of the ``QUEUE`` queue."""
+    """The base URL of the web server (webapp/server.py), with a worker taking runs of the ``QUEUE`` queue.
+    One for all the browser tests: starting one costs a web server's and a worker's imports.
+
+    The server binds a port the kernel picks (``--port 0``) and the fixture reads it from the
+    server's log: a port found free here and bound later by the server could be taken in between,
+    and the readiness check would then have found someone else's server."""
     from django.conf import settings
     from django.db import connection
 
@@ -50,31 +55,28 @@ def live_platform(django_db_setup, django_db_blocker, tmp_path_factory):
     with django_db_blocker.unblock():
         db_url = database_url(connection.settings_dict)
     logs = tmp_path_factory.mktemp("platform")
-    port = _free_port()
     env = {**os.environ, "DATABASE_URL": db_url, "RUN_HEARTBEAT_SECONDS": "1", "RUN_CANCEL_GRACE_SECONDS": "20",
            "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "DJANGO_SETTINGS_MODULE": "webapp.settings"}
     processes = [
-        subprocess.Popen(server.command("127.0.0.1", port),
+        subprocess.Popen(server.command("127.0.0.1", 0),
                          cwd=settings.BASE_DIR, env=env, stdout=open(logs / "web.log", "wb"), stderr=subprocess.STDOUT),
         subprocess.Popen([sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", QUEUE, "--concurrency", "1",
                           "-n", f"{QUEUE}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"],
                          cwd=settings.BASE_DIR, env=env, stdout=open(logs / "worker.log", "wb"), stderr=subprocess.STDOUT),
     ]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
+    try:
+        deadline = time.monotonic() + 90  # only a hang guard: it starts in seconds
+        while (port := _listening_port(logs / "web.log")) is None:
+            if processes[0].poll() is not None or time.monotonic() > deadline:
+                pytest.fail("the web server did not start:\n" + (logs / "web.log").read_text()[-3000:])
             time.sleep(0.2)
-    else:
-        pytest.fail("the web server did not start:\n" + (logs / "web.log").read_text()[-3000:])
-    yield {"url": f"http://127.0.0.1:{port}", "queue": QUEUE, "logs": logs}
-    for process in processes:
-        _stop(process)
+        yield {"url": f"http://127.0.0.1:{port}", "queue": QUEUE, "logs": logs}
+    finally:
+        for process in processes:
+            _stop(process)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def browser():
     from playwright.sync_api import sync_playwright
 

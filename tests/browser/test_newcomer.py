@@ -5,7 +5,7 @@ The demo run `make run` queues learns (its reward series ends higher than it sta
 newcomer reads one of its episodes, downloads its final model, chats with its checkpoint in the
 playground (answered by the worker) and clones it with one change.
 
-One live platform and one browser for the whole module (tests/browser/conftest.py)."""
+One live platform and one browser for all the browser tests (tests/browser/conftest.py)."""
 
 from __future__ import annotations
 
