@@ -43,6 +43,7 @@ class TinkerStandIn:
     counts: dict[str, int] = field(default_factory=dict)
     sampler_names: dict[str, str] = field(default_factory=dict)  # name the client gave -> path
     batches: list[list[dict]] = field(default_factory=list)  # each forward_backward's datums, as received
+    learning_rates: list[float] = field(default_factory=list)  # each optim_step's Adam learning rate, as received
 
     pb: object = pb  # the protobuf messages of the SDK being served (tinker's or Fireworks' fork)
     serve_http: bool = True
@@ -223,6 +224,7 @@ class TinkerStandIn:
     def on_optim_step(self, request: Request) -> Response:
         body = request.json()
         params = body.get("adam_params") or body.get("optim_params") or body["optimizer_params"]
+        self.learning_rates.append(float(params["learning_rate"]))
 
         def step():
             metrics = self.models[body["model_id"]].optim_step(

@@ -8,6 +8,7 @@ DeploymentSampler and FiretitanTrainingClient, and all of our code, are real.
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -164,3 +165,10 @@ def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(platform,
     rewards = [m["reward"] for m in sink.metrics]  # the episode's reward: both conversations', 0 to 2
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.4, rewards
     assert platform.running() == []
+
+
+def test_the_learning_rate_sent_each_step_follows_the_cosine_schedule(platform, tmp_path):
+    extra = {"actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine"}
+    assert trainer(platform, tmp_path, 3, extra=extra).train().steps == 3
+    expected = [5e-2 * 0.5 * (1 + math.cos(math.pi * s / 3)) for s in range(3)]
+    assert platform.trainer.learning_rates == pytest.approx(expected), platform.trainer.learning_rates

@@ -7,6 +7,8 @@ ServiceClient/TrainingClient/SamplingClient, our rollout engine, datums, losses 
 """
 
 import json
+import logging
+import math
 
 import pytest
 import torch
@@ -107,6 +109,44 @@ def test_rllm_tinker_names_are_accepted(service, tmp_path):
     assert built.actor_rollout_ref.rollout.n == 4
     assert built.actor_rollout_ref.actor.optim.lr == 2e-5
     assert built.remote.base_url == service.url
+
+
+def test_rllm_schedule_validation_and_agent_names_map_to_ours(service, tmp_path):
+    names = ["model.name=tiny-char", "data.train_batch_size=4", "training.group_size=4", f"tinker_base_url={service.url}",
+             "trainer.total_training_steps=10"]
+
+    def build(*extra):
+        return AgentTrainer(train_dataset=PROMPTS, reward_func=starts_a_to_m, backend="tinker", run_path=str(tmp_path),
+                            config=names + list(extra)).final_config
+
+    built = build("training.lr_schedule=cosine", "training.warmup_steps_ratio=0.25", "validation.group_size=3", "agent.max_steps=2")
+    assert built.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
+    assert built.actor_rollout_ref.actor.optim.lr_warmup_steps == 2  # int(0.25 x 10 steps), as rLLM counts it
+    assert built.actor_rollout_ref.rollout.val_kwargs.n == 3
+    assert built.rllm.agent.max_steps == 2
+    with pytest.raises(ValueError, match=r"training\.lr_schedule: linear decay is not available on the tinker backend"):
+        build("training.lr_schedule=linear")
+    with pytest.raises(ValueError, match=r"training\.warmup_steps_ratio: is 2 warm-up steps of 10, but .*lr_warmup_steps is 3"):
+        build("training.warmup_steps_ratio=0.25", "actor_rollout_ref.actor.optim.lr_warmup_steps=3")
+
+
+def test_the_learning_rate_sent_each_step_follows_warmup_then_cosine(service, tmp_path, sink):
+    extra = {"actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine", "actor_rollout_ref.actor.optim.lr_warmup_steps": 2}
+    result = trainer(service, tmp_path, 6, sink, extra=extra).train()
+    assert result.steps == 6
+
+    base = 5e-2  # linear warm-up from 0 over 2 steps, then half a cosine over the 4 left
+    expected = [base * s / 2 for s in range(2)] + [base * 0.5 * (1 + math.cos(math.pi * (s - 2) / 4)) for s in range(2, 6)]
+    assert service.learning_rates == pytest.approx(expected), service.learning_rates
+    assert [m["lr"] for m in sink.metrics] == pytest.approx(expected)
+
+
+def test_test_freq_is_refused_and_an_unscored_test_dataset_is_said_in_the_log(service, tmp_path, caplog):
+    with pytest.raises(ValueError, match=r"trainer\.test_freq: the tinker backend does not score a test dataset"):
+        trainer(service, tmp_path, 1, test_dataset=PROMPTS, extra={"trainer.test_freq": 1})
+    with caplog.at_level(logging.WARNING, logger="training"):
+        assert trainer(service, tmp_path, 1, test_dataset=PROMPTS).train().steps == 1
+    assert f"the test dataset ({len(PROMPTS)} rows) is not scored during training on the tinker backend" in caplog.text
 
 
 def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):

@@ -12,7 +12,9 @@ The step is the same on both services, and is written once here (``RemoteTrainin
    tokens, the sampling log-probabilities, and the advantage on the model's own tokens (0 on the
    prompt and on environment tokens, which are therefore never trained on);
 3. ``forward_backward`` with the importance-sampling or PPO loss (``remote.loss_fn``), then
-   ``optim_step`` (one pair per ``actor.ppo_mini_batch_size`` prompts);
+   ``optim_step`` (one pair per ``actor.ppo_mini_batch_size`` prompts), each with the learning rate
+   of the step under ``actor.optim.lr_scheduler_type`` and ``lr_warmup_steps`` (``scheduled_lr``:
+   transformers' schedules, advanced once per training step as verl's are);
 4. the new weights are published for sampling, so the next step samples on-policy;
 5. every ``trainer.save_freq`` steps (and at the end) the training state is saved on the service
    and its path recorded in ``<run>/checkpoints/step-N/checkpoint.json``, from which a re-run
@@ -58,6 +60,7 @@ RLLM_REMOTE_ALIASES = {
     "model.lora_rank": "actor_rollout_ref.model.lora_rank",
     "training.group_size": "actor_rollout_ref.rollout.n",
     "training.learning_rate": "actor_rollout_ref.actor.optim.lr",
+    "training.lr_schedule": "actor_rollout_ref.actor.optim.lr_scheduler_type",
     "training.weight_decay": "actor_rollout_ref.actor.optim.weight_decay",
     "training.grad_clip_norm": "actor_rollout_ref.actor.grad_clip",
     "training.beta1": "remote.adam_beta1",
@@ -65,11 +68,15 @@ RLLM_REMOTE_ALIASES = {
     "training.eps": "remote.adam_eps",
     "training.default_local_dir": "trainer.default_local_dir",
     "training.resume_mode": "trainer.resume_mode",
+    "validation.group_size": "actor_rollout_ref.rollout.val_kwargs.n",
+    "agent.max_steps": "rllm.agent.max_steps",
     "sampling.temperature": "actor_rollout_ref.rollout.temperature",
     "sampling.top_p": "actor_rollout_ref.rollout.top_p",
     "tinker_base_url": "remote.base_url",
     "fireworks_base_url": "remote.base_url",
 }
+# rLLM's warm-up as a share of the run: turned into actor.optim.lr_warmup_steps (int(ratio x steps), as rLLM does).
+RLLM_WARMUP_RATIO = "training.warmup_steps_ratio"
 
 
 def apply_aliases(config: ConfigInput, aliases: dict[str, str]) -> ConfigInput:
@@ -203,7 +210,29 @@ class RemoteProcessor(BuiltinProcessor):
         return {"actor_rollout_ref.model.lora_rank": 32, "trainer.cpu_threads": 1}
 
     def check_config(self, config: ConfigInput = None) -> Config:
-        return super().check_config(apply_aliases(config, self.aliases))
+        config = apply_aliases(config, self.aliases)
+        if isinstance(config, dict) and config.get("actor_rollout_ref.actor.optim.lr_scheduler_type") == "linear":
+            raise ConfigError(
+                "training.lr_schedule",
+                f"linear decay is not available on the {self.name} backend; use constant or cosine "
+                "(actor_rollout_ref.actor.optim.lr_scheduler_type).",
+            )
+        ratio = config.pop(RLLM_WARMUP_RATIO, None) if isinstance(config, dict) else None
+        if ratio is None:
+            return super().check_config(config)
+        ratio = float(ratio)
+        if not 0 <= ratio < 1:
+            raise ConfigError(RLLM_WARMUP_RATIO, f"must be a share of the steps from 0 up to 1, got {ratio}.")
+        steps = super().check_config(config).trainer.total_training_steps
+        warmup = int(ratio * steps)
+        given = config.get("actor_rollout_ref.actor.optim.lr_warmup_steps")
+        if given is not None and int(given) != warmup:
+            raise ConfigError(
+                RLLM_WARMUP_RATIO,
+                f"is {warmup} warm-up steps of {steps}, but actor_rollout_ref.actor.optim.lr_warmup_steps is {given}; give one.",
+            )
+        logger.info("%s=%s: %d warm-up steps of %d (actor_rollout_ref.actor.optim.lr_warmup_steps)", RLLM_WARMUP_RATIO, ratio, warmup, steps)
+        return super().check_config({**config, "actor_rollout_ref.actor.optim.lr_warmup_steps": warmup})
 
     def check_backend(self, config: Config) -> None:
         problems = self.environment_problems()
@@ -218,6 +247,12 @@ class RemoteProcessor(BuiltinProcessor):
         from training.advantages import check_estimator
 
         check_estimator(config.algorithm.adv_estimator, self.name)
+        if config.trainer.test_freq > 0:
+            raise ConfigError(
+                "trainer.test_freq",
+                f"the {self.name} backend does not score a test dataset during training; set trainer.test_freq=-1 "
+                "(score the trained model afterwards with AgentTrainer.evaluate or another backend).",
+            )
         # the service sums its loss over tokens: one aggregation, one ratio per token
         clip_keys = {"actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high"} if config.remote.loss_fn == "ppo" else set()
         refuse_recipe_keys(config, self.name, honoured={"reward_model.overlong_buffer.enable", *clip_keys})
@@ -304,6 +339,7 @@ class RemoteTrainingLoop:
         # The checks every backend makes: error rate per step, a reward that raises, zero steps.
         self.outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate, self.tasks)
         self.reward_fn = self.outcomes.watch_reward(processor.reward_fn, required=self.spec.kind == "single_turn")
+        self.lr_factor = lr_schedule(self.config)
 
     def run(self) -> TrainResult:
         processor, cfg = self.processor, self.config
@@ -334,6 +370,11 @@ class RemoteTrainingLoop:
                 "training with %s: %d steps, %d prompts x %d episodes per step, agent kind %s",
                 self.service, total, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, self.spec.kind,
             )
+            if processor.test_dataset is not None:
+                logger.warning(
+                    "the test dataset (%d rows) is not scored during training on the %s backend (nor before it: "
+                    "trainer.val_before_train has no effect here)", len(processor.test_dataset), self.service,
+                )
             saved = start
             for step in range(start + 1, total + 1):
                 if processor.should_stop():
@@ -400,7 +441,7 @@ class RemoteTrainingLoop:
             **summary,
             **batch.metrics,
             "loss": loss_sum / max(tokens, 1),
-            "lr": cfg.actor_rollout_ref.actor.optim.lr,
+            "lr": self.lr(step),
             "optimizer_steps": float(updates),
             "trained_sequences": float(trained_rows),
             "dropped_groups": dropped,
@@ -467,7 +508,7 @@ class RemoteTrainingLoop:
             low, high = clip_range(cfg)
             loss_config = {"clip_low_threshold": 1.0 - low, "clip_high_threshold": 1.0 + high}
         adam = session.types.AdamParams(
-            learning_rate=actor.optim.lr, beta1=remote.adam_beta1, beta2=remote.adam_beta2, eps=remote.adam_eps,
+            learning_rate=self.lr(step), beta1=remote.adam_beta1, beta2=remote.adam_beta2, eps=remote.adam_eps,
             weight_decay=actor.optim.weight_decay, grad_clip_norm=actor.grad_clip,
         )
         client = session.training_client
@@ -480,6 +521,10 @@ class RemoteTrainingLoop:
             return output
 
         return remote_call(self.service, f"forward_backward/optim_step at step {step}", run)
+
+    def lr(self, step: int) -> float:
+        """The learning rate of training step ``step`` (from 1): the schedule advances once per step."""
+        return self.config.actor_rollout_ref.actor.optim.lr * self.lr_factor(step - 1)
 
     # -- checkpoints -----------------------------------------------------------------------
     def _save_due(self, step: int, total: int) -> bool:
@@ -496,6 +541,25 @@ class RemoteTrainingLoop:
             steps = sorted(int(p.parent.name.split("-", 1)[1]) for p in directory.glob(f"step-*/{CHECKPOINT_FILE}"))
             for old in steps[:-keep]:
                 shutil.rmtree(directory / f"step-{old}", ignore_errors=True)
+
+
+def lr_schedule(config: Config) -> Callable[[int], float]:
+    """The factor on ``actor.optim.lr`` after ``n`` scheduler steps: transformers' constant,
+    constant-with-warmup or cosine-with-warmup schedule over ``trainer.total_training_steps``
+    (as the trl backend and verl schedule it)."""
+    import torch
+    from transformers import get_scheduler
+
+    optim = config.actor_rollout_ref.actor.optim
+    name = optim.lr_scheduler_type
+    if name == "constant" and optim.lr_warmup_steps:
+        name = "constant_with_warmup"
+    # The schedule's factor only: a throwaway optimizer hosts it, the service holds the real one.
+    holder = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=optim.lr)
+    scheduler = get_scheduler(
+        name, holder, num_warmup_steps=optim.lr_warmup_steps, num_training_steps=config.trainer.total_training_steps
+    )
+    return scheduler.lr_lambdas[0]
 
 
 def _sampler_trainer_gap(output: Any, sampled: list[list[float | None]]) -> list[float]:
