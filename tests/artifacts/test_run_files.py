@@ -184,3 +184,25 @@ def test_a_run_starts_from_another_runs_model_fetched_from_the_store(stored_run,
 def test_the_run_page_links_the_trackers_a_worker_recorded_in_the_store(stored_run, owner_client):
     run, _ = stored_run
     assert "offline run w4nd8" in owner_client.get(f"/runs/{run.pk}/").content.decode()
+
+
+def test_an_archive_streams_in_bounded_chunks_and_an_abandoned_download_stops_its_writer():
+    import threading
+
+    from webapp.runs.downloads import _piped
+
+    written, stopped = [], threading.Event()
+
+    def write(out) -> None:
+        try:
+            for _ in range(10_000):  # far more than the pipe holds: the writer waits for the reader
+                out.write(b"x" * 1024)
+                written.append(1)
+        except OSError:
+            stopped.set()
+
+    chunks = _piped(write, depth=4)
+    assert next(chunks) == b"x" * 1024
+    chunks.close()  # the client went away
+    assert stopped.wait(10)
+    assert len(written) < 100

@@ -304,7 +304,11 @@ def finish_uploads(uploader: RunUploader | None, run, scratch: Path, final_model
     ArtifactStoreError when the store did not take them. Without a shared store: the project's
     retention, applied to the run's own folder."""
     if uploader is None:
-        apply_retention(run)
+        try:  # housekeeping: never the reason a trained run fails (the database may be down right now)
+            apply_retention(run)
+        except Exception as exc:
+            logger.warning("Run %s: old checkpoints were not removed (%s); manage.py artifacts retention does it later.",
+                           run.pk, exc)
         return
     uploader.sweep_checkpoints(scratch / "checkpoints")
     final = Path(final_model) if final_model else None

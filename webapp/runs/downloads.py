@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import csv
 import io
+import queue
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import yaml
 from asgiref.sync import sync_to_async
@@ -195,47 +197,72 @@ def _stored_archive(run: Run, name: str) -> StreamingHttpResponse:
     store = artifacts.store()
     members = [(k, store.size(f"{key}/{k}")) for k in store.list(key) if k != STORED_MARKER]
 
-    def archive() -> Iterator[bytes]:
-        out = _Chunks()
-        with tarfile.open(fileobj=out, mode="w|gz") as tar:
+    def write_archive(out: io.RawIOBase) -> None:
+        with tarfile.open(fileobj=out, mode="w|gz", bufsize=1 << 20) as tar:
             for member, size in members:
                 info = tarfile.TarInfo(f"run-{run.pk}-{name}/{member}")
                 info.size = size
                 with store.open(f"{key}/{member}") as handle:
                     tar.addfile(info, handle)
-                yield from out.take()
-        yield from out.take()
 
-    response = StreamingHttpResponse(_async(archive()), content_type="application/gzip")
+    response = StreamingHttpResponse(_async(_piped(write_archive)), content_type="application/gzip")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{name}.tar.gz"'
     return response
 
 
-class _Chunks(io.RawIOBase):
-    """A write-only file whose bytes are taken out as they are written (tarfile's stream mode writes to it)."""
+def _piped(write: Callable[[io.RawIOBase], None], depth: int = 8) -> Iterator[bytes]:
+    """The bytes ``write(file)`` writes, as they are written: a thread writes, at most ``depth``
+    chunks wait, so a model of any size streams in bounded memory. A download abandoned midway
+    stops the writer at its next write."""
+    chunks: queue.Queue = queue.Queue(maxsize=depth)
+    abandoned = threading.Event()
+    finished = object()
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._parts: list[bytes] = []
+    def put(item) -> None:
+        while not abandoned.is_set():
+            try:
+                chunks.put(item, timeout=1)
+                return
+            except queue.Full:
+                continue
+        raise OSError("the download was abandoned")
 
-    def writable(self) -> bool:
-        return True
+    class Pipe(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
 
-    def write(self, data) -> int:
-        self._parts.append(bytes(data))
-        return len(data)
+        def write(self, data) -> int:
+            put(bytes(data))
+            return len(data)
 
-    def take(self) -> Iterator[bytes]:
-        parts, self._parts = self._parts, []
-        if parts:
-            yield b"".join(parts)
+    def produce() -> None:
+        try:
+            write(Pipe())
+            put(finished)
+        except BaseException as exc:  # handed to the reader, which raises it
+            if not abandoned.is_set():
+                put(exc)
+
+    threading.Thread(target=produce, name="download-archive", daemon=True).start()
+    try:
+        while (item := chunks.get()) is not finished:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        abandoned.set()
 
 
 async def _async(chunks: Iterator[bytes]):
     """A blocking iterator served as an async one: the ASGI server streams it, a thread reads each chunk."""
     done = object()
-    while (chunk := await sync_to_async(next)(chunks, done)) is not done:
-        yield chunk
+    try:
+        while (chunk := await sync_to_async(next)(chunks, done)) is not done:
+            yield chunk
+    finally:  # a client gone midway: the blocking iterator's own clean-up runs now
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            await sync_to_async(close)()
 
 
 # The run files a worker stores beside its checkpoints, downloadable from the run page.
