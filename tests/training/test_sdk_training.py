@@ -137,35 +137,87 @@ def test_rllm_sdk_example_trains_unchanged(tmp_path, monkeypatch, digit_model):
 
 
 @pytest.mark.slow
-def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged(tmp_path, monkeypatch):
+def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged_and_learns(tmp_path, monkeypatch):
     """rLLM's examples/sdk/solver_judge (train_session.py and solver_judge_flow_session.py) with only
     their imports changed: two solvers and a judge per episode, each call in its own session(),
-    returned as TrajectoryViews with step rewards. Structure only: the tiny model never writes the
-    <answer> tags their parsers need, so every reward is 0 (test_rllm_sdk_example_trains_unchanged
-    shows the reward rising)."""
+    returned as TrajectoryViews with step rewards from countdown_reward_fn.
+
+    The tiny model is first warmed up on their formats (``<answer>D</answer>`` for every digit D
+    alike from the solvers, either index from the judge), so its answers vary; then RL must raise
+    the reward: both tasks' target is 7, which a warmed solver writes about one time in ten."""
+    from warm_start import warm_tiny_model
+
     monkeypatch.syspath_prepend(str(RLLM_EXAMPLE.parent.parent))  # their import of the flow module
-    tasks = [{"question": f"Reach {t} with {t} and {o}", "nums": [t, o], "target": t} for t, o in ((7, 3), (5, 2))]
+    from fixtures.rllm_sdk_solver_judge_flow_session import Judge
+
+    tasks = [{"question": f"Reach 7 with 7 and {o}", "nums": [7, o], "target": 7} for o in (3, 2)]
+    solver_prompts = [[{"role": "user", "content": f"{t['question']}. Output the final answer within <answer>...</answer>"}]
+                      for t in tasks]
+    pairs = [(messages, f"<answer>{d}</answer>") for messages in solver_prompts for d in range(10)]
+    judge = Judge.__new__(Judge)  # only its prompt builder: no client needed
+    for task in tasks:
+        for solutions in (["<answer>7</answer>", "<answer>3</answer>"], ["No solution found", "<answer>1</answer>"]):
+            prompt = [{"role": "user", "content": judge._create_judge_prompt(task["question"], solutions)}]
+            pairs += [(prompt, "<answer>1</answer>"), (prompt, "<answer>2</answer>")]
+    model = warm_tiny_model(tmp_path / "warm", pairs, steps=80)
+
     DatasetRegistry.register_dataset("countdown", tasks, "train")
     DatasetRegistry.register_dataset("countdown", tasks[:1], "test")
     main = import_object(f"{RLLM_EXAMPLE.parent / 'rllm_sdk_solver_judge_train_session.py'}:main")
     monkeypatch.chdir(tmp_path)
     main({
-        "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2, "data.train_batch_size": 2,
-        "data.max_prompt_length": 2048, "data.max_response_length": 32, "rllm.agent.max_tokens_per_turn": 4,
-        "trainer.total_training_steps": 1, "trainer.logger": ["jsonl"],
+        "actor_rollout_ref.model.path": model, "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 2,
+        "data.max_prompt_length": 2048, "data.max_response_length": 24, "rllm.agent.max_tokens_per_turn": 20,
+        "trainer.total_training_steps": 5, "trainer.logger": ["jsonl"],
     })
     run = tmp_path / "runs"
-    [metrics] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
-    assert metrics["termination/error"] == 0.0
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
+    assert len(metrics) == 5 and all(m["termination/error"] == 0.0 for m in metrics)
+    assert all(m["rows"] == 3 * 16 for m in metrics)  # every solver and the judge trained, each its own row
+    rewards = [m["reward"] for m in metrics]  # per episode: both solvers' and the judge's, 0 to 3
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.3, rewards
+    before = AutoModelForCausalLM.from_pretrained(model).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(run / "final_model").state_dict()
+    assert sum(not torch.equal(before[name], after[name]) for name in before) > len(before) // 2
     episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
     assert episodes
     tokenizer = build_char_tokenizer()
     for episode in episodes:
         assert [t["name"] for t in episode["trajectories"]] == ["solver", "solver", "judge"]
-        solver, _, judge = (t["steps"][0] for t in episode["trajectories"])
+        solver, _, judge_step = (t["steps"][0] for t in episode["trajectories"])
         question = episode["task"]["question"]
         assert solver["prompt_ids"] == encode(tokenizer, f"{question}. Output the final answer within <answer>...</answer>")
-        assert judge["prompt_ids"][: len(encode(tokenizer, "You are an expert verifier."))] == encode(
+        assert judge_step["prompt_ids"][: len(encode(tokenizer, "You are an expert verifier."))] == encode(
             tokenizer, "You are an expert verifier.")
-        assert all(len(s["logprobs"]) == len(s["response_ids"]) > 0 for s in (solver, judge))
-        assert solver["action"] == "No solution found"  # their parser's answer to untagged text
+        assert all(len(s["logprobs"]) == len(s["response_ids"]) > 0 for s in (solver, judge_step))
+
+
+@pytest.mark.slow
+def test_rllm_countdown_example_with_simple_workflow_trains_unchanged(tmp_path, monkeypatch, digit_model):
+    """rLLM's examples/countdown/train_countdown.py with only its imports changed: its
+    SimpleWorkflow (one call on the task's question) scored by countdown_reward_fn. The expression
+    "7" reaches the target 7 from the numbers [7, 3] (reward 1); "3" is a valid miss (0.1)."""
+    tasks = [{"question": q, "nums": [7, 3], "target": 7} for q in QUESTIONS]
+    DatasetRegistry.register_dataset("countdown", tasks, "train")
+    DatasetRegistry.register_dataset("countdown", tasks[:2], "test")
+    main = import_object(f"{RLLM_EXAMPLE.parent / 'rllm_countdown_train.py'}:main")
+    monkeypatch.chdir(tmp_path)
+    main({
+        "actor_rollout_ref.model.path": str(digit_model), "actor_rollout_ref.actor.optim.lr": 2e-2,
+        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 2,
+        "rllm.agent.max_tokens_per_turn": 1, "trainer.total_training_steps": 3, "trainer.logger": ["jsonl"],
+    })
+    run = tmp_path / "runs"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
+    rewards = [m["reward"] for m in metrics]
+    assert len(rewards) == 3 and rewards[-1] > rewards[0] + 0.3, rewards
+    assert all(m["termination/error"] == 0.0 for m in metrics)
+    before = AutoModelForCausalLM.from_pretrained(digit_model).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(run / "final_model").state_dict()
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+    episode = json.loads((run / "episodes.jsonl").read_text().splitlines()[0])
+    [step] = episode["trajectories"][0]["steps"]
+    assert step["chat_completions"][0] == {"role": "user", "content": episode["task"]["question"]}
+    action = step["action"]  # rLLM's Action around the reply, stored by its value
+    assert (action["action"] if isinstance(action, dict) else action) == step["model_output"]["content"]

@@ -1,0 +1,70 @@
+"""A tiny model taught rLLM's answer formats in a few seconds of supervised training, so that RL
+tests of rLLM's own examples start from a model whose answers vary (a randomly initialised
+character model never writes ```Up``` or ``<answer>7</answer>``, and every reward would be 0)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from training.generation import encode, render_messages
+from training.tiny import build_char_tokenizer, build_tiny_model
+
+
+def warm_tiny_model(
+    directory: Path, pairs: list[tuple[list[dict], str]], steps: int = 40, seed: int = 0, context: int | None = None,
+    lr: float = 3e-3,
+) -> str:
+    """The tiny model after ``steps`` of supervised training on (chat messages -> reply) pairs,
+    saved to ``directory`` as a checkpoint the trainer loads like any other. ``context`` keeps only
+    the last tokens of each prompt (cheaper; the reply's format depends on the prompt's end).
+
+    A long start that every prompt shares (rLLM's FrozenLake system prompt, ~1,100 tokens) is run
+    once per step without gradients and its key/value cache reused by every row: the rows then
+    cost only their own tokens, and the model still learns to answer with that start in view."""
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, seed=seed)
+    prompts = [encode(tokenizer, render_messages(tokenizer, messages))[-(context or 0):] for messages, _ in pairs]
+    shared = _common_prefix(prompts)[:-1]  # every row keeps at least one prompt token of its own
+    prefix = shared if len(shared) >= 64 else []
+    rows = []
+    for prompt, (_, reply) in zip(prompts, pairs):
+        prompt = prompt[len(prefix):]
+        target = encode(tokenizer, reply) + [tokenizer.eos_token_id]
+        rows.append((prompt + target, [-100] * len(prompt) + target))
+    batches = {}  # rows of about one length together, so short rows are not padded to the longest
+    for ids, labels in rows:
+        batches.setdefault(len(ids) // 64, []).append((ids, labels))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        cache = None
+        if prefix:
+            with torch.no_grad():
+                cache = model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
+        for batch in batches.values():
+            width = max(len(ids) for ids, _ in batch)
+            input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in batch])
+            labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
+            extra = {}
+            if cache is not None:  # the shared start's cache, once per row (the forward pass extends it)
+                rows_cache = copy.deepcopy(cache)
+                rows_cache.batch_repeat_interleave(len(batch))
+                mask = torch.tensor([[1] * (len(prefix) + len(ids)) + [0] * (width - len(ids)) for ids, _ in batch])
+                extra = {"past_key_values": rows_cache, "attention_mask": mask}
+            loss = model(input_ids=input_ids, labels=labels, **extra).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def _common_prefix(sequences: list[list[int]]) -> list[int]:
+    first = sequences[0] if sequences else []
+    length = len(first)
+    for other in sequences[1:]:
+        length = next((i for i, (a, b) in enumerate(zip(first[:length], other)) if a != b), min(length, len(other)))
+    return first[:length]
