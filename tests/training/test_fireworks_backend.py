@@ -167,8 +167,12 @@ def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(platform,
     assert platform.running() == []
 
 
-def test_the_learning_rate_sent_each_step_follows_the_cosine_schedule(platform, tmp_path):
-    extra = {"actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine"}
-    assert trainer(platform, tmp_path, 3, extra=extra).train().steps == 3
+def test_the_learning_rate_follows_the_cosine_schedule_and_the_test_dataset_is_scored(platform, tmp_path, sink):
+    extra = {"actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine", "trainer.test_freq": 3}
+    assert trainer(platform, tmp_path, 3, sink, extra=extra, test_dataset=PROMPTS).train().steps == 3
     expected = [5e-2 * 0.5 * (1 + math.cos(math.pi * s / 3)) for s in range(3)]
     assert platform.trainer.learning_rates == pytest.approx(expected), platform.trainer.learning_rates
+    # Greedy validation (one episode per task) through the deployment, before training and after the last step.
+    assert [m["step"] for m in sink.metrics if "val/default/reward" in m] == [0, 3]
+    # training episodes + validation episodes + the SDK's warm-up probe when the deployment is up and after each hot-load
+    assert platform.completions == 3 * 4 * 8 + 2 * len(PROMPTS) + 1 + len(platform.hotloads)

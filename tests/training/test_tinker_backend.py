@@ -141,12 +141,29 @@ def test_the_learning_rate_sent_each_step_follows_warmup_then_cosine(service, tm
     assert [m["lr"] for m in sink.metrics] == pytest.approx(expected)
 
 
-def test_test_freq_is_refused_and_an_unscored_test_dataset_is_said_in_the_log(service, tmp_path, caplog):
-    with pytest.raises(ValueError, match=r"trainer\.test_freq: the tinker backend does not score a test dataset"):
-        trainer(service, tmp_path, 1, test_dataset=PROMPTS, extra={"trainer.test_freq": 1})
-    with caplog.at_level(logging.WARNING, logger="training"):
-        assert trainer(service, tmp_path, 1, test_dataset=PROMPTS).train().steps == 1
-    assert f"the test dataset ({len(PROMPTS)} rows) is not scored during training on the tinker backend" in caplog.text
+def test_the_test_dataset_is_scored_through_the_service_sampler_on_schedule(service, tmp_path, sink, caplog):
+    extra = {"trainer.test_freq": 5, "actor_rollout_ref.rollout.val_kwargs.n": 8,
+             "actor_rollout_ref.rollout.val_kwargs.do_sample": True, "actor_rollout_ref.rollout.val_kwargs.temperature": 1.0}
+    with caplog.at_level(logging.INFO, logger="training"):
+        result = trainer(service, tmp_path, 10, sink, test_dataset=PROMPTS, extra=extra).train()
+    assert result.steps == 10
+
+    validated = [m for m in sink.metrics if "val/default/reward" in m]
+    assert [m["step"] for m in validated] == [0, 5, 10]  # before training, every test_freq steps, after the last
+    for metrics in validated:
+        assert 0.0 <= metrics["val/default/pass@1"] <= metrics["val/default/pass@8"] <= 1.0
+    step_five = [m for m in sink.metrics if m["step"] == 5]
+    assert len(step_five) == 1 and "reward" in step_five[0]  # one report: the step's training and validation metrics
+    # Scored on the published weights: the trained policy scores higher than the starting one.
+    assert validated[-1]["val/default/reward"] > validated[0]["val/default/reward"] + 0.3, validated
+    assert service.counts["sample"] == 10 * 4 * 8 + 3 * len(PROMPTS) * 8
+    assert "validation at step 0 (4 tasks" in caplog.text
+    assert "val/default/reward" in result.metrics
+
+
+def test_test_freq_without_a_test_dataset_is_refused(service, tmp_path):
+    with pytest.raises(ValueError, match=r"trainer\.test_freq: scoring every 2 steps needs a test dataset"):
+        trainer(service, tmp_path, 1, extra={"trainer.test_freq": 2})
 
 
 def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):

@@ -178,8 +178,10 @@ class FireworksSession(ServiceSession):
     def save_state(self, name: str) -> str:
         return self.training_client.save_state(name).result().path
 
-    def generator(self, tokenizer: Any) -> RemoteGenerator:
+    def generator(self, tokenizer: Any, temperature: float | None = None, top_p: float | None = None) -> RemoteGenerator:
         rollout = self.config.actor_rollout_ref.rollout
+        temperature = rollout.temperature if temperature is None else temperature
+        top_p = rollout.top_p if top_p is None else top_p
         sampler = self.sdk.DeploymentSampler(
             inference_url=self.deploy_mgr.inference_url, model=self.inference_model, api_key=self.api_key, tokenizer=tokenizer,
         )
@@ -187,7 +189,7 @@ class FireworksSession(ServiceSession):
         async def sample(prompt_ids: list[int], max_new_tokens: int) -> SampleResult:
             try:
                 completions = await sampler.sample_with_prompt_tokens(
-                    prompt_ids, n=1, max_tokens=max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p, logprobs=True,
+                    prompt_ids, n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logprobs=True,
                 )
             except Exception as exc:
                 raise RuntimeError(f"fireworks sampling failed: {type(exc).__name__}: {exc}") from exc

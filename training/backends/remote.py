@@ -15,7 +15,9 @@ The step is the same on both services, and is written once here (``RemoteTrainin
    ``optim_step`` (one pair per ``actor.ppo_mini_batch_size`` prompts), each with the learning rate
    of the step under ``actor.optim.lr_scheduler_type`` and ``lr_warmup_steps`` (``scheduled_lr``:
    transformers' schedules, advanced once per training step as verl's are);
-4. the new weights are published for sampling, so the next step samples on-policy;
+4. the new weights are published for sampling, so the next step samples on-policy; the test
+   dataset is scored through the same sampler (``trainer.test_freq``, ``val_before_train``, with
+   ``rollout.val_kwargs``; greedy is temperature 0), metrics ``val/<data_source>/...`` as on trl;
 5. every ``trainer.save_freq`` steps (and at the end) the training state is saved on the service
    and its path recorded in ``<run>/checkpoints/step-N/checkpoint.json``, from which a re-run
    resumes (``trainer.resume_mode=auto``).
@@ -49,6 +51,7 @@ from training.log import logger
 from training.outcomes import OutcomeMonitor
 from training.recipes import clip_range, refuse_recipe_keys
 from training.utils import is_package_available
+from training.validation import summarize, validation_tasks
 
 SAMPLE_EPISODES_PER_STEP = 4
 CHECKPOINT_FILE = "checkpoint.json"
@@ -150,8 +153,9 @@ class ServiceSession(ABC):
         self.types: Any = None  # the SDK's types module (Datum, ModelInput, TensorData, AdamParams)
 
     @abstractmethod
-    def generator(self, tokenizer: Any) -> RemoteGenerator:
-        """The token generator sampling the latest published weights."""
+    def generator(self, tokenizer: Any, temperature: float | None = None, top_p: float | None = None) -> RemoteGenerator:
+        """The token generator sampling the latest published weights (with the rollout's
+        temperature and top_p unless given: validation samples with its own)."""
 
     @abstractmethod
     def publish(self, name: str) -> str:
@@ -247,11 +251,11 @@ class RemoteProcessor(BuiltinProcessor):
         from training.advantages import check_estimator
 
         check_estimator(config.algorithm.adv_estimator, self.name)
-        if config.trainer.test_freq > 0:
+        if config.trainer.test_freq > 0 and self.test_dataset is None:
             raise ConfigError(
                 "trainer.test_freq",
-                f"the {self.name} backend does not score a test dataset during training; set trainer.test_freq=-1 "
-                "(score the trained model afterwards with AgentTrainer.evaluate or another backend).",
+                f"scoring every {config.trainer.test_freq} steps needs a test dataset; give test_dataset (or val_dataset), "
+                "or set trainer.test_freq=-1.",
             )
         # the service sums its loss over tokens: one aggregation, one ratio per token
         clip_keys = {"actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high"} if config.remote.loss_fn == "ppo" else set()
@@ -340,6 +344,8 @@ class RemoteTrainingLoop:
         self.outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate, self.tasks)
         self.reward_fn = self.outcomes.watch_reward(processor.reward_fn, required=self.spec.kind == "single_turn")
         self.lr_factor = lr_schedule(self.config)
+        test = processor.test_dataset
+        self.val_tasks = validation_tasks(test, self.config) if test is not None else []
 
     def run(self) -> TrainResult:
         processor, cfg = self.processor, self.config
@@ -370,11 +376,10 @@ class RemoteTrainingLoop:
                 "training with %s: %d steps, %d prompts x %d episodes per step, agent kind %s",
                 self.service, total, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, self.spec.kind,
             )
-            if processor.test_dataset is not None:
-                logger.warning(
-                    "the test dataset (%d rows) is not scored during training on the %s backend (nor before it: "
-                    "trainer.val_before_train has no effect here)", len(processor.test_dataset), self.service,
-                )
+            if self.val_tasks and cfg.trainer.val_before_train and start == 0 and start < total:
+                metrics = self.validate(0, session, tokenizer)  # not again when resuming
+                self.last_metrics.update(metrics)
+                processor.sinks.log_metrics(0, metrics)
             saved = start
             for step in range(start + 1, total + 1):
                 if processor.should_stop():
@@ -450,11 +455,41 @@ class RemoteTrainingLoop:
         }
         if kl_terms:
             metrics["kl"] = sum(kl_terms) / len(kl_terms)  # E[log p_sampler - log p_trainer] on the trained tokens
+        logged = step % cfg.trainer.log_freq == 0 or step == cfg.trainer.total_training_steps
+        if self.validation_due(step) and not self.processor.should_stop():
+            scores = self.validate(step, session, tokenizer)
+            metrics.update(scores)
+            if not logged:
+                self.processor.sinks.log_metrics(step, scores)
         self.last_metrics = metrics
-        if step % cfg.trainer.log_freq == 0 or step == cfg.trainer.total_training_steps:
+        if logged:
             self.processor.sinks.log_metrics(step, metrics)
             self.processor.sinks.log_episodes(step, [e.to_dict() for e in episodes[:SAMPLE_EPISODES_PER_STEP]])
         return sampler_path
+
+    # -- validation ------------------------------------------------------------------------
+    def validation_due(self, step: int) -> bool:
+        """Every ``trainer.test_freq`` steps and after the last one, as verl schedules it."""
+        every = self.config.trainer.test_freq
+        return bool(self.val_tasks) and every > 0 and (step % every == 0 or step >= self.config.trainer.total_training_steps)
+
+    def validate(self, step: int, session: ServiceSession, tokenizer: Any) -> dict[str, float]:
+        """Score the test dataset on the published weights: ``val/<data_source>/...`` metrics. The
+        processor's own reward: validation is not training's to count or to fail."""
+        from training.rollout import EpisodeRunner
+
+        started = time.perf_counter()
+        val = self.config.actor_rollout_ref.rollout.val_kwargs
+        generator = session.generator(
+            tokenizer, temperature=val.temperature if val.do_sample else 0.0, top_p=val.top_p if val.do_sample else 1.0
+        )
+        engine = EpisodeRunner(self.spec, generator, tokenizer, self.config, self.processor.reward_fn)
+        result = summarize(self.val_tasks, asyncio.run(engine.run_episodes(self.val_tasks, n=val.n)), val.n, "val")
+        logger.info(
+            "validation at step %d (%d tasks, %.1f s): %s", step, len(self.val_tasks), time.perf_counter() - started,
+            " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()),
+        )
+        return result.metrics
 
     def _batch(self, step: int) -> list[dict]:
         """The tasks of ``step``: the dataset in one (seeded) shuffled order per epoch, so a resumed

@@ -67,14 +67,16 @@ class TinkerSession(ServiceSession):
     def save_state(self, name: str) -> str:
         return self.training_client.save_state(name).result().path
 
-    def generator(self, tokenizer: Any) -> RemoteGenerator:
+    def generator(self, tokenizer: Any, temperature: float | None = None, top_p: float | None = None) -> RemoteGenerator:
         rollout = self.config.actor_rollout_ref.rollout
+        temperature = rollout.temperature if temperature is None else temperature
+        top_p = rollout.top_p if top_p is None else top_p
         client, types = self.sampling_client, self.types
         stop = sorted({tokenizer.eos_token_id} - {None})
 
         async def sample(prompt_ids: list[int], max_new_tokens: int) -> SampleResult:
             params = types.SamplingParams(
-                max_tokens=max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p, stop=stop,
+                max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop,
             )
             try:
                 response = await client.sample(prompt=types.ModelInput.from_ints(prompt_ids), num_samples=1, sampling_params=params)
