@@ -214,13 +214,13 @@ class RemoteProcessor(BuiltinProcessor):
         return {"actor_rollout_ref.model.lora_rank": 32, "trainer.cpu_threads": 1}
 
     def check_config(self, config: ConfigInput = None) -> Config:
-        config = apply_aliases(config, self.aliases)
-        if isinstance(config, dict) and config.get("actor_rollout_ref.actor.optim.lr_scheduler_type") == "linear":
+        if config is not None and not isinstance(config, Config) and parse_overrides(config).get("training.lr_schedule") == "linear":
             raise ConfigError(
                 "training.lr_schedule",
                 f"linear decay is not available on the {self.name} backend; use constant or cosine "
                 "(actor_rollout_ref.actor.optim.lr_scheduler_type).",
             )
+        config = apply_aliases(config, self.aliases)
         ratio = config.pop(RLLM_WARMUP_RATIO, None) if isinstance(config, dict) else None
         if ratio is None:
             return super().check_config(config)
