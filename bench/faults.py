@@ -114,7 +114,7 @@ class Scenario:
     def result(self, run, fault_at: datetime, **extra) -> dict:
         from fault_harness import lost_and_doubled, wait_for
 
-        from webapp.runs.models import MetricPoint, Run, RunLog
+        from webapp.runs.models import Run, RunLog
 
         wait_for(lambda: Run.objects.get(pk=run.pk).is_final, TIMEOUT, "the run to end", tuple(self.workers), poll=0.5)
         run.refresh_from_db()
@@ -128,7 +128,8 @@ class Scenario:
                 since = line.time
         # Trains again: the first step the next attempt logged (a step the stopped attempt finished
         # after the fault is not training again); without a next attempt, the first step after the fault.
-        after = MetricPoint.objects.filter(run=run, key="reward", time__gt=since).order_by("time").first()
+        # (The trainer's line for each logged step, stamped when it was reported: points carry no time.)
+        after = RunLog.objects.filter(run=run, time__gt=since, message__startswith="step ").order_by("time").first()
         return {
             "status": run.status, "attempts": run.attempts, "lost_attempts": run.lost_attempts,
             "seconds_until_training_again": round((after.time - fault_at).total_seconds(), 1) if after else None,

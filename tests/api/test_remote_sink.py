@@ -10,8 +10,8 @@ import pytest
 
 from training.platform_cli import main as cli
 from training.remote import PlatformClient, PlatformError, RemoteSink
-from webapp.dashboard.series import keys_of
-from webapp.runs.models import MetricPoint, Run, RunLog
+from webapp.dashboard.series import keys_of, points_after
+from webapp.runs.models import Run, RunLog
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,7 +37,7 @@ def test_a_training_run_started_outside_reports_live(live_server, owner, token_o
             AgentTrainer(**kwargs, sinks=[sink], should_stop=sink.should_stop).train()
     run.refresh_from_db()
     assert run.status == "succeeded" and run.owner == owner and run.tags == ["notebook"] and run.steps == 3
-    assert set(MetricPoint.objects.filter(run=run, key="reward").values_list("step", flat=True)) == {1, 2, 3}
+    assert [step for step, _ in points_after(run.pk, -1)["reward"]] == [1, 2, 3]
     assert "reward" in keys_of(run.pk)  # the dashboard's charts read these
     assert RunLog.objects.filter(run=run).exists()  # the training logger's lines
     assert {e["type"] for rid, e in published if rid == run.pk} >= {"run.metrics", "run.logs", "run.status"}
@@ -57,7 +57,7 @@ def test_cancel_on_the_platform_stops_the_remote_run(live_server, owner, token_o
     sink.close()
     run = Run.objects.get(pk=sink.run_id)
     assert run.status == "cancelled"
-    assert dict(MetricPoint.objects.filter(run=run).values_list("key", "value")) == {"reward": 0.5, "bad": None}
+    assert {key: pairs for key, pairs in points_after(run.pk, -1).items()} == {"reward": [[1, 0.5]], "bad": [[1, None]]}
 
 
 def test_a_bad_token_is_a_clear_error(live_server):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from webapp.runs.models import MetricPoint, Run, RunLog
+from webapp.dashboard.series import points_after
+from webapp.runs.models import Run, RunLog
 
 TINY = {"trainer.total_training_steps": 3, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2, "data.max_response_length": 4}
 
@@ -101,7 +102,7 @@ def test_external_run_reports_metrics_and_logs(owner, api_client, published):
     steps = [{"step": s, "metrics": {"reward": s / 10, "loss": None}} for s in range(1, 6)]
     assert api.post(f"/api/runs/{run_id}/metrics/", {"steps": steps}, format="json").json() == {"points": 10}
     assert api.post(f"/api/runs/{run_id}/logs/", {"lines": [{"message": "hello"}, {"level": "WARNING", "message": "hm"}]}, format="json").status_code == 200
-    assert MetricPoint.objects.filter(run_id=run_id).count() == 10 and Run.objects.get(pk=run_id).steps == 5
+    assert sum(len(p) for p in points_after(run_id, -1).values()) == 10 and Run.objects.get(pk=run_id).steps == 5
     assert [line.message for line in RunLog.objects.filter(run_id=run_id)] == ["hello", "hm"]
     kinds = [event["type"] for _, event in published]
     assert kinds.count("run.metrics") == 5 and "run.logs" in kinds

@@ -3,17 +3,23 @@
 import math
 
 from webapp.dashboard import series
-from webapp.dashboard.models import BLOCK_SIZE, SeriesBlock
+from webapp.dashboard.models import BLOCK_SIZE, SeriesBlock, SeriesTail
 
 
-def test_writer_fills_blocks_and_replaces_resent_steps(make_run, store):
+def test_writer_appends_then_folds_into_blocks_and_replaces_resent_steps(make_run, store):
     run = make_run()
     store(run, {"reward": [(s, float(s)) for s in range(BLOCK_SIZE + 10)]})
-    store(run, {"reward": [(5, -1.0), (BLOCK_SIZE + 10, 7.0)]})
+    assert not SeriesBlock.objects.filter(run=run).exists() and SeriesTail.objects.filter(run=run).count() == 1
+    assert series.SeriesWriter(run.pk).fold() == BLOCK_SIZE + 10
     blocks = list(SeriesBlock.objects.filter(run=run, key="reward").order_by("index"))
-    assert [b.count for b in blocks] == [BLOCK_SIZE, 11]
-    points = series.points_after(run.pk, -1)["reward"]
-    assert len(points) == BLOCK_SIZE + 11 and points[5] == [5, -1.0] and points[-1] == [BLOCK_SIZE + 10, 7.0]
+    assert [b.count for b in blocks] == [BLOCK_SIZE, 10] and not SeriesTail.objects.filter(run=run).exists()
+    store(run, {"reward": [(5, -1.0), (BLOCK_SIZE + 10, 7.0)]})  # a replayed step, and a new one
+    for moment in ("in the tail", "folded"):
+        points = series.points_after(run.pk, -1)["reward"]
+        assert len(points) == BLOCK_SIZE + 11 and points[5] == [5, -1.0] and points[-1] == [BLOCK_SIZE + 10, 7.0], moment
+        series.SeriesWriter(run.pk).fold()
+    blocks = list(SeriesBlock.objects.filter(run=run, key="reward").order_by("index"))
+    assert [b.count for b in blocks] == [BLOCK_SIZE, 10, 1] and blocks[0].min_value == -1.0  # the closed block took the replay
 
 
 def test_small_series_comes_back_raw_with_nan_as_null(make_run, store):

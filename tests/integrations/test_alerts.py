@@ -90,11 +90,13 @@ def test_threshold_and_nan_alerts_fire_once_from_the_training_process(project_ru
 
 
 def test_a_run_that_goes_quiet_is_reported_once(project_rule, make_run, project, receiver):
-    from webapp.runs.models import MetricPoint
+    from webapp.dashboard.series import SeriesWriter
+    from webapp.runs.models import Run
 
     project_rule(receiver.target, ["quiet"], quiet_minutes=10)
     run = running(make_run, project=project)
-    MetricPoint.objects.create(run=run, key="reward", step=1, value=0.5, time=timezone.now() - timedelta(minutes=4))
+    SeriesWriter(run.pk).write([("reward", 1, 0.5)])
+    Run.objects.filter(pk=run.pk).update(metrics_at=timezone.now() - timedelta(minutes=4))  # the step came 4 minutes ago
     assert find_quiet_runs() == 0
     assert find_quiet_runs(now=timezone.now() + timedelta(minutes=7)) == 1
     assert find_quiet_runs(now=timezone.now() + timedelta(minutes=30)) == 0

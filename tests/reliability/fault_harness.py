@@ -103,17 +103,14 @@ def wait_for(predicate, timeout: float, what: str, workers: tuple[Worker, ...] =
 
 
 def stored_steps(run_id: int, key: str = "reward") -> dict[str, list[int]]:
-    """The steps of ``key`` as each store holds them: metric points and the dashboard's series blocks."""
+    """The steps of ``key`` as the metric store holds them."""
     from webapp.dashboard import series
-    from webapp.runs.models import MetricPoint
 
-    points = list(MetricPoint.objects.filter(run_id=run_id, key=key).order_by("step").values_list("step", flat=True))
-    blocks = [step for step, _ in series.points_after(run_id, -1).get(key, [])]
-    return {"metric_points": points, "series": blocks}
+    return {"series": [step for step, _ in series.points_after(run_id, -1).get(key, [])]}
 
 
 def lost_and_doubled(run_id: int, steps: int, key: str = "reward") -> tuple[int, int]:
-    """(steps missing, steps stored more than once), over both stores, for a run that logged 1..steps."""
+    """(steps missing, steps stored more than once) for a run that logged 1..steps."""
     lost = doubled = 0
     for stored in stored_steps(run_id, key).values():
         lost += len(set(range(1, steps + 1)) - set(stored))
@@ -122,9 +119,9 @@ def lost_and_doubled(run_id: int, steps: int, key: str = "reward") -> tuple[int,
 
 
 def latest_step(run_id: int, key: str = "reward") -> int:
-    from webapp.runs.models import MetricPoint
+    from webapp.dashboard import series
 
-    return max(MetricPoint.objects.filter(run_id=run_id, key=key).values_list("step", flat=True), default=0)
+    return max((step for step, _ in series.points_after(run_id, -1).get(key, [])), default=0)
 
 
 def _cmdline(process: psutil.Process) -> list[str]:

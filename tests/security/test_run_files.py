@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from webapp.registry.models import Model
-from webapp.runs.models import MetricPoint, Run
+from webapp.dashboard.series import points_after
+from webapp.runs.models import Run
 from workers.execute import claim, train_run
 
 TRUST = "actor_rollout_ref.model.trust_remote_code"
@@ -205,7 +206,7 @@ def test_a_new_run_never_resumes_from_an_old_runs_folder_after_a_database_reset(
     assert new.folder() not in (old_folder, roots / "runs" / str(pk))
     claim(new.pk, "w")
     assert train_run(new.pk) == Run.Status.SUCCEEDED, Run.objects.get(pk=new.pk).error
-    steps = set(MetricPoint.objects.filter(run=new, key="reward").values_list("step", flat=True))
+    steps = {step for step, _ in points_after(new.pk, -1)["reward"]}
     assert steps == {1, 2}
 
 

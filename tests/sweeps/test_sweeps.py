@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from webapp.runs.models import MetricPoint, Run
+from webapp.dashboard.series import SeriesWriter
+from webapp.runs.models import Run
 from webapp.sweeps import engine
 from webapp.sweeps.models import Sweep, Trial
 
@@ -66,8 +67,7 @@ def test_a_hopeless_trial_is_pruned_and_stopped(make_run, owner, queued):
     engine.launch(sweep.pk)
     good, also_good, hopeless = [t.run for t in sweep.trials.order_by("number")]
     for run in (good, also_good):
-        for step in (1, 2, 3):
-            MetricPoint.objects.create(run=run, key="reward", step=step, value=0.5 + 0.1 * step)
+        SeriesWriter(run.pk).write([("reward", step, 0.5 + 0.1 * step) for step in (1, 2, 3)])
         end(run, "succeeded", reward=0.8)
     assert hopeless.claim("test-worker")
     sink = engine.PruningSink(hopeless)

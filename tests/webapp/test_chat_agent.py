@@ -12,7 +12,8 @@ from django.test import Client
 
 from training import AgentTrainer
 from webapp.registry.models import Agent, Tool
-from webapp.runs.models import MetricPoint, Run
+from webapp.dashboard.series import keys_of
+from webapp.runs.models import Run
 from webapp.runs.trainer_args import trainer_kwargs
 from workers.execute import claim, train_run
 
@@ -96,5 +97,5 @@ def test_a_chat_agent_run_trains_in_the_worker(make_run, registry, tmp_path, set
     written = yaml.safe_load((Path(run.run_path) / "config.yaml").read_text())
     assert written["agent"] == {"kind": "chat", "name": "adder", "system_prompt": "Add.",
                                 "tool_names": ["examples.arithmetic.add"], "llm_config": {"llm_temperature": 0.9}}
-    keys = set(MetricPoint.objects.filter(run=run).values_list("key", flat=True))
+    keys = set(keys_of(run.pk))
     assert {"reward", "val/arithmetic-add/reward", "val/arithmetic-add/pass@1"} <= keys

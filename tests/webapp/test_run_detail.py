@@ -1,6 +1,7 @@
 """The run page shows status, config, log tail and final metrics, and is ready for live charts."""
 
-from webapp.runs.models import MetricPoint, RunLog
+from webapp.dashboard.series import SeriesWriter
+from webapp.runs.models import RunLog
 
 
 def test_detail_shows_config_log_and_metrics(owner_client, make_run):
@@ -18,7 +19,9 @@ def test_updates_returns_new_points_and_lines(owner_client, make_run):
     run = make_run()
     first = RunLog.objects.create(run=run, message="one")
     RunLog.objects.create(run=run, message="two")
-    MetricPoint.objects.create(run=run, key="reward", step=1, value=0.5)
+    SeriesWriter(run.pk).write([("reward", 1, 0.5), ("reward", 2, 0.75)])
     data = owner_client.get(f"/runs/{run.pk}/updates.json?after_log={first.pk}").json()
     assert [line["message"] for line in data["logs"]] == ["two"]
-    assert data["metrics"][0]["key"] == "reward" and data["status"] == "queued"
+    assert data["metrics"] == {"reward": [[1, 0.5], [2, 0.75]]} and data["status"] == "queued"
+    later = owner_client.get(f"/runs/{run.pk}/updates.json?after_step=1").json()
+    assert later["metrics"] == {"reward": [[2, 0.75]]}

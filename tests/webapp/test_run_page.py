@@ -11,7 +11,8 @@ import pytest
 import yaml
 from asgiref.sync import async_to_sync
 
-from webapp.runs.models import Checkpoint, MetricPoint
+from webapp.dashboard.series import SeriesWriter
+from webapp.runs.models import Checkpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -38,8 +39,7 @@ def finished_run(make_run, settings, tmp_path):
                    final_config={"trainer": {"total_training_steps": 3}, "data": {"train_batch_size": 2}})
     Checkpoint.objects.create(run=run, step=2, path=str(run_dir / "checkpoints" / "checkpoint-2"))
     Checkpoint.objects.create(run=run, step=3, path=str(tmp_path))  # outside the run's folder: never offered
-    MetricPoint.objects.bulk_create([MetricPoint(run=run, key=k, step=s, value=v) for k, s, v in
-                                     (("reward", 1, 0.1), ("loss", 1, 2.0), ("reward", 2, 0.5), ("reward", 3, 0.9), ("kl", 3, None))])
+    SeriesWriter(run.pk).write([("reward", 1, 0.1), ("loss", 1, 2.0), ("reward", 2, 0.5), ("reward", 3, 0.9), ("kl", 3, None)])
     return run
 
 
@@ -101,6 +101,6 @@ def test_an_empty_list_says_how_to_start(owner_client):
 def test_metrics_csv_pages_whole_steps(owner_client, finished_run, monkeypatch):
     from webapp.runs import downloads
 
-    monkeypatch.setattr(downloads, "CSV_BATCH", 2)  # a page boundary falls inside step 1's points
+    monkeypatch.setattr(downloads, "CSV_STEPS", 1)  # one step per window
     rows = list(csv.reader(io.StringIO(body(owner_client.get(f"/runs/{finished_run.pk}/metrics.csv")).decode())))
     assert rows == [["step", "kl", "loss", "reward"], ["1", "", "2.0", "0.1"], ["2", "", "", "0.5"], ["3", "", "", "0.9"]]

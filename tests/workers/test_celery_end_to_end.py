@@ -15,7 +15,8 @@ from django.conf import settings
 from django.db import connection
 
 from webapp.registry.models import Backend
-from webapp.runs.models import MetricPoint, Run, RunLog
+from webapp.dashboard.series import points_after
+from webapp.runs.models import Run, RunLog
 from workers.execute import database_url
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
@@ -72,7 +73,7 @@ def test_run_created_in_the_browser_trains_to_the_end(celery_worker, on_test_que
     assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
     assert run.worker.startswith(QUEUE) and run.started_at and run.finished_at
     assert run.steps == 3 and run.final_config and "reward" in run.final_metrics
-    assert MetricPoint.objects.filter(run=run, key="reward").count() == 3
+    assert [step for step, _ in points_after(run.pk, -1)["reward"]] == [1, 2, 3]
     messages = list(RunLog.objects.filter(run=run).values_list("message", flat=True))
     assert any("Claimed by" in m for m in messages) and any("step 3/3" in m for m in messages)
 
@@ -80,7 +81,7 @@ def test_run_created_in_the_browser_trains_to_the_end(celery_worker, on_test_que
 def test_cancel_from_the_browser_stops_a_running_run(celery_worker, on_test_queue, owner_client, copy_form_data):
     copy_form_data["overrides"] = copy_form_data["overrides"].replace("total_training_steps=3", "total_training_steps=1000")
     run = create_run(owner_client, copy_form_data)
-    wait_for(lambda: MetricPoint.objects.filter(run=run).exists(), 300, "the first training step", celery_worker)
+    wait_for(lambda: Run.objects.get(pk=run.pk).latest_values, 300, "the first training step", celery_worker)
     assert owner_client.post(f"/runs/{run.pk}/cancel/").status_code == 302
     cancelled_at = time.monotonic()
     wait_for(lambda: Run.objects.get(pk=run.pk).is_final, 90, "the run to stop", celery_worker)

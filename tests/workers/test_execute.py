@@ -10,7 +10,8 @@ import pytest
 from training.backends.base import BuiltinProcessor, TrainResult
 from training.processor import register_processor, unregister_processor
 from webapp.registry.models import Agent, Backend
-from webapp.runs.models import MetricPoint, Run, RunLog
+from webapp.dashboard.series import points_after
+from webapp.runs.models import Run, RunLog
 from workers import execute
 from workers.execute import BUSY, SKIPPED, claim, database_url, train_run
 
@@ -40,7 +41,7 @@ def test_train_run_succeeds_and_records_metrics_and_logs(make_run, tmp_path, set
     assert run.status == Run.Status.SUCCEEDED, run.traceback
     assert run.steps == 2 and run.finished_at and run.final_config["trainer"]["total_training_steps"] == 2
     assert "reward" in run.final_metrics
-    assert MetricPoint.objects.filter(run=run, key="reward").count() == 2
+    assert [step for step, _ in points_after(run.pk, -1)["reward"]] == [1, 2]
     assert RunLog.objects.filter(run=run, message__contains="step 2/2").exists()
 
 

@@ -1,6 +1,6 @@
 """Reports of external runs (trained elsewhere, sent over the API) take the workers' path: the
-same recorder writes metric points and log lines, the same series blocks back the charts, and the
-same channel-layer publishing pushes them to live viewers."""
+same metric store and log recorder write them, and the same channel-layer publishing pushes them
+to live viewers."""
 
 from __future__ import annotations
 
@@ -14,10 +14,6 @@ from webapp.runs.recording import RunRecorder
 
 def record_metrics(run: Run, steps: list[dict[str, Any]]) -> int:
     """``[{"step": 1, "metrics": {"reward": 0.5}}, ...]`` -> stored and published. Returns the point count."""
-    recorder = RunRecorder(run.pk)
-    for item in steps:
-        recorder.add_metrics(item["step"], item["metrics"])
-    recorder.flush()
     points = [(key, item["step"], value) for item in steps for key, value in item["metrics"].items()]
     SeriesWriter(run.pk).write(points)
     for item in steps:

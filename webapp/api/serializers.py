@@ -13,7 +13,7 @@ from webapp.runs import limits
 from webapp.runs.models import Run, RunLog
 from webapp.teams.models import Project
 
-MAX_STEP = 2**31 - 1  # MetricPoint.step is a 32-bit column on every database
+MAX_STEP = 2**31 - 1  # Run.steps, which the metric store keeps, is a 32-bit column on every database
 MAX_KEY_LENGTH = 200
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 

@@ -1,3 +1,5 @@
+import logging
+
 from django.apps import AppConfig
 
 
@@ -13,6 +15,7 @@ class DashboardConfig(AppConfig):
         from webapp.teams.models import Membership, ShareLink, share_link_revoked
 
         run_status_changed.connect(_push_status, dispatch_uid="dashboard-run-status")
+        run_status_changed.connect(_fold_ended_run, dispatch_uid="dashboard-run-fold")
         # Open websockets re-check their access when it may have shrunk.
         for signal in (post_save, post_delete):
             signal.connect(_membership_changed, sender=Membership, dispatch_uid=f"dashboard-membership-{signal is post_save}")
@@ -28,6 +31,19 @@ def _push_status(sender, run, **kwargs) -> None:
     from webapp.dashboard import live
 
     live.publish_status(run.pk, run.status, run.steps, run.error)
+
+
+def _fold_ended_run(sender, run, **kwargs) -> None:
+    """An ended run's metric tail becomes blocks, so pages that read many ended runs (compare) read
+    block summaries only. A point stored after this stays in the tail, where reads find it too."""
+    if run.status not in run.FINAL:
+        return
+    from webapp.dashboard.series import SeriesWriter
+
+    try:
+        SeriesWriter(run.pk).fold()
+    except Exception:  # noqa: BLE001 (the run's end is recorded; folding waits for the next write)
+        logging.getLogger(__name__).exception("Folding the metric tail of run %s failed.", run.pk)
 
 
 def _membership_changed(sender, instance, **kwargs) -> None:

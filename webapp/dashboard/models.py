@@ -1,10 +1,15 @@
-"""What the charts and the episode viewer read.
+"""The metric store (the one place metric points live) and the episode viewer's samples.
 
-A metric series is stored in blocks of up to ``BLOCK_SIZE`` points (steps and values packed as
-little-endian int64/float64 bytes) with the block's min, max and last point kept in columns. One
-row per thousand points is what makes ingest fast (one row write per key per flush, not one per
-point) and what makes a million-point chart cheap: the block summaries alone are the downsampled
-series, spikes included, since every block keeps its exact minimum and maximum and their steps.
+A flush appends one ``SeriesTail`` row holding every point it carries, of all keys, packed: an
+insert, never an update, so a flush costs about the bytes of its points. When a run's tail holds
+``TAIL_FOLD_POINTS`` points it is folded into ``SeriesBlock`` rows of up to ``BLOCK_SIZE`` points of
+one key (steps and values packed as little-endian int64/float64 bytes) with the block's min, max
+and last point kept in columns, and the folded tail rows are deleted. Closed blocks are not
+rewritten, except where a resumed attempt replays a step they hold (its new value replaces the old).
+The block summaries alone are the downsampled series of a long range, spikes included, since every
+block keeps its exact minimum and maximum and their steps.
+
+A (run, key, step) is stored once: reads and the fold keep the value written last.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from django.db import models
 from webapp.runs.models import Run
 
 BLOCK_SIZE = 1024
+# A run's open tail is folded into blocks once it holds this many points.
+TAIL_FOLD_POINTS = 16384
 
 
 class SeriesBlock(models.Model):
@@ -47,6 +54,29 @@ class SeriesBlock(models.Model):
 
 def unpack(steps: bytes, values: bytes) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(bytes(steps), dtype="<i8"), np.frombuffer(bytes(values), dtype="<f8")
+
+
+class SeriesTail(models.Model):
+    """The points of one flush of one run, every key's, not yet folded into blocks.
+
+    ``keys`` names the keys; ``key_ids`` (little-endian uint16), ``steps`` and ``values`` hold one
+    entry per point. A (key, step) written again later (a replayed step) is in a later row: the
+    row with the higher id holds the value that counts."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="series_tail")
+    count = models.PositiveIntegerField()
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+    keys = models.JSONField()
+    key_ids = models.BinaryField()
+    steps = models.BinaryField()
+    values = models.BinaryField()
+
+    class Meta:
+        ordering = ["run", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.count} points [{self.first_step}..{self.last_step}] of run {self.run_id}"
 
 
 class EpisodeSample(models.Model):

@@ -1,20 +1,33 @@
-"""The worker side: a metric sink that stores points in series blocks and sampled episodes, and
+"""The worker side: a metric sink that stores points in the metric store and sampled episodes, and
 pushes every logged step to live viewers the moment the trainer reports it.
 
 The training thread only appends to buffers and queues the live push; one writer thread stores
 buffers every ``flush_seconds`` with its own database connection.
+
+What waits to be stored is bounded: ``RUN_BUFFER_MAX_POINTS`` points in memory, and with a spool
+``RUN_SPOOL_MAX_MB`` on disk. Past either, further points are dropped, counted, logged (a warning
+in the worker's log, then an ERROR line in the run's log) and charted as the run's
+``overload/dropped_points`` metric, instead of growing without bound.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
 
 from webapp.batching import BackgroundFlusher
 from webapp.dashboard import live
 from webapp.dashboard.models import EpisodeSample
 from webapp.dashboard.series import SeriesWriter
+from webapp.runs.models import RunLog
+
+logger = logging.getLogger(__name__)
+DROPPED_KEY = "overload/dropped_points"
 
 
 # Token-level fields: large, and nothing a person reads in the episode viewer.
@@ -22,7 +35,7 @@ _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logpro
 
 
 class DashboardSink(BackgroundFlusher):
-    """A ``training.sinks.MetricSink`` for one run: series blocks + episodes + live push.
+    """A ``training.sinks.MetricSink`` for one run: the metric store + episodes + live push.
 
     While the database is down, points and episodes stay buffered (``webapp.batching``; on disk
     with ``spool_dir``, the run's folder); the live push goes on meanwhile, so viewers still see the
@@ -36,9 +49,14 @@ class DashboardSink(BackgroundFlusher):
         self.run_id = run_id
         self.publish = publish
         self.writer = SeriesWriter(run_id)
-        self._points: list[tuple[str, int, float | None]] = []
+        self._steps: list[tuple[int, dict[str, float | None]]] = []
+        self._buffered = 0  # points in _steps
         self._episodes: list[EpisodeSample] = []
         self._positions: dict[int, int] = {}
+        self.max_points = settings.RUN_BUFFER_MAX_POINTS
+        self.dropped = 0  # points dropped over the run (the overload metric)
+        self._dropped_unreported = 0
+        self._last_step = 0
         if publish:
             # Start the publisher thread now: it loads the channel layer (~70 ms of imports) while
             # the run starts up, instead of delaying the first logged step's push.
@@ -48,8 +66,17 @@ class DashboardSink(BackgroundFlusher):
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (float(v) if v is not None and math.isfinite(v) else None) for k, v in metrics.items()}
         with self._lock:
-            if self.spooled({"points": [step, clean]}):  # full only after a very long outage
-                self._points.extend((k, step, v) for k, v in clean.items())
+            self._last_step = max(self._last_step, step)
+            if self._buffered + len(clean) <= self.max_points and self.spooled({"points": [step, clean]}):
+                self._steps.append((step, clean))
+                self._buffered += len(clean)
+            else:
+                if not self._dropped_unreported:
+                    logger.warning("run %s: more metric points wait to be stored than the buffer holds (%s points in "
+                                   "memory, %s MB on disk); dropping points until the store catches up.",
+                                   self.run_id, self.max_points, settings.RUN_SPOOL_MAX_MB)
+                self.dropped += len(clean)
+                self._dropped_unreported += len(clean)
         if self.publish:
             live.publish_metrics(self.run_id, step, clean)
 
@@ -65,37 +92,50 @@ class DashboardSink(BackgroundFlusher):
             live.publish(self.run_id, {"type": "run.episodes", "step": step, "count": len(episodes)})
 
     def take(self):
-        points, self._points = self._points, []
+        steps, self._steps = self._steps, []
+        buffered, self._buffered = self._buffered, 0
         episodes, self._episodes = self._episodes, []
-        return points, episodes
+        dropped, self._dropped_unreported = self._dropped_unreported, 0
+        if dropped:
+            steps.append((self._last_step, {DROPPED_KEY: float(self.dropped)}))
+        return steps, buffered, episodes, dropped
 
     def restore(self, batch) -> None:
-        points, episodes = batch
-        self._points = points + self._points  # the writer keeps the last value of a re-sent step
+        steps, buffered, episodes, dropped = batch
+        if dropped:
+            steps = steps[:-1]  # the overload point is made again, with the new total
+        self._steps = steps + self._steps  # the store keeps the last value of a re-sent step
+        self._buffered += buffered
         self._episodes = episodes + self._episodes
+        self._dropped_unreported += dropped
 
     def batch_from_records(self, records: list) -> tuple:
-        points, episodes = [], []
+        steps, episodes = [], []
         for record in records:
             if "points" in record:
                 step, metrics = record["points"]
-                points.extend((k, step, v) for k, v in metrics.items())
+                steps.append((step, metrics))
             elif "episode" in record:
                 step, position, reward, num_turns, termination_reason, data = record["episode"]
                 episodes.append(EpisodeSample(run_id=self.run_id, step=step, position=position, reward=reward,
                                               num_turns=num_turns, termination_reason=termination_reason, data=data))
-        return points, episodes
+        return steps, sum(len(m) for _, m in steps), episodes, 0
 
     def write(self, batch) -> int:
-        points, episodes = batch
-        if points:
-            self.writer.write(points)
+        steps, buffered, episodes, dropped = batch
+        if steps:
+            self.writer.write_steps(steps)
+        if dropped:
+            RunLog.objects.create(run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
+                f"{dropped} metric point(s) were dropped ({self.dropped} in all, through step {self._last_step}): "
+                f"more waited to be stored than the buffer holds ({self.max_points} points in memory, "
+                f"{settings.RUN_SPOOL_MAX_MB} MB on disk): the database was unreachable or too slow."))
         if episodes:
             EpisodeSample.objects.bulk_create(
                 episodes, update_conflicts=True, unique_fields=["run", "step", "position"],
                 update_fields=["reward", "num_turns", "termination_reason", "data"],
             )
-        return len(points)
+        return buffered
 
     def close(self) -> None:
         super().close()

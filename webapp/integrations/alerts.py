@@ -179,7 +179,7 @@ class ThresholdSink:
 
 def find_quiet_runs(now=None) -> int:
     """Running runs with no new step for a rule's ``quiet_minutes``: one alert per rule and run."""
-    from webapp.runs.models import MetricPoint, Run
+    from webapp.runs.models import Run
 
     now = now or timezone.now()
     added = 0
@@ -188,7 +188,7 @@ def find_quiet_runs(now=None) -> int:
         rules = [r for r in rules_for(run) if "quiet" in r.events and r.quiet_minutes]
         if not rules:
             continue
-        last = MetricPoint.objects.filter(run=run).aggregate(last=models.Max("time"))["last"] or run.started_at or run.created_at
+        last = run.metrics_at or run.started_at or run.created_at
         for rule in rules:
             if now - last >= timedelta(minutes=rule.quiet_minutes):
                 minutes = int((now - last).total_seconds() // 60)

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from webapp.runs.models import Checkpoint, MetricPoint, Run, RunLog
+from webapp.runs.models import Checkpoint, Run, RunLog
 
 
 class CheckpointInline(admin.TabularInline):
@@ -15,14 +15,6 @@ class RunAdmin(admin.ModelAdmin):
     search_fields = ("name", "owner__username", "worker", "error")
     readonly_fields = ("created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at", "task_id")
     inlines = [CheckpointInline]
-
-
-@admin.register(MetricPoint)
-class MetricPointAdmin(admin.ModelAdmin):
-    list_display = ("run", "key", "step", "value", "time")
-    list_filter = ("key",)
-    search_fields = ("key",)
-    raw_id_fields = ("run",)
 
 
 @admin.register(RunLog)

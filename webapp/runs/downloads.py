@@ -27,8 +27,8 @@ from webapp.runs import artifacts
 from webapp.runs.access import get_run_for_user
 from webapp.runs.models import Run
 
-# Rows of the metrics CSV fetched from the database at a time.
-CSV_BATCH = 5000
+# Steps of the metrics CSV read from the metric store at a time.
+CSV_STEPS = 2000
 
 
 def total_steps(run: Run) -> int | None:
@@ -117,29 +117,28 @@ def config_download(request, pk: int) -> HttpResponse:
 def metrics_csv(request, pk: int) -> StreamingHttpResponse:
     """One row per step, one column per metric key (empty where a step did not log that key)."""
     run = get_run_for_user(request.user, pk, "view")
-    keys = list(run.metrics.order_by("key").values_list("key", flat=True).distinct())
-    points = run.metrics.order_by("step", "key").values_list("step", "key", "value")
+    from webapp.dashboard import series
 
-    def page(after: int) -> list[tuple]:
-        """The points of the next steps after ``after`` (about CSV_BATCH points, whole steps only)."""
-        rows = list(points.filter(step__gt=after)[:CSV_BATCH])
-        if len(rows) == CSV_BATCH:  # the last step may be cut: take it whole
-            last = rows[-1][0]
-            rows = [r for r in rows if r[0] != last] + list(points.filter(step=last))
-        return rows
+    keys = sorted(run.latest_values or {})
+    pages = series.windows(run.pk, CSV_STEPS)
+
+    def page() -> list[list]:
+        """The rows of the next window of steps ([] at the end)."""
+        window = next(pages, None)
+        if window is None:
+            return []
+        by_step: dict[int, dict[str, str]] = {}
+        for key, (steps, values) in window.items():
+            for step, value in zip(steps.tolist(), values.tolist()):
+                by_step.setdefault(step, {})[key] = repr(value) if value == value else ""
+        return [[step, *(by_step[step].get(k, "") for k in keys)] for step in sorted(by_step)]
 
     async def lines():  # an async iterator: the ASGI server streams it without a thread per response
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow(["step", *keys])
-        after = -1
-        while rows := await sync_to_async(page)(after):
-            by_step: dict[int, dict[str, Any]] = {}
-            for step, key, value in rows:
-                by_step.setdefault(step, {})[key] = "" if value is None else repr(value)
-            for step, row in by_step.items():
-                writer.writerow([step, *(row.get(k, "") for k in keys)])
-            after = rows[-1][0]
+        while rows := await sync_to_async(page, thread_sensitive=True)():
+            writer.writerows(rows)
             yield buffer.getvalue()
             buffer.seek(0)
             buffer.truncate()

@@ -1,5 +1,6 @@
 """A run's whole life on its row (queued -> running -> succeeded | failed | cancelled), and what it
-reports: metric points, log lines, checkpoints.
+reports: log lines and checkpoints (metric points live in ``webapp.dashboard``'s store, which keeps
+each key's latest value on the run's row).
 
 State changes are filtered ``update()`` calls that return whether the row changed, so two workers
 can never both claim a run and a late writer never overwrites a final status. Each claim starts a new
@@ -123,6 +124,11 @@ class Run(models.Model):
     final_config = models.JSONField(null=True, blank=True)
     final_metrics = models.JSONField(default=dict, blank=True)
     steps = models.PositiveIntegerField(default=0)
+    # Kept by the metric store as it writes (webapp.dashboard.series): each key's latest value, when
+    # the last points arrived, and how many points wait in the store's open tail.
+    latest_values = models.JSONField(default=dict, blank=True)
+    metrics_at = models.DateTimeField(null=True, blank=True)
+    tail_points = models.PositiveIntegerField(default=0)
     # Names the run's folder: ids start again at 1 after a database reset, and a new run must never
     # resume from (or write into) an old run's files left on disk.
     uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
@@ -253,29 +259,10 @@ class Run(models.Model):
     def log_tail(self, lines: int = 200) -> list["RunLog"]:
         return list(reversed(self.logs.order_by("-id")[:lines]))
 
-    def latest_metrics(self) -> dict[str, float]:
-        """The last value of every metric key (final metrics when the run has ended)."""
-        if self.final_metrics:
-            return dict(self.final_metrics)
-        latest: dict[str, float] = {}
-        for point in self.metrics.order_by("step"):
-            latest[point.key] = point.value
-        return latest
-
-
-class MetricPoint(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metrics")
-    key = models.CharField(max_length=200)
-    step = models.PositiveIntegerField()
-    value = models.FloatField(null=True)  # NaN and inf are stored as NULL
-    time = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["run", "key", "step"]
-        constraints = [models.UniqueConstraint(fields=["run", "key", "step"], name="unique_metric_point")]
-
-    def __str__(self) -> str:
-        return f"{self.key}@{self.step}={self.value}"
+    def latest_metrics(self) -> dict[str, float | None]:
+        """The last value of every metric key (final metrics when the run has ended): read from the
+        row, which the metric store keeps current, never from the points."""
+        return dict(self.final_metrics or self.latest_values or {})
 
 
 class RunLog(models.Model):

@@ -1,4 +1,5 @@
-"""Where a run's reports land: metric points and log lines, written to the database in batches.
+"""Where a run's log lines land: written to the database in batches. (Its metric points go to the
+metric store through ``webapp.dashboard.recording.DashboardSink``.)
 
 The training thread (and the library's episode threads) only append to buffers; one flusher
 thread writes them every ``flush_seconds`` with its own database connection, so training never
@@ -8,7 +9,6 @@ waits on the database.
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -19,15 +19,14 @@ from django.utils import timezone
 
 from webapp.batching import BackgroundFlusher
 from webapp.dashboard.live import publish_logs
-from webapp.runs.models import MetricPoint, Run, RunLog
+from webapp.runs.models import RunLog
 
 
 class RunRecorder(BackgroundFlusher):
-    """Buffers metric points and log lines of one run and writes them in batches (``start()``
-    the background writer, or call ``flush()``). While the database is down the buffers grow (up
-    to ``RUN_BUFFER_MAX_POINTS`` points) and are written when it is back; with ``spool_dir`` (the
-    run's folder) they wait on disk instead (``webapp.batching``). Each log line has a uid, so a
-    line written twice is stored once."""
+    """Buffers log lines of one run and writes them in batches (``start()`` the background writer,
+    or call ``flush()``). While the database is down they stay buffered and are written when it is
+    back; with ``spool_dir`` (the run's folder) they wait on disk instead (``webapp.batching``).
+    Each log line has a uid, so a line written twice is stored once."""
 
     spool_kind = "records"
 
@@ -36,31 +35,11 @@ class RunRecorder(BackgroundFlusher):
         super().__init__(f"run-{run_id}-recorder", flush_seconds, spool_dir)
         self.run_id = run_id
         self.max_log_lines = max_log_lines or settings.RUN_LOG_MAX_LINES
-        self._points: dict[tuple[str, int], MetricPoint] = {}
         self._logs: list[RunLog] = []
         self._log_count = RunLog.objects.filter(run_id=run_id).count()
-        self._max_step = 0
         self._dropped = 0
 
     # -- producers (any thread) --------------------------------------------------------------
-    def add_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        now = timezone.now()
-        with self._lock:
-            clean_metrics = {
-                key: None if value is None or math.isnan(value) or math.isinf(value) else float(value)
-                for key, value in metrics.items()
-            }
-            if not self.spooled({"points": [step, now.isoformat(), clean_metrics]}):
-                self._dropped += len(clean_metrics)  # the spool is full: keep the disk bounded
-                return
-            for key, clean in clean_metrics.items():
-                if (key, step) not in self._points and len(self._points) >= settings.RUN_BUFFER_MAX_POINTS:
-                    self._dropped += 1  # the database has been down for very long: keep memory bounded
-                    continue
-                # A re-sent (key, step) replaces the buffered one; the database upserts the rest.
-                self._points[(key, step)] = MetricPoint(run_id=self.run_id, key=key, step=step, value=clean, time=now)
-            self._max_step = max(self._max_step, step)
-
     def add_log(self, level: str, message: str) -> None:
         with self._lock:
             if self._log_count >= self.max_log_lines:
@@ -74,48 +53,30 @@ class RunRecorder(BackgroundFlusher):
         """(under ``_lock``)"""
         if self.spooled({"log": [str(line.uid), line.time.isoformat(), line.level, line.message]}):
             self._logs.append(line)
+        else:
+            self._dropped += 1  # the spool is full: keep the disk bounded
 
     # -- the writer ---------------------------------------------------------------------------
     def take(self):
-        points, self._points = self._points, {}
         logs, self._logs = self._logs, []
         if self._dropped:
-            self._logs = logs
-            self._add_log_line(RunLog(uid=uuid.uuid4(), run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
-                f"{self._dropped} metric point(s) were dropped: the database was unreachable for longer "
-                f"than the buffer lasts ({settings.RUN_BUFFER_MAX_POINTS} points in memory, "
-                f"{settings.RUN_SPOOL_MAX_MB} MB on disk).")))
-            logs, self._logs = self._logs, []
-            self._dropped = 0
-        return points, logs, self._max_step
+            dropped, self._dropped = self._dropped, 0
+            # Not spooled (the spool is what is full): written with this batch or, failing that, lost.
+            logs.append(RunLog(uid=uuid.uuid4(), run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
+                f"{dropped} log line(s) were dropped: the database was unreachable for longer than "
+                f"{settings.RUN_SPOOL_MAX_MB} MB of spool on disk lasts.")))
+        return logs
 
-    def batch_from_records(self, records: list) -> tuple:
-        points: dict[tuple[str, int], MetricPoint] = {}
-        logs: list[RunLog] = []
-        for record in records:
-            if "points" in record:
-                step, time, metrics = record["points"]
-                for key, value in metrics.items():
-                    points[(key, step)] = MetricPoint(run_id=self.run_id, key=key, step=step, value=value,
-                                                      time=datetime.fromisoformat(time))
-            elif "log" in record:
-                uid, time, level, message = record["log"]
-                logs.append(RunLog(uid=uid, run_id=self.run_id, level=level, message=message, time=datetime.fromisoformat(time)))
-        return points, logs, max((step for _, step in points), default=0)
+    def batch_from_records(self, records: list) -> list:
+        # Metric points in segments left by older versions are in the dashboard's spool too.
+        return [RunLog(uid=uid, run_id=self.run_id, level=level, message=message, time=datetime.fromisoformat(time))
+                for uid, time, level, message in (record["log"] for record in records if "log" in record)]
 
     def restore(self, batch) -> None:
-        points, logs, _ = batch
-        self._points = {**points, **self._points}  # what arrived since is newer
-        self._logs = logs + self._logs
+        self._logs = batch + self._logs
 
     def write(self, batch) -> None:
-        points, logs, max_step = batch
-        if points:
-            MetricPoint.objects.bulk_create(
-                list(points.values()), update_conflicts=True, unique_fields=["run", "key", "step"],
-                update_fields=["value", "time"],
-            )
-            Run.objects.filter(pk=self.run_id, steps__lt=max_step).update(steps=max_step)
+        logs = batch
         if logs:
             # A line already stored (a spooled batch written again) is left as it is.
             RunLog.objects.bulk_create(logs, update_conflicts=True, unique_fields=["uid"], update_fields=["uid"])
@@ -125,13 +86,14 @@ class RunRecorder(BackgroundFlusher):
 
 
 class DatabaseSink:
-    """A ``training.sinks.MetricSink`` that records metrics of a run in the database."""
+    """A ``training.sinks.MetricSink`` that writes the run's log lines when the run ends. Metric
+    points are stored once, by ``webapp.dashboard.recording.DashboardSink``."""
 
     def __init__(self, recorder: RunRecorder) -> None:
         self.recorder = recorder
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.recorder.add_metrics(step, metrics)
+        pass  # DashboardSink stores them
 
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
         pass  # webapp.dashboard.recording.DashboardSink stores them for the episode viewer

@@ -159,24 +159,28 @@ def run_cancel(request, pk: int):
 
 @login_required
 def run_updates(request, pk: int):
-    """What changed since the client's last poll: status, new metric points and log lines.
+    """What changed since the client's last poll: status, log lines after ``after_log`` (an id) and
+    metric points after step ``after_step`` (``{key: [[step, value], ...]}``, up to 5,000 points).
 
     The live dashboard pushes the same over a websocket when a channel layer is shared; this
     endpoint keeps pages live in every mode (embedded mode has no shared channel layer).
     """
+    from webapp.dashboard import series
+
     run = get_run_for_user(request.user, pk, "view")
     after_log = _int(request.GET.get("after_log"))
-    after_metric = _int(request.GET.get("after_metric"))
+    after_step = max(-1, min(_int(request.GET.get("after_step"), default=-1), 2**62))
     logs = list(run.logs.filter(id__gt=after_log).order_by("id").values("id", "time", "level", "message")[:500])
-    points = list(run.metrics.filter(id__gt=after_metric).order_by("id").values("id", "key", "step", "value")[:5000])
+    through = after_step + max(1, 5000 // max(1, len(run.latest_values or {})))
+    points = series.points_after(run.pk, after_step, through=through)
     return JsonResponse({
         "status": run.status, "is_final": run.is_final, "steps": run.steps, "error": run.error,
-        "logs": logs, "metrics": points,
+        "logs": logs, "metrics": points, "through": min(through, max(after_step, run.steps)),
     })
 
 
-def _int(value: str | None) -> int:
+def _int(value: str | None, default: int = 0) -> int:
     try:
-        return int(value or 0)
+        return int(value) if value else default
     except ValueError:
-        return 0
+        return default

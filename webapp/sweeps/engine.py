@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 
 from training.sweep import TrialRecord, ask_next, grid_size, parse_space, should_prune
-from webapp.runs.models import MetricPoint, Run
+from webapp.runs.models import Run
 from webapp.sweeps.models import Sweep, Trial
 
 logger = logging.getLogger(__name__)
@@ -35,9 +35,10 @@ def _records(sweep: Sweep, with_intermediate: bool = False) -> list[TrialRecord]
     trials = list(sweep.trials.all())
     series: dict[int, dict[int, float]] = {}
     if with_intermediate:
-        points = MetricPoint.objects.filter(run__in=[t.run_id for t in trials], key=sweep.objective, value__isnull=False)
-        for run_id, step, value in points.values_list("run_id", "step", "value"):
-            series.setdefault(run_id, {})[step] = value
+        from webapp.dashboard.series import all_points
+
+        for run_id, (steps, values) in all_points([t.run_id for t in trials], sweep.objective).items():
+            series[run_id] = {int(s): float(v) for s, v in zip(steps, values) if math.isfinite(v)}
     return [TrialRecord(params=t.params, state=t.state, value=t.value, intermediate=series.get(t.run_id, {}),
                         system_attrs=t.system_attrs) for t in trials]
 
@@ -81,8 +82,7 @@ def _trial_run(sweep: Sweep, number: int, params: dict[str, Any]) -> Run:
 def objective_value(run: Run, key: str) -> float | None:
     value = (run.final_metrics or {}).get(key)
     if value is None:
-        point = MetricPoint.objects.filter(run=run, key=key, value__isnull=False).order_by("-step").first()
-        value = point.value if point else None
+        value = (Run.objects.filter(pk=run.pk).values_list("latest_values", flat=True).first() or {}).get(key)
     return value if value is not None and math.isfinite(value) else None
 
 

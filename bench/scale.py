@@ -1,0 +1,331 @@
+"""Scale benchmarks of the metric store. Results: bench/results/scale.json.
+
+    python bench/scale.py [worker slowdown wal runpage query]      (default: all of them)
+
+Each part runs against a PostgreSQL cluster of its own, created here (``initdb`` into a temporary
+folder, started as the ``postgres`` user on a free loopback port, removed at the end), so that
+the WAL counted is this benchmark's alone and neighbours' databases do not share its buffers; the
+machine's CPUs are still shared, and the load average is recorded beside the figures.
+
+1. worker    points/s through the real worker path: DashboardSink (and the log-only DatabaseSink)
+             with 100 keys, the producer as fast as it goes, every point counted back
+2. slowdown  a training loop of fixed torch work at ~10 steps/s logging 100 keys, with and without
+             the sinks, alternated in pairs: median of per-pair slowdowns
+3. wal       WAL bytes per stored point at 4 steps/s x 100 keys (flush every 0.5 s, i.e. every 2
+             steps; time is simulated: the flushes carry what they would, back to back, with a
+             checkpoint every 300 simulated seconds as PostgreSQL's default does)
+4. runpage   run page and share page of a running run with 10M points (100 keys x 100k steps)
+5. query     downsampled query of a 10M-point series: full range and zoomed ranges, p99
+
+Not measured here (null in the results, with the reason): 5,000 websocket viewers and new
+connections per second, and the compare page at 1,000 runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+RESULTS = ROOT / "bench" / "results" / "scale.json"
+KEYS = 100
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL cluster on a free loopback port (run as the ``postgres`` user)."""
+
+    def __enter__(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="scale-pg-"))
+        shutil.chown(self.folder, "postgres")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        data = self.folder / "data"
+        self._as_postgres(["initdb", "-D", str(data), "--auth=trust", "-U", "postgres"])
+        self._as_postgres(["pg_ctl", "-D", str(data), "-l", str(self.folder / "log"), "-w", "start",
+                           "-o", f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1"])
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/scale"
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True) as conn:
+            conn.execute("create database scale")
+        return self
+
+    def _as_postgres(self, command: list[str]) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", *command], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.STDOUT)
+
+    def __exit__(self, *exc):
+        self._as_postgres(["pg_ctl", "-D", str(self.folder / "data"), "-m", "fast", "stop"])
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def setup_django(url: str) -> None:
+    os.environ["DATABASE_URL"] = url
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def make_run(name: str, status: str = "running"):
+    from django.contrib.auth import get_user_model
+
+    from webapp.runs.models import Run
+
+    user, _ = get_user_model().objects.get_or_create(username="bench", defaults={"is_superuser": True, "is_staff": True})
+    return Run.objects.create(owner=user, name=name, status=status)
+
+
+def stored_count(run_id: int) -> int:
+    from webapp.dashboard import series
+
+    return sum(len(steps) for steps, _ in series.arrays_after(run_id, -1).values())
+
+
+def percentiles(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"n": len(ordered), "p50_ms": round(pick(0.50), 2), "p99_ms": round(pick(0.99), 2), "max_ms": round(ordered[-1], 2)}
+
+
+def wal_lsn() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("select pg_current_wal_lsn() - '0/0'::pg_lsn")
+        return int(cursor.fetchone()[0])
+
+
+def checkpoint() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("checkpoint")
+
+
+# -- 1. the worker path ----------------------------------------------------------------------------
+def bench_worker(seconds: float = 15) -> dict:
+    from webapp.dashboard.recording import DashboardSink
+    from webapp.runs.recording import DatabaseSink, RunRecorder
+
+    run = make_run("worker path")
+    names = [f"metric/{i}" for i in range(KEYS)]
+    recorder = RunRecorder(run.pk).start()
+    publish = bool(os.environ.get("REDIS_URL"))
+    sinks = [DatabaseSink(recorder), DashboardSink(run.pk, publish=publish)]
+    started = time.perf_counter()
+    step = 0
+    while time.perf_counter() - started < seconds:
+        step += 1
+        metrics = dict.fromkeys(names, step * 0.001)
+        for sink in sinks:
+            sink.log_metrics(step, metrics)
+    produced = time.perf_counter() - started
+    for sink in sinks:
+        sink.close()
+    recorder.close()
+    elapsed = time.perf_counter() - started
+    sent, stored = step * KEYS, stored_count(run.pk)
+    return {"points_sent": sent, "points_stored": stored, "lost": sent - stored, "dropped": sinks[1].dropped,
+            "seconds_with_close": round(elapsed, 2), "points_per_s": round(stored / elapsed),
+            "offered_points_per_s": round(sent / produced), "live_push": publish, "target_points_per_s": 200_000}
+
+
+# -- 2. training slowdown ------------------------------------------------------------------------------
+def bench_slowdown(pairs: int = 5, steps: int = 60) -> dict:
+    import torch
+
+    from webapp.dashboard.recording import DashboardSink
+    from webapp.runs.recording import DatabaseSink, RunRecorder
+
+    torch.set_num_threads(1)  # as the example configs train (trainer.cpu_threads=1)
+    weights = torch.randn(384, 384)
+    names = [f"metric/{i}" for i in range(KEYS)]
+
+    def work() -> None:  # about a tenth of a second of matrix products on one thread, fixed
+        x = torch.randn(384, 384)
+        for _ in range(120):
+            x = torch.tanh(x @ weights)
+
+    def loop(with_sinks: bool) -> float:
+        sinks, recorder = [], None
+        if with_sinks:
+            run = make_run("slowdown")
+            recorder = RunRecorder(run.pk).start()
+            sinks = [DatabaseSink(recorder), DashboardSink(run.pk, publish=bool(os.environ.get("REDIS_URL")))]
+        started = time.perf_counter()
+        for step in range(1, steps + 1):
+            work()
+            metrics = {name: random.random() for name in names}
+            for sink in sinks:
+                sink.log_metrics(step, metrics)
+        took = time.perf_counter() - started
+        for sink in sinks:
+            sink.close()
+        if recorder:
+            recorder.close()
+        return took
+
+    loop(False)  # warm up
+    ratios, bare, sinked = [], [], []
+    for i in range(pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        took = {flag: loop(flag) for flag in order}
+        bare.append(took[False])
+        sinked.append(took[True])
+        ratios.append(took[True] / took[False])
+    ordered = sorted(ratios)
+    return {"pairs": pairs, "steps_per_loop": steps, "steps_per_s_bare": round(steps / statistics.median(bare), 2),
+            "per_pair_slowdown_pct": [round((r - 1) * 100, 2) for r in ratios],
+            "median_slowdown_pct": round((statistics.median(ratios) - 1) * 100, 2),
+            "range_pct": [round((ordered[0] - 1) * 100, 2), round((ordered[-1] - 1) * 100, 2)], "target_pct": 2}
+
+
+# -- 3. WAL per point at 4 steps/s ----------------------------------------------------------------------
+def bench_wal(simulated_seconds: int = 1200) -> dict:
+    from webapp.dashboard.recording import DashboardSink
+
+    run = make_run("wal")
+    names = [f"metric/{i}" for i in range(KEYS)]
+    sink = DashboardSink(run.pk, flush_seconds=3600, publish=False)  # flushed below, every 2 steps
+    checkpoint()
+    before = wal_lsn()
+    step = 0
+    for second in range(simulated_seconds):
+        if second and second % 300 == 0:
+            checkpoint()  # checkpoint_timeout's default: the first change to each page after it is a full page
+        for _ in range(2):  # two flushes a second, two steps each
+            for _ in range(2):
+                step += 1
+                sink.log_metrics(step, {name: random.random() for name in names})
+            sink.flush()
+    sink.close()
+    wal = wal_lsn() - before
+    stored = stored_count(run.pk)
+    return {"simulated_seconds": simulated_seconds, "steps": step, "points": stored, "wal_bytes": wal,
+            "wal_bytes_per_point": round(wal / stored, 1), "target_bytes_per_point": 50}
+
+
+# -- 4. run page and share page at 10M points -------------------------------------------------------------
+def fill(run_id: int, keys: list[str], steps: int, steps_per_write: int) -> float:
+    from webapp.dashboard.series import SeriesWriter
+
+    writer = SeriesWriter(run_id)
+    started = time.perf_counter()
+    for first in range(1, steps + 1, steps_per_write):
+        writer.write((key, step, math.sin(step / 1000 + k)) for step in range(first, min(first + steps_per_write, steps + 1))
+                     for k, key in enumerate(keys))
+    return time.perf_counter() - started
+
+
+def bench_runpage(steps: int = 100_000, repeats: int = 40) -> dict:
+    from django.test import Client
+
+    from webapp.teams.models import ShareLink
+
+    run = make_run("10M points")
+    write_s = fill(run.pk, [f"metric/{i}" for i in range(KEYS - 2)] + ["reward", "loss"], steps, 100)
+    link = ShareLink.objects.create(run=run, created_by=run.owner)
+    client = Client()
+    client.force_login(run.owner)
+    timings: dict[str, list[float]] = {"run_page": [], "share_page": []}
+    for _ in range(repeats):
+        for name, url in (("run_page", f"/runs/{run.pk}/"), ("share_page", f"/share/{link.token}/")):
+            t = time.perf_counter()
+            response = client.get(url)
+            timings[name].append((time.perf_counter() - t) * 1000)
+            assert response.status_code == 200, (url, response.status_code)
+    return {"points": KEYS * steps, "fill_s": round(write_s, 1), **{k: percentiles(v) for k, v in timings.items()},
+            "target_ms": 100}
+
+
+# -- 5. downsampled query of a 10M-point series ----------------------------------------------------------------
+def bench_query(points: int = 10_000_000, repeats: int = 100) -> dict:
+    from webapp.dashboard import series
+
+    run = make_run("10M-point series")
+    write_s = fill(run.pk, ["reward"], points, 100_000)
+    full, zoom = [], []
+    rng = random.Random(3)
+    for _ in range(repeats):
+        t = time.perf_counter()
+        data = series.downsample(run.pk, "reward", points=1500)
+        full.append((time.perf_counter() - t) * 1000)
+        start = rng.randrange(points)
+        t = time.perf_counter()
+        series.downsample(run.pk, "reward", start=start, end=start + rng.choice([10_000, 100_000, 1_000_000]), points=1500)
+        zoom.append((time.perf_counter() - t) * 1000)
+    assert data["count"] == points
+    return {"series_points": points, "returned_points": len(data["x"]), "write_s": round(write_s, 1),
+            "full_range": percentiles(full), "zoomed": percentiles(zoom), "all": percentiles(full + zoom), "target_ms": 50}
+
+
+BENCHES = {"worker": bench_worker, "slowdown": bench_slowdown, "wal": bench_wal, "runpage": bench_runpage, "query": bench_query}
+
+
+def headline(results: dict) -> dict:
+    def pick(part, *path):
+        value = results.get(part)
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    return {
+        "worker_path_points_per_s": pick("worker", "points_per_s"),
+        "training_slowdown_pct": pick("slowdown", "median_slowdown_pct"),
+        "wal_bytes_per_point_4sps": pick("wal", "wal_bytes_per_point"),
+        "run_page_10m_ms": pick("runpage", "run_page", "p99_ms"),
+        "query_10m_p99_ms": pick("query", "all", "p99_ms"),
+        "viewers_5000_p99_ms": None,
+        "viewers_5000_p99_ms_reason": "not measured: several server processes with one serialisation per process are not built yet",
+        "new_connections_per_s": None,
+        "new_connections_per_s_reason": "not measured, for the same reason",
+        "compare_1000_runs_s": None,
+        "compare_1000_runs_s_reason": "not measured by this script yet",
+    }
+
+
+def main(parts: list[str]) -> None:
+    unknown = set(parts) - set(BENCHES)
+    if unknown:
+        sys.exit(f"unknown part(s) {', '.join(sorted(unknown))}; choose from {', '.join(BENCHES)}")
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    details = previous.get("details", {})
+    with PrivatePostgres() as database:
+        setup_django(database.url)
+        for name in parts or list(BENCHES):
+            load_before = os.getloadavg()[0]
+            print(f"{name} ...", flush=True)
+            details[name] = BENCHES[name]()
+            details[name]["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            print(json.dumps(details[name]), flush=True)
+    result = headline(details)  # parts not run this time keep their previous figures
+    result.update({
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs shared with other work, {platform.system()} {platform.release()}",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "note": "each part on a private PostgreSQL cluster on this machine; load_average is the 1-minute average before/after each part",
+        "details": details,
+    })
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
