@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0006_run_attempts_outbox'),
+        ('runs', '0007_run_stop_reason_pruned'),
     ]
 
     operations = [
