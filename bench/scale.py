@@ -1,6 +1,6 @@
 """Scale benchmarks of the metric store. Results: bench/results/scale.json.
 
-    python bench/scale.py [worker slowdown wal runpage query]      (default: all of them)
+    python bench/scale.py [worker capacity slowdown wal runpage query]      (default: all of them)
 
 Each part runs against a PostgreSQL cluster of its own, created here (``initdb`` into a temporary
 folder, started as the ``postgres`` user on a free loopback port, removed at the end), so that
@@ -9,6 +9,8 @@ machine's CPUs are still shared, and the load average is recorded beside the fig
 
 1. worker    points/s through the real worker path: DashboardSink (and the log-only DatabaseSink)
              with 100 keys, the producer as fast as it goes, every point counted back
+   capacity  several runs written at once, each by its own process: the points/s one PostgreSQL
+             takes here, and so how many runs of 100 keys x 10 steps/s it holds
 2. slowdown  a training loop of fixed torch work at ~10 steps/s logging 100 keys, with and without
              the sinks, alternated in pairs: median of per-pair slowdowns
 3. wal       WAL bytes per stored point at 4 steps/s x 100 keys (flush every 0.5 s, i.e. every 2
@@ -148,6 +150,42 @@ def bench_worker(seconds: float = 15) -> dict:
             "offered_points_per_s": round(sent / produced), "live_push": publish, "target_points_per_s": 200_000}
 
 
+# -- 1b. what one PostgreSQL holds: several runs written at once ---------------------------------------
+def _flood(seconds: float) -> tuple[int, float]:
+    """In a process of its own: one run's DashboardSink, 100 keys, as fast as it goes."""
+    import django
+
+    django.setup()
+    from webapp.dashboard.recording import DashboardSink
+
+    run = make_run("capacity")
+    names = [f"metric/{i}" for i in range(KEYS)]
+    sink = DashboardSink(run.pk, publish=False)
+    started = time.perf_counter()
+    step = 0
+    while time.perf_counter() - started < seconds:
+        step += 1
+        sink.log_metrics(step, dict.fromkeys(names, step * 0.001))
+        if step % 100 == 0:
+            time.sleep(0.005)  # let the writer thread take the lock now and then, as a real loop does
+    sink.close()
+    return stored_count(run.pk), time.perf_counter() - started
+
+
+def bench_capacity(processes: int = 4, seconds: float = 15) -> dict:
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        started = time.perf_counter()
+        results = pool.map(_flood, [seconds] * processes)
+        elapsed = time.perf_counter() - started
+    stored = sum(n for n, _ in results)
+    per_s = stored / elapsed
+    return {"writer_processes": processes, "points_stored": stored, "seconds": round(elapsed, 2),
+            "points_per_s": round(per_s), "runs_at_100_keys_x_10_steps_per_s": int(per_s // 1000),
+            "note": "each process floods its own run; CPU (2 cores shared by writers, PostgreSQL and other work) is the limit"}
+
+
 # -- 2. training slowdown ------------------------------------------------------------------------------
 def bench_slowdown(pairs: int = 5, steps: int = 60) -> dict:
     import torch
@@ -277,7 +315,7 @@ def bench_query(points: int = 10_000_000, repeats: int = 100) -> dict:
             "full_range": percentiles(full), "zoomed": percentiles(zoom), "all": percentiles(full + zoom), "target_ms": 50}
 
 
-BENCHES = {"worker": bench_worker, "slowdown": bench_slowdown, "wal": bench_wal, "runpage": bench_runpage, "query": bench_query}
+BENCHES = {"worker": bench_worker, "capacity": bench_capacity, "slowdown": bench_slowdown, "wal": bench_wal, "runpage": bench_runpage, "query": bench_query}
 
 
 def headline(results: dict) -> dict:

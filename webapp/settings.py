@@ -258,6 +258,8 @@ RUN_SPOOL_MAX_MB = envint("RUN_SPOOL_MAX_MB", "512", minimum=1)
 RUN_WARM_PROCESS = envbool("RUN_WARM_PROCESS", "true")
 # After a cancel, how long the training process gets to stop at its next step before it is killed.
 RUN_CANCEL_GRACE_SECONDS = envint("RUN_CANCEL_GRACE_SECONDS", "30", minimum=0)
+# Runs drawn on one compare page; a page asked for more shows these and links to pages of the rest.
+COMPARE_MAX_RUNS = envint("COMPARE_MAX_RUNS", "1000", minimum=1)
 # Log lines kept per run in the database (the full log stays in the run directory).
 RUN_LOG_MAX_LINES = envint("RUN_LOG_MAX_LINES", "5000", minimum=10)
 # Checking a run before it is queued runs its registry code in a child process with these limits

@@ -371,7 +371,7 @@ def downsample_many(run_ids: list[int], key: str, start: int | None = None, end:
     if end is not None:
         blocks = blocks.filter(first_step__lte=end)
     summaries: dict[int, list[tuple]] = {run_id: [] for run_id in run_ids}
-    for row in blocks.order_by("run_id", "index").values_list(*SUMMARY_FIELDS):
+    for row in _fetch_bytes(blocks.order_by("run_id", "index").values_list(*SUMMARY_FIELDS)):
         summaries[row[0]].append(row)
     # One more query reads the points of the runs whose range spans few blocks (the same blocks).
     needs_payload = [run_id for run_id, rows in summaries.items() if 0 < len(rows) <= PAYLOAD_BLOCK_LIMIT]
@@ -438,7 +438,7 @@ def _from_points(key: str, steps: np.ndarray, values: np.ndarray, start, end, po
 def _from_summaries(key: str, rows: list[tuple], tail: Arrays | None, start, end, points: int) -> dict:
     """Buckets of whole blocks, each giving its extremes (vectorised: a 10M-point series is ~10k
     blocks). Tail points past the blocks are summarised the same way, a block's worth at a time."""
-    table = np.array([[np.nan if v is None else v for v in row[1:]] for row in rows], dtype=np.float64)
+    table = np.array(rows, dtype=np.float64)[:, 1:]  # None (a block of no finite value) becomes NaN
     _, _, last_step, count, min_value, min_step, max_value, max_step, last_value = table.T
     end_of_blocks = int(last_step.max())
     if tail is not None:

@@ -6,7 +6,10 @@ import functools
 import re
 from pathlib import Path
 
+from urllib.parse import urlencode
+
 from django import forms
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -24,12 +27,13 @@ from webapp.runs.models import Run
 HEADLINE_KEYS = ("reward", "reward_std", "loss", "kl", "entropy", "response_length", "turns", "step_time")
 # The charts the compare page opens with.
 COMPARE_KEYS = ("reward", "loss", "kl", "response_length")
-# Points per run per compare chart: a hundred runs share a ~450 px wide chart, so ~100 min/max
-# buckets per run lose nothing visible (spikes survive: each bucket keeps its min and its max).
+# Points per run per compare chart when the page does not say its charts' width in pixels (it
+# does: one min/max bucket per two pixels loses nothing visible, spikes included).
 COMPARE_POINTS = 200
 TERMINATION_PREFIX = "termination/"
 VALIDATION_PREFIX = "val/"  # test-set scores on schedule: val/<data_source>/reward, pass@k
-MAX_COMPARE_RUNS = 500
+# Run ids read from one compare request at most (the runs drawn are capped by COMPARE_MAX_RUNS).
+MAX_COMPARE_IDS = 20_000
 MAX_KEYS_PER_REQUEST = 40
 
 
@@ -127,12 +131,18 @@ def run_episodes(request: HttpRequest, pk: int) -> JsonResponse:
 @login_required
 @require_GET
 def compare(request: HttpRequest):
-    runs = list(Run.objects.visible_to(request.user).filter(pk__in=_ints(",".join(request.GET.getlist("runs"))))
-                .select_related("agent", "dataset").order_by("pk")[:MAX_COMPARE_RUNS])
+    cap = settings.COMPARE_MAX_RUNS
+    chosen = list(Run.objects.visible_to(request.user).filter(pk__in=_ints(",".join(request.GET.getlist("runs"))))
+                  .order_by("pk").values_list("pk", flat=True))
+    runs = list(Run.objects.filter(pk__in=chosen[:cap]).select_related("agent", "dataset", "backend").order_by("pk"))
+    # More runs than one page draws: say so, and link to pages of the rest (never drop them silently).
+    rest = [{"first": page[0], "last": page[-1], "count": len(page), "query": urlencode({"runs": ",".join(map(str, page))})}
+            for page in (chosen[i:i + cap] for i in range(cap, len(chosen), cap))]
     # Open with the compare charts some chosen run has data for (no always-empty chart); offer every key they have.
     keys = series.keys_of_runs([r.pk for r in runs])
     return render(request, "dashboard/compare.html", {
         "runs": runs, "run_ids": ",".join(str(r.pk) for r in runs), "all_keys": keys,
+        "chosen_count": len(chosen), "cap": cap, "rest_pages": rest,
         "compare_keys": [key for key in COMPARE_KEYS if key in keys],
         **parameter_context(runs),  # the config keys that differ, a metric against one of them
     })
@@ -144,13 +154,15 @@ def compare(request: HttpRequest):
 def compare_series(request: HttpRequest) -> JsonResponse:
     """``?runs=1,2,..&key=reward&points=&start=&end=``: one downsampled series per visible run."""
     key = request.GET.get("key") or "reward"
-    runs = {r.pk: r for r in Run.objects.visible_to(request.user).filter(pk__in=_ints(",".join(request.GET.getlist("runs"))))[:MAX_COMPARE_RUNS]}
+    ids = _ints(",".join(request.GET.getlist("runs")))[:settings.COMPARE_MAX_RUNS]
+    runs = {r["pk"]: r for r in Run.objects.visible_to(request.user).filter(pk__in=ids).values("pk", "name", "status")}
     query = _range_query(request)
     start, end, points = query["start"], query["end"], query["points"] or COMPARE_POINTS
     by_run = series.downsample_many(sorted(runs), key, start, end, points) if runs else {}
     return JsonResponse({
         "key": key,
-        "runs": [{"id": pk, "name": str(runs[pk]), "status": runs[pk].status, **by_run[pk]} for pk in sorted(runs)],
+        "runs": [{"id": pk, "name": runs[pk]["name"] or f"run {pk}", "status": runs[pk]["status"], **by_run[pk]}
+                 for pk in sorted(runs)],
     })
 
 
@@ -187,8 +199,8 @@ def _list(value: str | None) -> list[str]:
 
 
 def _ints(value: str | None) -> list[int]:
-    """Run ids: ASCII digits that fit a bigint (``str.isdigit`` also takes '²'), at most ``MAX_COMPARE_RUNS``."""
-    return [int(item) for item in _list(value) if _RUN_ID.fullmatch(item)][:MAX_COMPARE_RUNS]
+    """Run ids: ASCII digits that fit a bigint (``str.isdigit`` also takes '²'), at most ``MAX_COMPARE_IDS``."""
+    return [int(item) for item in _list(value)[:MAX_COMPARE_IDS] if _RUN_ID.fullmatch(item)]
 
 
 _RUN_ID = re.compile(r"[0-9]{1,18}")

@@ -6,6 +6,7 @@
   const root = document.getElementById("compare");
   if (!root || !window.Plotly) return;
   const charts = [];
+  const WEBGL_FROM_RUNS = 50;
   let smoothing = 0, logScale = false;
   const box = document.getElementById("dash-charts");
   // Times are milliseconds since the navigation started (performance.now()'s origin).
@@ -26,9 +27,11 @@
   }
 
   function draw(chart) {
-    // SVG lines: with no GPU (software WebGL) scattergl measured several times slower than SVG here.
+    // WebGL past a few dozen runs: SVG makes one path element per run and chart, which is what a
+    // thousand runs cannot afford; below that SVG draws faster on machines without a GPU.
+    const type = chart.runs.length > WEBGL_FROM_RUNS ? "scattergl" : "scatter";
     const traces = chart.runs.filter(r => r.x.length).map(r => ({
-      x: r.x, y: Dash.smooth(r.y, smoothing), name: "#" + r.id + " " + r.name, mode: "lines", line: { width: 1 },
+      type, x: r.x, y: Dash.smooth(r.y, smoothing), name: "#" + r.id + " " + r.name, mode: "lines", line: { width: 1 },
     }));
     const layout = Dash.layout(chart.key, logScale);
     layout.showlegend = traces.length <= 12;
