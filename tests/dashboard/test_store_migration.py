@@ -17,7 +17,7 @@ from webapp.dashboard import series
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-OLD = [("runs", "0007_run_stop_reason_pruned"), ("dashboard", "0001_initial")]
+OLD = [("runs", "0008_runlog_uid"), ("dashboard", "0001_initial")]
 
 
 def migrate(targets):

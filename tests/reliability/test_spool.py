@@ -14,7 +14,7 @@ from tcp_proxy import TcpProxy
 from webapp.dashboard import series
 from webapp.dashboard.models import EpisodeSample
 from webapp.dashboard.recording import DashboardSink
-from webapp.runs.models import MetricPoint, Run, RunLog
+from webapp.runs.models import Run, RunLog
 from webapp.runs.recording import RunRecorder
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,24 +30,21 @@ def test_reports_of_a_killed_process_are_written_by_the_next_attempt_once(make_r
     first = RunRecorder(run.pk, spool_dir=tmp_path)
     first_dashboard = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=tmp_path)
     for step in (1, 2, 3):
-        first.add_metrics(step, {"reward": step / 10})
         first_dashboard.log_metrics(step, {"reward": step / 10})
         first.add_log("INFO", f"step {step}")
     first_dashboard.log_episodes(3, [{"reward": 0.3, "num_turns": 1, "termination_reason": "done", "task": {"x": 1}}])
-    assert MetricPoint.objects.count() == 0 and len(segments(tmp_path)) == 2
+    assert series.points_after(run.pk, -1) == {} and len(segments(tmp_path)) == 2
 
     # The next attempt writes them before its own, and the segments are gone once stored.
     kept = tmp_path / "kept"
     shutil.copytree(tmp_path / "spool", kept)
     second = RunRecorder(run.pk, spool_dir=tmp_path)
     second_dashboard = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=tmp_path)
-    second.add_metrics(4, {"reward": 0.4})
+    second_dashboard.log_metrics(4, {"reward": 0.4})
     second.close()
     second_dashboard.close()
     assert segments(tmp_path) == []
-    assert list(MetricPoint.objects.filter(run=run).order_by("step").values_list("step", "value")) == [
-        (1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
-    assert series.points_after(run.pk, 0)["reward"] == [[1, 0.1], [2, 0.2], [3, 0.3]]
+    assert series.points_after(run.pk, 0)["reward"] == [[1, 0.1], [2, 0.2], [3, 0.3], [4, 0.4]]
     assert EpisodeSample.objects.filter(run=run, step=3).count() == 1
     assert Run.objects.get(pk=run.pk).steps == 4
 
@@ -59,8 +56,7 @@ def test_reports_of_a_killed_process_are_written_by_the_next_attempt_once(make_r
     third.close()
     third_dashboard.close()
     assert list(RunLog.objects.filter(run=run).values_list("message", flat=True)) == ["step 1", "step 2", "step 3"]
-    assert MetricPoint.objects.filter(run=run).count() == 4
-    assert [s for s, _ in series.points_after(run.pk, 0)["reward"]] == [1, 2, 3]
+    assert [s for s, _ in series.points_after(run.pk, 0)["reward"]] == [1, 2, 3, 4]
     assert EpisodeSample.objects.filter(run=run).count() == 1
 
 
@@ -69,24 +65,27 @@ def test_a_postgres_outage_keeps_reports_on_disk_and_writes_them_all_when_it_is_
     db = connection.settings_dict
     proxy = TcpProxy(db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))
     recorder = RunRecorder(run.pk, spool_dir=tmp_path)  # not started: this thread flushes
+    sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=tmp_path)  # flushed by this thread too
     original = dict(db)
     connection.close()
     db.update(HOST="127.0.0.1", PORT=str(proxy.port))  # this thread's connection goes through the proxy
     try:
-        recorder.add_metrics(1, {"reward": 0.1})
-        recorder.flush()
+        sink.log_metrics(1, {"reward": 0.1})
+        sink.flush()
         proxy.cut()
         for step in range(2, 7):
-            recorder.add_metrics(step, {"reward": step / 10})
+            sink.log_metrics(step, {"reward": step / 10})
             recorder.add_log("INFO", f"step {step}")
-            with pytest.raises(OperationalError):
-                recorder.flush()
-        # Nothing of the outage is held in memory: five segments wait on disk.
-        assert recorder._points == {} and recorder._logs == []
-        assert len(segments(tmp_path)) == 5
+            for writer in (sink, recorder):
+                with pytest.raises(OperationalError):
+                    writer.flush()
+        # Nothing of the outage is held in memory: five segments of each writer wait on disk.
+        assert sink._steps == [] and recorder._logs == []
+        assert len(segments(tmp_path)) == 10
         proxy.restore()
         connection.close()
-        recorder.add_metrics(7, {"reward": 0.7})
+        sink.log_metrics(7, {"reward": 0.7})
+        sink.flush()
         recorder.flush()
     finally:
         connection.close()
@@ -94,19 +93,20 @@ def test_a_postgres_outage_keeps_reports_on_disk_and_writes_them_all_when_it_is_
         db.update(original)
         proxy.close()
     assert segments(tmp_path) == []
-    assert list(MetricPoint.objects.filter(run=run).order_by("step").values_list("step", flat=True)) == list(range(1, 8))
+    sink.close()
+    assert [s for s, _ in series.points_after(run.pk, -1)["reward"]] == list(range(1, 8))
     assert list(RunLog.objects.filter(run=run).values_list("message", flat=True)) == [f"step {s}" for s in range(2, 7)]
 
 
 def test_a_full_spool_drops_reports_and_says_how_many(make_run, tmp_path, settings):
     settings.RUN_SPOOL_MAX_MB = 1
     run = make_run()
-    recorder = RunRecorder(run.pk, spool_dir=tmp_path)
+    sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=tmp_path)
     big = {f"metric_{i:04d}": float(i) for i in range(2000)}  # about 50 kB a step
     for step in range(1, 41):
-        recorder.add_metrics(step, big)
-    recorder.close()
-    stored = MetricPoint.objects.filter(run=run, key="metric_0000").count()
+        sink.log_metrics(step, big)
+    sink.close()
+    stored = len(series.points_after(run.pk, -1)["metric_0000"])
     assert 0 < stored < 40
     dropped = RunLog.objects.get(run=run, level="ERROR").message
     assert dropped.startswith(f"{(40 - stored) * 2000} metric point(s) were dropped")

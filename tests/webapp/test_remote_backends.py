@@ -146,7 +146,7 @@ def test_a_multi_turn_swift_run_trains_through_the_worker_in_the_backends_interp
     FrozenLake run trains multi-turn through ms-swift and its steps and turns reach the database.
     Nothing is a stand-in."""
     from training.backends.swift_backend import DEFAULT_PYTHON, environment_problem
-    from webapp.runs.models import MetricPoint
+    from webapp.dashboard.series import points_after
     from workers.execute import claim, train_run
 
     if environment_problem(DEFAULT_PYTHON) is not None:
@@ -163,5 +163,5 @@ def test_a_multi_turn_swift_run_trains_through_the_worker_in_the_backends_interp
     assert run.status == Run.Status.SUCCEEDED and run.steps == 2, run.traceback
     job = (Path(run.run_path) / "swift" / "job.json").read_text()
     assert '"max_turns": 4' in job and "FrozenLakeEnv" in job
-    turns = list(MetricPoint.objects.filter(run=run, key="turns").values_list("value", flat=True))
+    turns = [value for _, value in points_after(run.pk, -1)["turns"]]
     assert len(turns) == 2 and all(t > 1 for t in turns), turns

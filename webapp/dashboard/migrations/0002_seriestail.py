@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('dashboard', '0001_initial'),
-        ('runs', '0008_run_latest_values'),
+        ('runs', '0009_run_latest_values'),
     ]
 
     operations = [

@@ -116,7 +116,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('dashboard', '0002_seriestail'),
-        ('runs', '0008_run_latest_values'),
+        ('runs', '0009_run_latest_values'),
     ]
 
     operations = [

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0007_run_stop_reason_pruned'),
+        ('runs', '0008_runlog_uid'),
     ]
 
     operations = [

@@ -6,7 +6,7 @@ class Migration(migrations.Migration):
     rows were moved there by ``dashboard.0003_metricpoints_into_blocks``."""
 
     dependencies = [
-        ('runs', '0008_run_latest_values'),
+        ('runs', '0009_run_latest_values'),
         ('dashboard', '0003_metricpoints_into_blocks'),
     ]
 
