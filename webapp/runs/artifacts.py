@@ -290,11 +290,9 @@ def _last_recorded_step(run) -> int:
     """The last step the database holds reports of. An attempt lost with another machine may have
     saved (and stored) a checkpoint after it, with that step's reports still in the lost machine's
     spool: resuming from there would lose them, so an attempt elsewhere resumes from no later step."""
-    from django.db.models import Max
+    from webapp.dashboard.series import last_step_of
 
-    from webapp.runs.models import MetricPoint
-
-    return MetricPoint.objects.filter(run_id=run.pk).aggregate(last=Max("step"))["last"] or 0
+    return max(last_step_of(run.pk), 0)
 
 
 def finish_uploads(uploader: RunUploader | None, run, scratch: Path, final_model: str | Path | None,
