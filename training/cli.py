@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             run["run_path"] = args.run_path
         if args.command == "demo":
             run["config"].setdefault("trainer.resume_mode", "disable")
-            run["run_path"] = f"{run.get('run_path', 'runs/demo')}-{time.strftime('%Y%m%d-%H%M%S')}"
+            # The process id as well: two demos started in the same second must not share a folder.
+            run["run_path"] = f"{run.get('run_path', 'runs/demo')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         total = int(run["config"].get("trainer.total_training_steps", 100))
         target = RewardTarget(args.target) if args.command == "demo" else None
         sinks = [ProgressSink(total)] + ([target] if target else [])
