@@ -111,3 +111,15 @@ def test_a_full_buffer_drops_points_visibly(make_run):
     assert [s for s, _ in stored["a"]] == [1, 2, 3, 4, 5]
     assert stored["overload/dropped_points"] == [[8, 6.0]]
     assert run.logs.filter(level="ERROR", message__startswith="6 metric point(s) were dropped").exists()
+
+
+def test_saving_a_run_loaded_earlier_keeps_what_the_store_wrote_since(make_run):
+    """An edit form or the admin saves the whole row it loaded: the store's fields are left alone."""
+    run = make_run()
+    stale = Run.objects.get(pk=run.pk)
+    series.SeriesWriter(run.pk).write([("reward", 7, 0.5), ("rare/key", 7, 1.0)])
+    stale.notes = "edited"
+    stale.save()
+    fresh = Run.objects.get(pk=run.pk)
+    assert fresh.notes == "edited" and fresh.steps == 7 and fresh.latest_values == {"reward": 0.5, "rare/key": 1.0}
+    assert series.keys_of(run.pk) == ["rare/key", "reward"]

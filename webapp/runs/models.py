@@ -144,8 +144,19 @@ class Run(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
 
+    # Kept by the metric store with filtered updates as it stores points.
+    STORE_FIELDS = ("steps", "latest_values", "metrics_at", "tail_points")
+
     def __str__(self) -> str:
         return self.name or f"run {self.pk}"
+
+    def save(self, *args, **kwargs) -> None:
+        """Saving a row loaded earlier (an edit form, the admin) leaves the metric store's fields
+        alone: its older copy of them must not overwrite what was stored since."""
+        if not self._state.adding and kwargs.get("update_fields") is None and not kwargs.get("force_insert"):
+            kwargs["update_fields"] = [f.name for f in self._meta.concrete_fields
+                                       if not f.primary_key and f.name not in self.STORE_FIELDS]
+        super().save(*args, **kwargs)
 
     def get_absolute_url(self) -> str:
         return reverse("runs:detail", args=[self.pk])
