@@ -22,48 +22,15 @@ from transformers import AutoModelForCausalLM
 
 from training import AgentTrainer, RewardOutput, SingleTurnEnvironment
 from training.config import Config, ConfigError
-from training.generation import encode, render_messages
-from training.tiny import build_char_tokenizer, build_tiny_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from rllm_frozenlake_agent import FrozenLakeAgent  # noqa: E402
 from rllm_frozenlake_env import FrozenLakeEnv  # noqa: E402
 from rllm_math_agent import MathAgent  # noqa: E402
 from rllm_solver_judge_flow import Judge, SolverJudgeWorkflow  # noqa: E402
+from warm_start import warm_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def warm_tiny_model(
-    directory: Path, pairs: list[tuple[list[dict], str]], steps: int = 40, seed: int = 0, context: int | None = None,
-    lr: float = 3e-3,
-) -> str:
-    """The tiny model after ``steps`` of supervised training on (chat messages -> reply) pairs,
-    saved to ``directory`` as a checkpoint the trainer loads like any other. ``context`` keeps only
-    the last tokens of each prompt (cheaper; the reply's format depends on the prompt's end)."""
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(tokenizer, seed=seed)
-    rows = []
-    for messages, reply in pairs:
-        prompt = encode(tokenizer, render_messages(tokenizer, messages))[-(context or 0):]
-        target = encode(tokenizer, reply) + [tokenizer.eos_token_id]
-        rows.append((prompt + target, [-100] * len(prompt) + target))
-    batches = {}  # rows of about one length together, so short rows are not padded to the longest
-    for ids, labels in rows:
-        batches.setdefault(len(ids) // 64, []).append((ids, labels))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    for _ in range(steps):
-        for batch in batches.values():
-            width = max(len(ids) for ids, _ in batch)
-            input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in batch])
-            labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
-            loss = model(input_ids=input_ids, labels=labels).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
 
 
 def weights(path: str | Path) -> dict[str, torch.Tensor]:
@@ -218,27 +185,64 @@ def test_solver_judge_workflow_with_its_launch_script_trains_every_trajectory(tm
 # -- FrozenLake: rLLM's agent and environment ---------------------------------------------------------
 
 
-def test_frozenlake_agent_and_env_from_rllm(tmp_path, sink):
-    """rLLM's FrozenLakeAgent sets ``Step(thought=...)``, which used to kill every episode. Its
-    reward needs a fenced move (```Up```) that the tiny model does not write, so this test checks
-    that every episode runs and is trained on, not that the reward moves (the tests above do)."""
-    tasks = [{"size": 2, "p": 0.8, "seed": seed, "max_steps": 3, "is_slippery": False} for seed in range(4)]
+# The 2x2 maps of these seeds all have the goal right below the player's start: one ```Down``` wins
+# at once, any other move does not.
+FROZENLAKE_SEEDS = (0, 1, 2, 9)
+FROZENLAKE_MOVES = ("Left", "Down", "Right", "Up")
+
+
+def frozenlake_warmup_pairs(tasks: list[dict], agent_args: dict) -> list[tuple[list[dict], str]]:
+    """(messages -> reply) pairs for the warm start, built by rLLM's own agent and environment:
+    the agent's prompt at every state a few random walks reach, each answered with every one of
+    the environment's moves in rLLM's format (```Up```). So the warmed model writes fenced moves
+    but has no preference among them: which move wins is left for RL to find."""
+    import random
+
+    rng = random.Random(0)
+    pairs = []
+    for task in tasks:
+        for _ in range(3):
+            env, agent = FrozenLakeEnv(**task), FrozenLakeAgent(**agent_args)
+            observation, info = env.reset(task)
+            agent.update_from_env(observation, 0.0, False, info)
+            for _turn in range(task["max_steps"]):
+                pairs += [(list(agent.chat_completions), f"```{move}```") for move in FROZENLAKE_MOVES]
+                action = agent.update_from_model(f"```{rng.choice(FROZENLAKE_MOVES)}```")
+                observation, reward, done, info = env.step(action.action)
+                if done:
+                    break
+                agent.update_from_env(observation, reward, done, info)
+    return list({(repr(messages), reply): (messages, reply) for messages, reply in pairs}.values())
+
+
+def test_frozenlake_agent_and_env_from_rllm_learn_to_reach_the_goal(tmp_path, sink):
+    """rLLM's FrozenLakeAgent and FrozenLakeEnv, unchanged but for their imports (the agent sets
+    ``Step(thought=...)``, which used to kill every episode). A randomly initialised model never
+    writes a fenced move, so the reward could not move: the test first warms the tiny model on the
+    environment's own moves in rLLM's format, with no preference among them, then RL must raise
+    the share of episodes that reach the goal."""
+    agent_args = {"max_steps": 1, "use_accumulate_history": False}
+    tasks = [{"size": 2, "p": 0.8, "seed": seed, "max_steps": 1, "is_slippery": False} for seed in FROZENLAKE_SEEDS]
+    model = warm_tiny_model(tmp_path / "warm", frozenlake_warmup_pairs(tasks, agent_args), steps=200)
     trainer = AgentTrainer(
         agent_class=FrozenLakeAgent,
         env_class=FrozenLakeEnv,
-        agent_args={"max_steps": 3, "use_accumulate_history": False},
-        config=base_config("tiny-char", 2, **{
-            "data.max_prompt_length": 2048, "data.max_response_length": 64, "rllm.agent.max_steps": 3,
-            "rllm.agent.max_tokens_per_turn": 12,
+        agent_args=agent_args,
+        config=base_config(model, 12, **{
+            "actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.actor.optim.lr": 1e-3,
+            "data.max_prompt_length": 2048, "data.max_response_length": 48,
+            "rllm.agent.max_steps": 1, "rllm.agent.max_tokens_per_turn": 12,
         }),
         train_dataset=tasks,
-        run_path=str(tmp_path),
+        run_path=str(tmp_path / "run"),
         sinks=[sink],
     )
     result = trainer.train()
-    assert result.steps == 2
+    assert result.steps == 12
     assert_no_failed_episodes(sink.metrics)
-    assert all(m["turns"] > 1 and m["response_length"] > 0 for m in sink.metrics), sink.metrics
+    assert_learnt(model, result)
     steps = [s for e in sink.episodes for t in e["trajectories"] for s in t["steps"]]
     assert steps and all(s["thought"] is not None and s["observation"] for s in steps)
     assert {e["termination_reason"] for e in sink.episodes} <= {"max_turns", "env_done", "max_response_length"}
+    rewards = [m["reward"] for m in sink.metrics]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
