@@ -30,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchdb import migrated_postgres  # noqa: E402  (bench/ is the script's folder)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 # Playwright's sync API keeps an event loop running in the main thread; our ORM calls stay synchronous.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -39,28 +41,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 def setup_django() -> None:
-    import dj_database_url
-    import psycopg
-
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith("postgres"):
-        sys.exit("Set DATABASE_URL to a PostgreSQL database (it is created if missing) and REDIS_URL.")
-    config = dj_database_url.parse(url)
-    with psycopg.connect(host=config["HOST"], port=config["PORT"] or 5432, user=config["USER"], dbname="postgres",
-                         autocommit=True) as conn:
-        if not conn.execute("select 1 from pg_database where datname=%s", [config["NAME"]]).fetchone():
-            conn.execute(f'create database "{config["NAME"]}"')
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    from webapp.registry.seed import seed_registry
-    from webapp.runs.models import Run
-
-    seed_registry()
-    Run.objects.all().delete()
+    migrated_postgres()
 
 
 def make_user():

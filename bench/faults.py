@@ -38,6 +38,8 @@ from tempfile import mkdtemp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "reliability"))
+
+from benchdb import migrated_postgres  # noqa: E402  (bench/ is the script's folder)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 RESULTS = ROOT / "bench" / "results" / "faults.json"
 STEPS = 30
@@ -45,30 +47,9 @@ TIMEOUT = 600
 
 
 def setup_django() -> None:
-    import dj_database_url
-    import psycopg
-
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith("postgres") or not os.environ.get("REDIS_URL"):
-        sys.exit("Set DATABASE_URL to a PostgreSQL database (it is created if missing) and REDIS_URL.")
-    config = dj_database_url.parse(url)
-    with psycopg.connect(host=config["HOST"], port=config["PORT"] or 5432, user=config["USER"], dbname="postgres",
-                         autocommit=True) as conn:
-        if not conn.execute("select 1 from pg_database where datname=%s", [config["NAME"]]).fetchone():
-            conn.execute(f'create database "{config["NAME"]}"')
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    migrated_postgres(need_redis=True)
     from django.contrib.auth import get_user_model
 
-    from webapp.registry.seed import seed_registry
-    from webapp.runs.models import Run
-
-    Run.objects.all().delete()
-    seed_registry()
     get_user_model().objects.get_or_create(username="faults-bench")
 
 
