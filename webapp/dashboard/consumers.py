@@ -46,7 +46,6 @@ LOG_BACKLOG_LINES = 500
 POLL_SECONDS = 1.0
 # Viewers sent an event between two yields to the event loop.
 FAN_OUT_SLICE = 10
-FINAL_STATUSES = ("succeeded", "failed", "cancelled", "pruned")
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +315,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             if (status["status"], status["steps"]) != self.status_seen:
                 self.status_seen = (status["status"], status["steps"])
                 await self.send_json(status)
-            if status["status"] in FINAL_STATUSES and not news["points"] and not news["logs"]:
+            if status["status"] in Run.FINAL and not news["points"] and not news["logs"]:
                 return
 
 
