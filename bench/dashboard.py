@@ -86,7 +86,7 @@ class Web:
         from webapp import server
 
         self.process = subprocess.Popen(
-            server.command("127.0.0.1", self.port, log_level="warning"),
+            server.command("127.0.0.1", self.port, log_level="warning", processes=1),  # one process: bench/scale.py viewers has several
             cwd=ROOT, stdout=open("/tmp/bench-web.log", "wb"), stderr=subprocess.STDOUT)
         for _ in range(150):
             try:

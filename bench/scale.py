@@ -1,6 +1,6 @@
 """Scale benchmarks of the metric store. Results: bench/results/scale.json.
 
-    python bench/scale.py [worker capacity capacity_many slowdown wal runpage query]      (default: all of them)
+    python bench/scale.py [worker capacity capacity_many slowdown wal runpage query summaries viewers compare]      (default: all of them)
 
 Each part runs against a PostgreSQL cluster of its own, created here (``initdb`` into a temporary
 folder, started as the ``postgres`` user on a free loopback port, removed at the end), so that
@@ -20,9 +20,17 @@ machine's CPUs are still shared, and the load average is recorded beside the fig
              checkpoint every 300 simulated seconds as PostgreSQL's default does)
 4. runpage   run page and share page of a running run with 10M points (100 keys x 100k steps)
 5. query     downsampled query of a 10M-point series: full range and zoomed ranges, p99
-
-Not measured here (null in the results, with the reason): 5,000 websocket viewers and new
-connections per second, and the compare page at 1,000 runs.
+6. summaries a 100M-point series stored (blocks by COPY, summarised, the last 200k points through the
+             writer) and charted through the downsampled query: full range and zoomed, p50/p99
+7. viewers   5,000 websocket viewers of one run through 4 web server processes over Redis, opened
+             from 4 client processes (bench/viewer_load.py): new connections/s, then push p99 over
+             30 steps, every socket checked for each step once and in order. Needs REDIS_URL:
+                 REDIS_URL=redis://127.0.0.1:6379/0 python bench/scale.py viewers
+             BENCH_VIEWERS and BENCH_SERVER_PROCESSES change the counts (the headline keys are
+             filled only at 5,000 viewers).
+8. compare   the compare page of 1,000 runs x 10k steps (4 keys) in headless Chromium: navigation
+             until every chart is drawn (the page's marker after each Plotly.react), 3 navigations,
+             the first cold; the web server (webapp/server.py) runs on this part's cluster
 """
 
 from __future__ import annotations
@@ -328,19 +336,31 @@ def bench_runpage(steps: int = 100_000, repeats: int = 40) -> dict:
 
     from webapp.teams.models import ShareLink
 
+    from webapp.warmup import warm_up
+
     run = make_run("10M points")
     write_s = fill(run.pk, [f"metric/{i}" for i in range(KEYS - 2)] + ["reward", "loss"], steps, 100)
     link = ShareLink.objects.create(run=run, created_by=run.owner)
+    # Started as a server process starts (webapp/asgi.py): its middleware loaded and warm_up() done.
+    warm_up_s = warm_up()
     client = Client(HTTP_HOST="127.0.0.1")
+    client.handler.load_middleware()
     client.force_login(run.owner)
     timings: dict[str, list[float]] = {"run_page": [], "share_page": []}
+    # This process's CPU time per request as well: under load the wall time is mostly waiting for a
+    # core, while the CPU time still shows what a request computes (a cold one: imports, compiling).
+    cpu: dict[str, list[float]] = {"run_page": [], "share_page": []}
     for _ in range(repeats):
         for name, url in (("run_page", f"/runs/{run.pk}/"), ("share_page", f"/share/{link.token}/")):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             response = client.get(url)
             timings[name].append((time.perf_counter() - t) * 1000)
+            cpu[name].append((time.process_time() - c) * 1000)
             assert response.status_code == 200, (url, response.status_code)
-    return {"points": KEYS * steps, "fill_s": round(write_s, 1), **{k: percentiles(v) for k, v in timings.items()},
+    return {"points": KEYS * steps, "fill_s": round(write_s, 1), "warm_up_s": round(warm_up_s, 2),
+            "first_run_page_ms": round(timings["run_page"][0], 2), "first_share_page_ms": round(timings["share_page"][0], 2),
+            **{k: percentiles(v) for k, v in timings.items()},
+            "cpu_ms": {k: {"first": round(v[0], 2), "p50": round(statistics.median(v), 2)} for k, v in cpu.items()},
             "target_ms": 100}
 
 
@@ -365,7 +385,220 @@ def bench_query(points: int = 10_000_000, repeats: int = 100) -> dict:
             "full_range": percentiles(full), "zoomed": percentiles(zoom), "all": percentiles(full + zoom), "target_ms": 50}
 
 
-BENCHES = {"worker": bench_worker, "capacity": bench_capacity, "capacity_many": bench_capacity_many, "slowdown": bench_slowdown, "wal": bench_wal, "runpage": bench_runpage, "query": bench_query}
+# -- 6. a 100M-point series: stored in blocks, summarised, charted ---------------------------------------
+def bench_summaries(points: int = 100_000_000, through_writer: int = 200_000, repeats: int = 50) -> dict:
+    """One key of 100M points. All but the last ``through_writer`` points are cut into blocks by
+    the store's own ``block_row`` and loaded with COPY (the writer would take ~10 minutes here);
+    the store's ``rebuild_summaries`` summarises them; the rest goes through ``SeriesWriter``, whose
+    folds keep the summaries. The chart is then read through ``series.downsample``, the query path
+    of the series endpoint: full range (from the summaries) and zoomed ranges."""
+    import numpy as np
+    import psycopg
+    from django.db import connection
+
+    from webapp.dashboard import series
+    from webapp.dashboard.models import BLOCK_SIZE, SeriesBlock, SeriesSummary
+
+    run = make_run("100M-point series")
+    spikes = {points // 8 + 3: 1000.0, points * 7 // 8 + 5: -1000.0}  # one point each: the chart must keep them
+    loaded = points - through_writer
+    table = SeriesBlock._meta.db_table
+    columns = ("run_id", "key", "index", "first_step", "last_step", "count", "min_value", "min_step", "max_value",
+               "max_step", "last_value", "steps", "values")
+    types = ("int8", "text", "int4", "int8", "int8", "int4", "float8", "int8", "float8", "int8", "float8", "bytea", "bytea")
+    wal_before = wal_lsn()
+    started = time.perf_counter()
+    connection.ensure_connection()
+    chunk = BLOCK_SIZE * 1000
+    with connection.cursor() as cursor, psycopg.Cursor(connection.connection) as raw:
+        quoted = ", ".join(f'"{column}"' for column in columns)
+        with raw.copy(f"copy {table} ({quoted}) from stdin (format binary)") as copy:
+            copy.set_types(types)
+            index = 0
+            for first in range(0, loaded, chunk):
+                steps = np.arange(first, min(first + chunk, loaded), dtype="<i8")
+                values = np.sin(steps / 50_000.0) + 0.1 * np.sin(steps / 7.0)
+                for step, value in spikes.items():
+                    if steps[0] <= step <= steps[-1]:
+                        values[step - first] = value
+                for a in range(0, len(steps), BLOCK_SIZE):
+                    block = series.block_row(run.pk, "reward", index, steps[a:a + BLOCK_SIZE], values[a:a + BLOCK_SIZE])
+                    copy.write_row([getattr(block, f) for f in columns])
+                    index += 1
+        cursor.execute("analyze " + table)
+    copied_s = time.perf_counter() - started
+    summaries = series.rebuild_summaries(run.pk)
+    summarised_s = time.perf_counter() - started - copied_s
+    writer = series.SeriesWriter(run.pk)
+    for first in range(loaded, points, 10_000):
+        writer.write(("reward", step, math.sin(step / 50_000.0)) for step in range(first, min(first + 10_000, points)))
+    writer.fold()
+    store_s = time.perf_counter() - started
+    wal = wal_lsn() - wal_before
+    with connection.cursor() as cursor:
+        cursor.execute("select pg_total_relation_size(%s), pg_total_relation_size(%s)", [table, SeriesSummary._meta.db_table])
+        block_bytes, summary_bytes = cursor.fetchone()
+
+    full, zoom = [], []
+    rng = random.Random(5)
+    for _ in range(repeats):
+        t = time.perf_counter()
+        chart = series.downsample(run.pk, "reward", points=1500)
+        full.append((time.perf_counter() - t) * 1000)
+        width = rng.choice([w for w in (100_000, 1_000_000, 10_000_000, 50_000_000) if w < points])
+        start = rng.randrange(points - width)
+        t = time.perf_counter()
+        series.downsample(run.pk, "reward", start=start, end=start + width, points=1500)
+        zoom.append((time.perf_counter() - t) * 1000)
+    assert chart["count"] == points, chart["count"]
+    shown = dict(zip(chart["x"], chart["y"]))
+    assert all(shown.get(step) == value for step, value in spikes.items()), "a spike is missing from the chart"
+    assert chart["x"][-1] == points - 1
+    return {"series_points": points, "blocks": SeriesBlock.objects.filter(run=run).count(), "summaries": summaries,
+            "loaded_by_copy": loaded, "through_writer": through_writer, "copy_s": round(copied_s, 1),
+            "summaries_s": round(summarised_s, 1), "store_s": round(store_s, 1), "wal_bytes": wal,
+            "block_table_bytes": block_bytes, "summary_table_bytes": summary_bytes, "returned_points": len(chart["x"]),
+            "full_range": percentiles(full), "zoomed": percentiles(zoom), "all": percentiles(full + zoom)}
+
+
+BENCHES = {"worker": bench_worker, "capacity": bench_capacity, "capacity_many": bench_capacity_many, "slowdown": bench_slowdown, "wal": bench_wal, "runpage": bench_runpage, "query": bench_query, "summaries": bench_summaries}
+
+
+# -- 6. 5,000 viewers of one run over several web server processes ------------------------------------------
+def bench_viewers(viewers: int = 5000) -> dict:
+    """bench/viewer_load.py: 4 server processes over Redis, 4 client processes, 30 pushes."""
+    if not os.environ.get("REDIS_URL"):
+        raise RuntimeError("the viewers part needs REDIS_URL (the channel layer the server processes share)")
+    from viewer_load import measure  # bench/ is the script's folder
+
+    return measure(viewers=int(os.environ.get("BENCH_VIEWERS", viewers)),
+                   server_processes=int(os.environ.get("BENCH_SERVER_PROCESSES", 4)))
+
+
+BENCHES["viewers"] = bench_viewers
+
+
+# -- 8. compare page of 1,000 runs x 10k steps in Chromium ------------------------------------------------
+COMPARE_CHART_KEYS = (("reward", 1.0), ("loss", 2.0), ("kl", 0.1), ("response_length", 30.0))
+
+
+def fill_compare_runs(owner, runs: int, steps: int) -> list[int]:
+    """``runs`` ended runs, each with the compare page's four keys at every step: blocks built by the
+    store's own ``block_row`` and inserted in bulk, the latest values on each run's row as the
+    writer keeps them (a run that ended has folded its tail into such blocks)."""
+    import numpy as np
+
+    from webapp.dashboard.models import BLOCK_SIZE, SeriesBlock
+    from webapp.dashboard.series import block_row
+    from webapp.runs.models import Run
+
+    made = Run.objects.bulk_create([Run(owner=owner, name=f"compare-{i}", status="succeeded", steps=steps - 1)
+                                    for i in range(runs)])
+    step_array = np.arange(steps, dtype="<i8")
+    blocks, latest = [], {}
+    for i, run in enumerate(made):
+        values_of = {}
+        for key, scale in COMPARE_CHART_KEYS:
+            values = np.sin(step_array / 500 + i) * scale + i / runs
+            values_of[key] = float(values[-1])
+            blocks.extend(block_row(run.pk, key, n, step_array[first:first + BLOCK_SIZE], values[first:first + BLOCK_SIZE])
+                          for n, first in enumerate(range(0, steps, BLOCK_SIZE)))
+        latest[run.pk] = values_of
+        if len(blocks) >= 4000:
+            SeriesBlock.objects.bulk_create(blocks)
+            blocks = []
+    SeriesBlock.objects.bulk_create(blocks)
+    for run in made:
+        run.latest_values = latest[run.pk]
+    Run.objects.bulk_update(made, ["latest_values"], batch_size=500)
+    return [run.pk for run in made]
+
+
+def bench_compare(runs: int = 1000, steps: int = 10_000, repeats: int = 3) -> dict:
+    """From navigation (``page.goto``) until the page says every chart is drawn (each chart's
+    Plotly.react resolved and a frame painted after it), in headless Chromium (WebGL on the CPU:
+    SwiftShader). The first navigation is cold (Plotly fetched and compiled, the server's first
+    queries); the median is of the warm ones."""
+    owner = make_run("compare owner").owner
+    started = time.perf_counter()
+    ids = fill_compare_runs(owner, runs, steps)
+    fill_s = time.perf_counter() - started
+    measured = measure_compare(owner, ids, repeats)
+    warm = measured["navigation_to_drawn_ms"][1:] or measured["navigation_to_drawn_ms"]
+    return {"runs": runs, "steps": steps, "keys": [k for k, _ in COMPARE_CHART_KEYS], "fill_s": round(fill_s, 1),
+            **measured, "median_warm_ms": round(statistics.median(warm)), "target_ms": 2000}
+
+
+def measure_compare(owner, ids: list[int], repeats: int) -> dict:
+    from django.test import Client
+    from playwright.sync_api import sync_playwright
+
+    client = Client()
+    client.force_login(owner)
+    cookie = client.cookies["sessionid"].value
+    chromium = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    navigations, last = [], {}
+    with WebServer() as web, sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            tempfile.mkdtemp(prefix="scale-chromium-"), executable_path=shutil.which("chromium"), headless=True,
+            args=chromium, viewport={"width": 1400, "height": 1000})
+        context.add_cookies([{"name": "sessionid", "value": cookie, "url": web.url}])
+        page = context.new_page()
+        url = f"{web.url}/dashboard/compare/?runs={','.join(map(str, ids))}"
+        for _ in range(repeats):
+            t = time.perf_counter()
+            page.goto(url, wait_until="commit", timeout=300_000)  # the marker below is the end, not the load event
+            page.wait_for_selector("body[data-compare-rendered='1']", timeout=300_000)
+            navigations.append((time.perf_counter() - t) * 1000)
+            last = page.evaluate("""({
+                rendered_ms: Math.round(compareState.renderedMs),
+                webgl: !!document.createElement("canvas").getContext("webgl"),
+                charts: compareState.charts.map(c => {
+                    const series = performance.getEntriesByType("resource").filter(e => e.name.includes("series.json")
+                        && e.name.includes("key=" + encodeURIComponent(c.key))).pop();
+                    return {key: c.key, runs_drawn: c.runsDrawn, points: c.runs.reduce((n, r) => n + r.x.length, 0),
+                            traces: c.div.data.length, fetched_ms: Math.round(c.fetchedMs), drawn_ms: Math.round(c.drawnMs),
+                            json_bytes: series && series.decodedBodySize,
+                            request_to_response_ms: series && Math.round(series.responseStart - series.requestStart),
+                            download_ms: series && Math.round(series.responseEnd - series.responseStart)};
+                }),
+            })""")
+        context.close()
+    return {"navigation_to_drawn_ms": [round(t) for t in navigations], "last_navigation": last}
+
+
+class WebServer:
+    """The platform's web server (webapp/server.py) on a free loopback port, on this cluster."""
+
+    def __enter__(self):
+        from webapp import server
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.log = tempfile.NamedTemporaryFile(prefix="scale-web-", suffix=".log", delete=False)
+        self.process = subprocess.Popen(server.command("127.0.0.1", port, log_level="warning"), cwd=ROOT,
+                                        stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the web server did not start: " + Path(self.log.name).read_text()[-2000:])
+                time.sleep(0.2)
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+BENCHES["compare"] = bench_compare
 
 
 def headline(results: dict) -> dict:
@@ -386,12 +619,12 @@ def headline(results: dict) -> dict:
         "wal_bytes_per_point_4sps": pick("wal", "wal_bytes_per_point"),
         "run_page_10m_ms": pick("runpage", "run_page", "p99_ms"),
         "query_10m_p99_ms": pick("query", "all", "p99_ms"),
-        "viewers_5000_p99_ms": None,
-        "viewers_5000_p99_ms_reason": "not measured: several server processes with one serialisation per process are not built yet",
-        "new_connections_per_s": None,
-        "new_connections_per_s_reason": "not measured, for the same reason",
-        "compare_1000_runs_s": None,
-        "compare_1000_runs_s_reason": "not measured by this script yet",
+        "query_100m_p99_ms": pick("summaries", "all", "p99_ms"),
+        "store_100m_seconds": pick("summaries", "store_s"),
+        "viewers_5000_p99_ms": pick("viewers", "push", "p99_ms") if pick("viewers", "viewers") == 5000 else None,
+        "new_connections_per_s": pick("viewers", "new_connections_per_s") if pick("viewers", "viewers") == 5000 else None,
+        # Warm navigations (Plotly in the browser's cache, as on any visit after the first); the cold one is in details.compare.
+        "compare_1000_runs_s": round(pick("compare", "median_warm_ms") / 1000, 2) if pick("compare", "median_warm_ms") else None,
     }
 
 
@@ -430,4 +663,4 @@ def write_results(previous: dict, details: dict) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main([arg for arg in sys.argv[1:] if arg != "--part"])  # "--part summaries" or "summaries"

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from training.agents import AgentSpec  # noqa: E402
 from training.config import Config  # noqa: E402
 from training.generation import HFBatchGenerator  # noqa: E402
-from training.rollout import EpisodeRunner  # noqa: E402
+from training.episode_runner import EpisodeRunner  # noqa: E402
 from training.sdk import get_chat_client, get_chat_client_async  # noqa: E402
 from training.sdk.server import ChatEndpoint  # noqa: E402
 from training.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402

@@ -2,23 +2,32 @@
 time to reward 0.9.
 
 Both trainers get the same tiny model (saved once, loaded from disk), the same copy task, the
-same seed and the same GRPO settings; they run alternately, ``--repeats`` times each, and the
-median steps/s of each is compared (target: ours >= 0.97 x direct). Timing starts after
-``--warmup`` steps so that model loading and the first step's allocations are not counted.
+same seed and the same GRPO settings. They run in pairs, one of each, the order alternating from
+pair to pair (ours first, then direct first), so that both runs of a pair see about the same
+neighbours' load; the figure is the median of the per-pair ratios (ours / direct, steps per
+second; above 1: ours faster) with a distribution-free 95 % interval for that median (order
+statistics of the ratios, from the binomial distribution: no assumption about the noise).
+Timing starts after ``--warmup`` steps so that model loading and the first step's allocations
+are not counted.
+
+Both sides must do the same work, and each pair is checked: the same prompts in the same order,
+the same number of completion tokens generated and the same number of optimizer steps (read from
+TRL's generation step and torch's optimizer hooks, the same on both sides). A pair that differs
+stops the benchmark.
 
 Two clocks: wall time, and the process's CPU time (one torch thread, so CPU seconds are the
-work done). On a shared machine the wall-clock ratio swings with the neighbours' load; the
-CPU-time ratio is the overhead measure that holds still.
+work done). The load average is recorded beside each pair.
 
-    python bench/train_overhead.py [--steps 60] [--repeats 3] [--skip-demo]
+    python bench/train_overhead.py [--steps 40] [--pairs 9] [--skip-demo]
 
-Results: bench/results/train_overhead.json (and the table printed at the end).
+Results: bench/results/train_overhead.json (and the summary printed at the end).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -35,6 +44,77 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 SEED = 42
 LR = 1e-3
 PROMPTS, GENERATIONS, MAX_TOKENS = 8, 8, 4
+
+
+class Work:
+    """What one training run did: the prompts TRL generated for (in order), the completion tokens
+    it generated and the optimizer steps taken. Recorded from GRPOTrainer's generation step, which
+    our backend's trainer calls through ``super()``, and from torch's global optimizer hook."""
+
+    current: Work | None = None
+
+    def __init__(self) -> None:
+        self.prompts: list = []
+        self.completion_tokens = 0
+        self.optimizer_steps = 0
+
+    def __enter__(self) -> Work:
+        Work.current = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        Work.current = None
+
+    def summary(self) -> dict:
+        return {"prompts": len(self.prompts), "completion_tokens": self.completion_tokens,
+                "optimizer_steps": self.optimizer_steps}
+
+
+def record_work() -> None:
+    """Hook the recording into TRL and torch once, before either trainer is built."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from trl import GRPOTrainer
+
+    generate = GRPOTrainer._generate_and_score_completions
+
+    def recorded(self, inputs):
+        output = generate(self, inputs)
+        if Work.current is not None:
+            Work.current.prompts.extend(row["prompt"] for row in inputs)
+            Work.current.completion_tokens += int(output["completion_mask"].sum())
+        return output
+
+    def count_step(optimizer, args, kwargs):
+        if Work.current is not None:
+            Work.current.optimizer_steps += 1
+
+    GRPOTrainer._generate_and_score_completions = recorded
+    register_optimizer_step_post_hook(count_step)
+
+
+def same_work(direct: Work, ours: Work) -> None:
+    if direct.prompts != ours.prompts:
+        first = next((i for i, (a, b) in enumerate(zip(direct.prompts, ours.prompts)) if a != b), None)
+        raise SystemExit(f"the two sides trained on different prompts ({len(direct.prompts)} vs {len(ours.prompts)}; "
+                         f"first difference at {first}): the comparison would not be of the same work")
+    if (direct.completion_tokens, direct.optimizer_steps) != (ours.completion_tokens, ours.optimizer_steps):
+        raise SystemExit(f"different work: direct {direct.summary()}, ours {ours.summary()}")
+
+
+def median_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The interval [r_(k), r_(n+1-k)] of the sorted ratios holds the true median with probability
+    1 - 2 P(Binomial(n, 1/2) < k); the widest k keeping that >= ``confidence``. Its coverage is
+    returned too (exact, above ``confidence`` because n is small)."""
+    n = len(ratios)
+    ordered = sorted(ratios)
+    below = lambda k: sum(math.comb(n, i) for i in range(k)) / 2**n  # noqa: E731  P(B < k)
+    k = 1
+    while k + 1 <= n // 2 and 1 - 2 * below(k + 1) >= confidence:
+        k += 1
+    coverage = 1 - 2 * below(k)
+    if coverage < confidence:
+        raise SystemExit(f"{n} pairs cannot give a {confidence:.0%} interval for the median; run at least 6")
+    return ordered[k - 1], ordered[n - k], coverage
 
 
 def copy_dataset():
@@ -130,15 +210,11 @@ def run_demo() -> dict:
     }
 
 
-def median_of(pairs: list[tuple[float, float]], index: int) -> float:
-    return statistics.median(pair[index] for pair in pairs)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=9)
     parser.add_argument("--skip-demo", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "train_overhead.json"))
     args = parser.parse_args()
@@ -150,31 +226,60 @@ def main() -> None:
     # One thread for both: on a small shared machine two threads make the timings several times
     # noisier (and slower) for a model this size.
     torch.set_num_threads(1)
+    record_work()
 
+    pairs = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = save_tiny_model(Path(tmp) / "model", seed=SEED)
-        direct, ours = [], []
-        for repeat in range(args.repeats):
-            direct.append(run_direct(model_dir, args.steps, args.warmup, Path(tmp) / f"direct{repeat}"))
-            ours.append(run_ours(model_dir, args.steps, args.warmup, Path(tmp) / f"ours{repeat}"))
-            print(f"repeat {repeat}: direct {direct[-1][0]:.2f} steps/s ({direct[-1][1]:.2f} per CPU s), "
-                  f"ours {ours[-1][0]:.2f} steps/s ({ours[-1][1]:.2f} per CPU s)", flush=True)
+        for pair in range(args.pairs):
+            load_before = os.getloadavg()[0]
+            order = ("ours", "direct") if pair % 2 == 0 else ("direct", "ours")
+            rates_of, work_of = {}, {}
+            for side in order:
+                with Work() as work:
+                    run = run_ours if side == "ours" else run_direct
+                    rates_of[side] = run(model_dir, args.steps, args.warmup, Path(tmp) / f"{side}{pair}")
+                work_of[side] = work
+            same_work(work_of["direct"], work_of["ours"])
+            (direct_wall, direct_cpu), (ours_wall, ours_cpu) = rates_of["direct"], rates_of["ours"]
+            pairs.append({
+                "order": list(order), "direct_steps_per_wall_s": round(direct_wall, 3), "ours_steps_per_wall_s": round(ours_wall, 3),
+                "direct_steps_per_cpu_s": round(direct_cpu, 3), "ours_steps_per_cpu_s": round(ours_cpu, 3),
+                "ratio_wall": round(ours_wall / direct_wall, 4), "ratio_cpu": round(ours_cpu / direct_cpu, 4),
+                "work": work_of["ours"].summary(), "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            })
+            print(f"pair {pair} ({' then '.join(order)}): ratio {pairs[-1]['ratio_wall']:.3f} per wall s, "
+                  f"{pairs[-1]['ratio_cpu']:.3f} per CPU s; same work {pairs[-1]['work']}; load {pairs[-1]['load_average']}",
+                  flush=True)
+
+    def figure(clock: str) -> dict:
+        ratios = [p[f"ratio_{clock}"] for p in pairs]
+        low, high, coverage = median_interval(ratios)
+        return {"median_ratio": round(statistics.median(ratios), 3), "interval_95": [round(low, 3), round(high, 3)],
+                "interval_coverage": round(coverage, 3), "ours_faster_in": f"{sum(r > 1 for r in ratios)} of {len(ratios)} pairs"}
+
+    loads = [value for p in pairs for value in p["load_average"]]
     results = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch_threads": torch.get_num_threads(),
+                    "load_average_range": [min(loads), max(loads)]},
         "task": f"copy, tiny-char model (2 layers, hidden 64), {PROMPTS} prompts x {GENERATIONS} generations, "
         f"{MAX_TOKENS} tokens, lr {LR}, {args.steps} steps ({args.warmup} warm-up)",
-        "direct_steps_per_wall_s": [round(wall, 3) for wall, _ in direct],
-        "ours_steps_per_wall_s": [round(wall, 3) for wall, _ in ours],
-        "direct_steps_per_cpu_s": [round(cpu, 3) for _, cpu in direct],
-        "ours_steps_per_cpu_s": [round(cpu, 3) for _, cpu in ours],
-        "ratio_of_medians_wall": round(median_of(ours, 0) / median_of(direct, 0), 3),
-        "ratio_of_medians_cpu": round(median_of(ours, 1) / median_of(direct, 1), 3),
+        "method": "pairs of one run each, order alternating; ratio = ours / direct steps per second (above 1: ours "
+        "faster); median of the per-pair ratios with a distribution-free 95 % interval (binomial order statistics); "
+        "every pair checked for the same prompts, completion tokens and optimizer steps",
+        "wall": figure("wall"),
+        "cpu": figure("cpu"),
+        "pairs": pairs,
         "target_ratio": 0.97,
     }
     if not args.skip_demo:
         results["demo"] = {**run_demo(), "target_seconds": 180}
+    elif Path(args.out).exists():  # keep the demo's last figures
+        previous = json.loads(Path(args.out).read_text()).get("demo")
+        if previous:
+            results["demo"] = previous
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    print(json.dumps({k: v for k, v in results.items() if k != "pairs"}, indent=2))
 
 
 if __name__ == "__main__":

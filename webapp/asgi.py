@@ -23,3 +23,7 @@ application = ProtocolTypeRouter({
     "http": django_application,
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })
+
+from webapp.warmup import warm_up  # noqa: E402
+
+warm_up()  # before the first request, not during it

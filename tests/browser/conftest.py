@@ -58,7 +58,7 @@ def live_platform(django_db_setup, django_db_blocker, tmp_path_factory):
     env = {**os.environ, "DATABASE_URL": db_url, "RUN_HEARTBEAT_SECONDS": "1", "RUN_CANCEL_GRACE_SECONDS": "20",
            "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "DJANGO_SETTINGS_MODULE": "webapp.settings"}
     processes = [
-        subprocess.Popen(server.command("127.0.0.1", 0),
+        subprocess.Popen(server.command("127.0.0.1", 0, processes=1),  # several: tests/dashboard/test_server_processes.py
                          cwd=settings.BASE_DIR, env=env, stdout=open(logs / "web.log", "wb"), stderr=subprocess.STDOUT),
         subprocess.Popen([sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", QUEUE, "--concurrency", "1",
                           "-n", f"{QUEUE}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"],

@@ -170,7 +170,12 @@ def test_the_demo_run_learns_then_its_model_answers_and_it_clones(live_platform,
             page.click("#run-cancel button")
         page.wait_for_function("() => ['cancelled', 'succeeded'].includes(document.getElementById('run-status').textContent)",
                                timeout=120_000)
-        assert _learned(_reward_series(page, url, demo.pk))  # the ended series ends higher than it started
+        # The ended series keeps every point seen while it learned and still ends above where it
+        # started. (Not the +0.1 margin again: the steps trained between that check and the stop
+        # are as noisy as any, and the margin was only just passed.)
+        ended = _reward_series(page, url, demo.pk)
+        assert ended[:len(rewards)] == pytest.approx(rewards, rel=1e-6), (rewards, ended)
+        assert sum(ended[-WINDOW:]) / WINDOW > sum(ended[:WINDOW]) / WINDOW, ended
         demo.refresh_from_db()
 
         # One of its episodes, turn by turn.

@@ -21,15 +21,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 KEYS = ("reward", "loss", "val/reward")
 
 
-def logged_step(rng: random.Random, step: int) -> dict[str, float]:
-    metrics = {"reward": rng.uniform(-1, 1), "loss": rng.choice([rng.random(), math.nan])}
-    if step % 25 == 0:
-        metrics["val/reward"] = rng.random()  # a rare key: small blocks of its own
-    if rng.random() < 0.01:
-        metrics["reward"] = rng.choice([50.0, -50.0])  # spikes the chart must keep
-    return metrics
-
-
 def expected_buckets(values: np.ndarray, points: int) -> tuple[set, set]:
     buckets = (points - 1) // 2
     size = math.ceil(len(values) / buckets)
@@ -50,27 +41,10 @@ def check(run_id: int, record: dict[str, dict[int, float]]) -> None:
     assert lows | highs <= set(chart["y"]) and chart["count"] == len(values)
 
 
-def test_the_store_matches_the_record_through_folds_replays_and_restarts(make_run, monkeypatch):
+def test_the_store_matches_the_record_through_folds_replays_and_restarts(make_run, monkeypatch, log_with_restarts):
     monkeypatch.setattr(series, "TAIL_FOLD_POINTS", 500)  # fold often
-    rng = random.Random(7)
     run = make_run()
-    record: dict[str, dict[int, float]] = {}
-    step = 0
-    for attempt in range(4):
-        sink = DashboardSink(run.pk, flush_seconds=3600, publish=False)  # a new writer: a restarted worker
-        if attempt:
-            step -= rng.randint(1, 120)  # resumed from a checkpoint some steps back: those steps come again
-        for _ in range(rng.randint(300, 700)):
-            step += 1
-            metrics = logged_step(rng, step)
-            sink.log_metrics(step, metrics)
-            for key, value in metrics.items():
-                record.setdefault(key, {})[step] = value
-            if rng.random() < 0.05:
-                sink.flush()
-                check(run.pk, record)
-        sink.close()
-        check(run.pk, record)
+    record = log_with_restarts(run.pk, random.Random(7), check, back=(1, 120), steps=(300, 700), flush_chance=0.05)
     assert SeriesBlock.objects.filter(run=run).exists(), "the tail was folded into blocks"
     last = max(record["reward"])
     assert Run.objects.get(pk=run.pk).latest_metrics()["reward"] == record["reward"][last]

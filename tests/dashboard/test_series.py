@@ -60,3 +60,59 @@ def test_many_runs_at_once(make_run, store):
     result = series.downsample_many([r.pk for r in runs], "reward", points=300)
     assert [result[r.pk]["y"][0] for r in runs] == [0.0, 1.0, 2.0]
     assert all(len(result[r.pk]["x"]) <= 301 for r in runs)
+
+
+def test_many_runs_are_read_from_digests_with_each_buckets_extremes(make_run, store, monkeypatch):
+    """Runs holding more blocks together than one chart reads points of (the compare page) are drawn
+    from the blocks' digests: each bucket of digest rows gives its min and max at their steps, the
+    same ones the points give, spikes and each run's last point included; no point is decoded."""
+    import numpy as np
+
+    from webapp.dashboard.models import DIGEST_SPAN
+
+    rng = np.random.default_rng(5)
+    runs = [make_run(name=f"d{i}") for i in range(4)]
+    raw = {}
+    for run in runs:
+        values = rng.normal(size=20_000)
+        values[rng.integers(20_000, size=3)] = [40.0, -40.0, 25.0]
+        values[77] = math.nan
+        raw[run.pk] = values
+        store(run, {"reward": [(s, float(v)) for s, v in enumerate(values)]})
+    assert SeriesBlock.objects.filter(run__in=runs).count() > series.PAYLOAD_BLOCK_LIMIT
+
+    def no_points(*args):
+        raise AssertionError("points were decoded")
+
+    monkeypatch.setattr(series, "unpack", no_points)
+    points = 301
+    result = series.downsample_many([r.pk for r in runs], "reward", points=points)
+    for run in runs:
+        values = raw[run.pk]
+        # The reference from the points: DIGEST_SPAN-point rows within each block, bucketed as the
+        # chart buckets rows (by the points before each, in proportion to the chart's buckets).
+        rows = [(start, min(start + DIGEST_SPAN, block + BLOCK_SIZE, len(values)))
+                for block in range(0, len(values), BLOCK_SIZE)
+                for start in range(block, min(block + BLOCK_SIZE, len(values)), DIGEST_SPAN)]
+        buckets = (points - 1) // 2
+        assert len(rows) > buckets
+        spans: dict[int, list[int]] = {}
+        for first, last in rows:
+            bucket = math.floor(first * buckets / len(values))
+            spans.setdefault(bucket, [first, last])[1] = last
+        expected = {len(values) - 1}
+        for first, last in spans.values():
+            chunk = values[first:last]
+            expected |= {first + int(np.nanargmin(chunk)), first + int(np.nanargmax(chunk))}
+        chart = result[run.pk]
+        assert chart["x"] == sorted(expected) and chart["count"] == 20_000 and not chart["raw"]
+        assert chart["y"] == [float(values[s]) for s in chart["x"]]
+        assert {40.0, -40.0, 25.0} <= set(chart["y"])
+    # A run still logging (points in its tail past the blocks) is drawn from its digests and its tail.
+    monkeypatch.undo()  # the tail's points are decoded
+    tail = [(s, 60.0 if s == 20_050 else 0.5) for s in range(20_000, 20_100)]
+    series.SeriesWriter(runs[0].pk).write(("reward", s, v) for s, v in tail)
+    chart = series.downsample_many([r.pk for r in runs], "reward", points=points)[runs[0].pk]
+    known = {**dict(enumerate(raw[runs[0].pk].tolist())), **dict(tail)}
+    assert all(known[s] == v for s, v in zip(chart["x"], chart["y"])) and chart["x"] == sorted(chart["x"])
+    assert {40.0, -40.0, 25.0, 60.0} <= set(chart["y"]) and chart["x"][-1] == 20_099 and chart["count"] == 20_100

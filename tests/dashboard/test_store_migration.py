@@ -73,6 +73,7 @@ def test_old_format_runs_keep_their_series_through_the_migration():
         migrate(leaves)
 
     from webapp.dashboard.models import SeriesBlock as NewBlock
+    from webapp.dashboard.models import digest_of
     from webapp.runs.models import Run as NewRun
 
     got = series.points_after(ids[0], -1)
@@ -90,6 +91,9 @@ def test_old_format_runs_keep_their_series_through_the_migration():
     assert first.metrics_at is not None and abs((first.metrics_at - old_time).total_seconds()) < 1
     assert second.latest_metrics() == {"reward": 14.99} and third.latest_metrics() == {"kl": 0.25}
     assert NewBlock.objects.filter(run_id=ids[0], key="reward").count() == 3  # 2,500 points: 1024 + 1024 + 452
+    # Every block has its digest (dashboard.0004 computed those of blocks written before it).
+    for block in NewBlock.objects.filter(run_id__in=ids):
+        assert bytes(block.digest) == digest_of(*block.arrays()), block
 
     # And back: the old format holds the same points again (a series written since included).
     series.SeriesWriter(ids[2]).write([("kl", 4, 0.125)])
@@ -102,3 +106,60 @@ def test_old_format_runs_keep_their_series_through_the_migration():
     finally:
         migrate(leaves)
     assert series.points_after(ids[2], -1) == {"kl": [[1, 0.5], [2, None], [3, 0.25], [4, 0.125]]}
+
+
+BEFORE_SUMMARIES = [("dashboard", "0003_metricpoints_into_blocks")]
+
+
+def before_summaries(leaves):
+    """The dashboard before its second level, the runs app as it is now: the runs table keeps its
+    newest columns, so the historical Run model must have them too (or its inserts leave them null)."""
+    return BEFORE_SUMMARIES + [key for key in leaves if key[0] == "runs"]
+
+
+def test_runs_stored_before_the_summaries_get_them_from_the_migration():
+    """Blocks written before the second level existed: the migration summarises every group of 64
+    blocks, the same rows the store computes, and a long chart then reads them."""
+    leaves = latest_targets()
+    apps = migrate(before_summaries(leaves))
+    try:
+        User = apps.get_model("auth", "User")
+        Run = apps.get_model("runs", "Run")
+        SeriesBlock = apps.get_model("dashboard", "SeriesBlock")
+        owner = User.objects.create(username="before summaries")
+        run = Run.objects.create(owner=owner, name="long", status="succeeded", steps=6000)
+        rng = np.random.default_rng(5)
+        reward = {s: float(v) for s, v in zip(range(6000), rng.normal(size=6000))}
+        reward[4321] = 40.0
+        pairs = list(reward.items())
+        blocks = [old_block(SeriesBlock, run.pk, "reward", i, pairs[i * 20:(i + 1) * 20]) for i in range(300)]  # 4.7 groups
+        loss = [(s, None if s < 40 else 1 / s) for s in range(0, 6000, 50)]
+        blocks += [old_block(SeriesBlock, run.pk, "loss", i, loss[i * 20:(i + 1) * 20]) for i in range(6)]
+        SeriesBlock.objects.bulk_create(blocks)
+        run_id = run.pk
+    finally:
+        migrate(leaves)
+
+    from webapp.dashboard.models import SeriesSummary
+
+    stored = sorted(SeriesSummary.objects.filter(run_id=run_id).values_list(
+        "key", "index", "blocks", "count", "first_step", "last_step", "min_value", "min_step", "max_value", "max_step", "last_value"))
+    assert [(k, i, b, c) for k, i, b, c, *_ in stored] == [("loss", 0, 6, 120)] + [
+        ("reward", g, 64, 1280) for g in range(4)] + [("reward", 4, 44, 880)]
+    computed = sorted((s.key, s.index, s.blocks, s.count, s.first_step, s.last_step, s.min_value, s.min_step, s.max_value,
+                       s.max_step, s.last_value) for s in series.summaries_from_blocks(run_id))
+    assert stored == computed
+    for key, index, _, _, first, last, low, low_step, high, high_step, last_value in stored:
+        raw = dict(reward if key == "reward" else loss)
+        in_group = [v for s, v in raw.items() if first <= s <= last and v is not None]
+        assert (low, high) == (min(in_group), max(in_group)) and raw[low_step] == low and raw[high_step] == high
+        assert last_value == raw[last]
+    chart = series.downsample(run_id, "reward", points=9)  # 4 buckets: the 4 whole groups and one partial
+    assert 40.0 in chart["y"] and min(reward.values()) in chart["y"] and chart["count"] == 6000
+    assert (chart["x"][-1], chart["y"][-1]) == (5999, reward[5999])
+
+    # Back (the table goes) and forward again: the same rows.
+    migrate(before_summaries(leaves))
+    migrate(leaves)
+    assert stored == sorted(SeriesSummary.objects.filter(run_id=run_id).values_list(
+        "key", "index", "blocks", "count", "first_step", "last_step", "min_value", "min_step", "max_value", "max_step", "last_value"))

@@ -181,10 +181,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.share_token = query.get("share", [None])[0]
-        if not await database_sync_to_async(_may_view)(self.scope.get("user"), self.run_id, self.share_token):
+        groups = await _read(_access_groups)(self.scope.get("user"), self.run_id, self.share_token)
+        if groups is None:
             await self.close(code=4403)
             return
-        self.access_groups = await database_sync_to_async(live.access_groups)(self.scope.get("user"), self.run_id, self.share_token)
+        self.access_groups = groups
         for group in self.access_groups:
             await self.channel_layer.group_add(group, self.channel_name)
         after = _int(query.get("after", ["-1"])[0], -1)
@@ -201,7 +202,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def _start(self, after: int, after_log: int) -> None:
         """Accept, send the backlog, then what the hub relayed meanwhile; start the catch-up (or polling)."""
         await self.accept()
-        backlog = await database_sync_to_async(_backlog)(self.run_id, after, after_log)
+        backlog = await _read(_backlog)(self.run_id, after, after_log)
         self.sent_through = max(after, backlog["last_step"])
         # Steps the live stream carried before the catch-up read; after it, sent_through alone
         # tracks what was sent (so a long run does not grow a set per viewer).
@@ -234,7 +235,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def access_check(self, message: dict) -> None:
         """Someone's access may have ended (a share link revoked, a member removed): ask again."""
-        if not await database_sync_to_async(_may_view)(self.scope.get("user"), self.run_id, self.share_token):
+        if not await _read(_may_view)(self.scope.get("user"), self.run_id, self.share_token):
             await self.close(code=4403)
             await self.disconnect(4403)  # stop relaying now, not when the client acknowledges
 
@@ -285,7 +286,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def _catch_up(self, backlog_step: int) -> None:
         await asyncio.sleep(CATCH_UP_SECONDS)
-        stored = await database_sync_to_async(series.points_after)(self.run_id, backlog_step)
+        stored = await _read(series.points_after)(self.run_id, backlog_step)
         await self._send_stored(stored)
 
     async def _send_stored(self, stored: dict[str, list[list]]) -> None:
@@ -306,7 +307,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         """Send what the database holds beyond what this viewer has, once a second, until the run ends."""
         while True:
             await asyncio.sleep(POLL_SECONDS)
-            news = await database_sync_to_async(_news)(self.run_id, self.sent_through, self.last_log_id)
+            news = await _read(_news)(self.run_id, self.sent_through, self.last_log_id)
             if news["logs"]:
                 self.last_log_id = news["logs"][-1]["id"]
                 await self.send_json({"type": "logs", "lines": news["logs"]})
@@ -317,6 +318,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 await self.send_json(status)
             if status["status"] in Run.FINAL and not news["points"] and not news["logs"]:
                 return
+
+
+def _read(function):
+    """``function`` (database reads only) run in a thread of the event loop's pool. Channels runs
+    every ``database_sync_to_async`` call of a process in one thread, one after another: hundreds of
+    viewers opening at once then wait on each other's queries, not on the database."""
+    return database_sync_to_async(function, thread_sensitive=False)
 
 
 def _news(run_id: int, after: int, after_log: int) -> dict:
@@ -337,6 +345,12 @@ def _may_view(user, run_id: int, share_token: str | None = None) -> bool:
 
     run = Run.objects.filter(pk=run_id).first()
     return run is not None and can(user or AnonymousUser(), run, "view", share_token)
+
+
+def _access_groups(user, run_id: int, share_token: str | None) -> list[str] | None:
+    """The groups a viewer joins (``live.access_groups``), or None when it may not view the run:
+    one read for both, as a connection storm makes every read count."""
+    return live.access_groups(user, run_id, share_token) if _may_view(user, run_id, share_token) else None
 
 
 def _backlog(run_id: int, after: int, after_log: int) -> dict:

@@ -7,7 +7,15 @@ one key (steps and values packed as little-endian int64/float64 bytes) with the 
 and last point kept in columns, and the folded tail rows are deleted. Closed blocks are not
 rewritten, except where a resumed attempt replays a step they hold (its new value replaces the old).
 The block summaries alone are the downsampled series of a long range, spikes included, since every
-block keeps its exact minimum and maximum and their steps.
+block keeps its exact minimum and maximum and their steps. A block's ``digest`` keeps the same
+extremes for each ``DIGEST_SPAN`` consecutive points of it (1 KB for a full block of 16 KB of
+points): a chart of many runs whose buckets span at least that many points is drawn from digests
+alone, which is what lets the compare page read a thousand runs' series without their points.
+
+Past a few thousand blocks a chart reads a second level instead: one ``SeriesSummary`` row per
+``SUMMARY_BLOCKS`` consecutive blocks of a key (by block index), with the same columns computed over
+them, rewritten whenever the fold writes or rewrites one of its blocks. A 100M-point series is
+about 98k blocks but only about 1,500 summaries.
 
 A (run, key, step) is stored once: reads and the fold keep the value written last.
 """
@@ -22,6 +30,11 @@ from webapp.runs.models import Run
 BLOCK_SIZE = 1024
 # A run's open tail is folded into blocks once it holds this many points.
 TAIL_FOLD_POINTS = 16384
+# Blocks per summary row (the second level); migrations/0004 builds them with the same number.
+SUMMARY_BLOCKS = 64
+# Points per digest row: a row is (min value, its step, max value, its step), little-endian float64.
+DIGEST_SPAN = 32
+DIGEST_FIELDS = 4
 
 
 class SeriesBlock(models.Model):
@@ -39,6 +52,9 @@ class SeriesBlock(models.Model):
     last_value = models.FloatField(null=True)
     steps = models.BinaryField()
     values = models.BinaryField()  # NaN where the trainer reported NaN or inf
+    # The extremes of each DIGEST_SPAN points, in order (see digest_of); null only for a block that a
+    # database migration copied in before digests existed and none was computed for it.
+    digest = models.BinaryField(null=True)
 
     class Meta:
         ordering = ["run", "key", "index"]
@@ -54,6 +70,53 @@ class SeriesBlock(models.Model):
 
 def unpack(steps: bytes, values: bytes) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(bytes(steps), dtype="<i8"), np.frombuffer(bytes(values), dtype="<f8")
+
+
+def digest_of(steps: np.ndarray, values: np.ndarray) -> bytes:
+    """A block's digest: for each ``DIGEST_SPAN`` consecutive points, (min value, its step, max
+    value, its step) over the finite values, NaN for a span with none; float64 (steps are exact)."""
+    spans = -(-len(values) // DIGEST_SPAN)
+    padded = np.full(spans * DIGEST_SPAN, np.nan)
+    padded[:len(values)] = values
+    grid = padded.reshape(spans, DIGEST_SPAN)
+    finite = np.isfinite(grid)
+    has_any = finite.any(axis=1)
+    offsets = np.arange(spans) * DIGEST_SPAN
+    low = np.where(finite, grid, np.inf).argmin(axis=1) + offsets
+    high = np.where(finite, grid, -np.inf).argmax(axis=1) + offsets
+    rows = np.full((spans, DIGEST_FIELDS), np.nan)
+    rows[has_any] = np.column_stack([padded[low], steps[low], padded[high], steps[high]])[has_any]
+    return rows.astype("<f8").tobytes()
+
+
+def unpack_digest(digest: bytes) -> np.ndarray:
+    """A digest as rows of (min value, min step, max value, max step)."""
+    return np.frombuffer(bytes(digest), dtype="<f8").reshape(-1, DIGEST_FIELDS)
+
+
+class SeriesSummary(models.Model):
+    """Blocks ``index * SUMMARY_BLOCKS`` .. ``(index + 1) * SUMMARY_BLOCKS - 1`` of one key, summarised:
+    their step range, point count, extremes (and where they are) and the value at the highest step."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="series_summaries")
+    key = models.CharField(max_length=200)
+    index = models.PositiveIntegerField(help_text="Block index // SUMMARY_BLOCKS")
+    blocks = models.PositiveIntegerField(help_text="How many blocks it summarises (the last one may be partial)")
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+    count = models.BigIntegerField()
+    min_value = models.FloatField(null=True)
+    min_step = models.BigIntegerField(null=True)
+    max_value = models.FloatField(null=True)
+    max_step = models.BigIntegerField(null=True)
+    last_value = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["run", "key", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "key", "index"], name="unique_series_summary")]
+
+    def __str__(self) -> str:
+        return f"{self.key}[{self.first_step}..{self.last_step}] (blocks of group {self.index}) of run {self.run_id}"
 
 
 class SeriesTail(models.Model):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-
 from urllib.parse import urlencode
 
+import orjson
 from django import forms
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -159,11 +159,13 @@ def compare_series(request: HttpRequest) -> JsonResponse:
     query = _range_query(request)
     start, end, points = query["start"], query["end"], query["points"] or COMPARE_POINTS
     by_run = series.downsample_many(sorted(runs), key, start, end, points) if runs else {}
-    return JsonResponse({
+    # orjson: a thousand runs' series are about a million numbers, which the json module takes a
+    # good part of a second to write; orjson a few milliseconds.
+    return HttpResponse(orjson.dumps({
         "key": key,
         "runs": [{"id": pk, "name": runs[pk]["name"] or f"run {pk}", "status": runs[pk]["status"], **by_run[pk]}
                  for pk in sorted(runs)],
-    })
+    }), content_type="application/json")
 
 
 @login_required

@@ -7,6 +7,8 @@
   if (!root || !window.Plotly) return;
   const charts = [];
   const WEBGL_FROM_RUNS = 50;
+  // Plotly's default colourway, which one trace per run would cycle through.
+  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
   let smoothing = 0, logScale = false;
   const box = document.getElementById("dash-charts");
   // Times are milliseconds since the navigation started (performance.now()'s origin).
@@ -23,20 +25,41 @@
     chart.runs = (await (window.compareSeries[key] || window.compareSeries.request(key))).runs;
     chart.fetchedMs = performance.now();
     await draw(chart);
+    await new Promise(resolve => requestAnimationFrame(() => resolve()));  // drawn means painted: a frame after it
     chart.drawnMs = performance.now();
   }
 
   function draw(chart) {
-    // WebGL past a few dozen runs: SVG makes one path element per run and chart, which is what a
-    // thousand runs cannot afford; below that SVG draws faster on machines without a GPU.
-    const type = chart.runs.length > WEBGL_FROM_RUNS ? "scattergl" : "scatter";
-    const traces = chart.runs.filter(r => r.x.length).map(r => ({
-      type, x: r.x, y: Dash.smooth(r.y, smoothing), name: "#" + r.id + " " + r.name, mode: "lines", line: { width: 1 },
-    }));
+    const runs = chart.runs.filter(r => r.x.length);
     const layout = Dash.layout(chart.key, logScale);
-    layout.showlegend = traces.length <= 12;
+    layout.showlegend = runs.length <= 12;
+    const traces = runs.length > WEBGL_FROM_RUNS ? groupedTraces(runs) : runs.map(r => ({
+      type: "scatter", x: r.x, y: Dash.smooth(r.y, smoothing), name: label(r), mode: "lines", line: { width: 1 },
+    }));
+    chart.runsDrawn = runs.length;
     chart.div.dataset.traces = traces.length;
+    chart.div.dataset.runs = runs.length;
     return Plotly.react(chart.div, traces, layout, Dash.config);
+  }
+
+  function label(run) { return "#" + run.id + " " + run.name; }
+
+  // Past a few dozen runs: WebGL, and one trace per colour of the palette holding every run of that
+  // colour, each run's line ended by a gap (null). Plotly pays per trace (a thousand WebGL traces took
+  // seconds to draw); the colours are those one trace per run gets (run i: colour i mod palette), and
+  // hovering a point still names its run. SVG below that: one path element per run and chart, which
+  // draws faster than WebGL on machines without a GPU and keeps a legend of names.
+  function groupedTraces(runs) {
+    const groups = PALETTE.map(() => ({ x: [], y: [], text: [] }));
+    runs.forEach((r, i) => {
+      const group = groups[i % groups.length], y = Dash.smooth(r.y, smoothing), name = label(r);
+      for (let j = 0; j < r.x.length; j++) { group.x.push(r.x[j]); group.y.push(y[j]); group.text.push(name); }
+      group.x.push(null); group.y.push(null); group.text.push(name);
+    });
+    return groups.filter(g => g.x.length).map((g, i) => ({
+      type: "scattergl", x: g.x, y: g.y, text: g.text, mode: "lines", line: { width: 1, color: PALETTE[i] },
+      hovertemplate: "%{text}<br>step %{x}: %{y}<extra></extra>", showlegend: false, connectgaps: false,
+    }));
   }
 
   document.getElementById("compare-key").addEventListener("change", ev => {
