@@ -159,6 +159,13 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A file (not :memory:) so that worker processes started by tests share the test database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-platform.sqlite3")}
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30  # workers and web write at once
+# Connections kept open per process (psycopg's pool; 0: each request opens and closes its own). A
+# PostgreSQL connection costs ~30 ms to open on a loaded machine and a run page's websocket needs
+# several database reads to open: the web server (webapp/server.py) sets a pool of its own unless
+# this is given. Only for PostgreSQL.
+DATABASE_POOL_SIZE = envint("DATABASE_POOL_SIZE", "0", minimum=0)
+if DATABASE_POOL_SIZE and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_SIZE}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -223,6 +230,11 @@ else:
         "BACKEND": "webapp.dashboard.filelayer.FileChannelLayer", "CONFIG": {"path": str(VAR_DIR / "channels")},
     }}
 
+# Web server processes (``python -m webapp.server``), all serving one port over the same channel
+# layer. One process holds about 1,000 websocket viewers of a run within 100 ms (docs/scaling.md);
+# each extra one costs a Django process's memory (~150 MB) and its own run checker.
+WEB_PROCESSES = envint("WEB_PROCESSES", "2", minimum=1)
+
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a worker that dies mid-run does not lose the message silently
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # one run per worker process (one per GPU on GPU workers)
@@ -256,6 +268,17 @@ RUN_SPOOL_MAX_MB = envint("RUN_SPOOL_MAX_MB", "512", minimum=1)
 # Each worker process keeps a training process started ahead, its libraries imported (torch,
 # transformers, TRL: seconds), for its next run; a resumed run trains again that much sooner.
 RUN_WARM_PROCESS = envbool("RUN_WARM_PROCESS", "true")
+# A lost remote run's paid resources (fireworks trainer job, deployment) that could not be deleted
+# are tried again after RUN_RELEASE_BACKOFF_SECONDS * 2 ** (tries - 1), at most
+# RUN_RELEASE_BACKOFF_MAX_SECONDS apart; each sweep starts at most RUN_RELEASE_BATCH of them. A
+# deletion under way holds its run for RUN_RELEASE_LEASE_SECONDS (the SDK retries an unreachable
+# service for minutes): one its worker's exit cut short is taken up again once that has passed.
+RUN_RELEASE_BACKOFF_SECONDS = envint("RUN_RELEASE_BACKOFF_SECONDS", "60", minimum=1)
+RUN_RELEASE_BACKOFF_MAX_SECONDS = envint("RUN_RELEASE_BACKOFF_MAX_SECONDS", "3600", minimum=1)
+if RUN_RELEASE_BACKOFF_MAX_SECONDS < RUN_RELEASE_BACKOFF_SECONDS:
+    raise ImproperlyConfigured("RUN_RELEASE_BACKOFF_MAX_SECONDS must be at least RUN_RELEASE_BACKOFF_SECONDS.")
+RUN_RELEASE_BATCH = envint("RUN_RELEASE_BATCH", "5", minimum=1)
+RUN_RELEASE_LEASE_SECONDS = envint("RUN_RELEASE_LEASE_SECONDS", "900", minimum=1)
 # After a cancel, how long the training process gets to stop at its next step before it is killed.
 RUN_CANCEL_GRACE_SECONDS = envint("RUN_CANCEL_GRACE_SECONDS", "30", minimum=0)
 # Runs drawn on one compare page; a page asked for more shows these and links to pages of the rest.

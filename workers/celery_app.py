@@ -4,7 +4,7 @@
 
 import os
 
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_process_shutdown
 from celery.worker.control import inspect_command
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
@@ -33,3 +33,11 @@ def _start_spare_training_process(**kwargs) -> None:
     from workers.execute import keep_spares
 
     keep_spares()
+
+
+@worker_process_shutdown.connect
+def _stop_spare_training_process(**kwargs) -> None:
+    """A pool process that exits takes its spare with it."""
+    from workers.execute import stop_spares
+
+    stop_spares()

@@ -150,6 +150,17 @@ def start_spare() -> None:
     _spare = (process, env)
 
 
+def stop_spares() -> None:
+    """This process keeps no spare any more, and the one it has is stopped (the pool process is
+    exiting: a spare started by the last run's end would otherwise import torch for nothing, an
+    orphan, after its worker has gone)."""
+    global _keep_spares, _spare
+    _keep_spares = False
+    spare, _spare = _spare, None
+    if spare is not None:
+        _terminate_group(spare[0], wait_seconds=1.0)
+
+
 def _take_spare(env: dict[str, str]) -> subprocess.Popen | None:
     """This worker's spare training process; None when there is none alive or it was started with
     another environment (a run given a GPU, another database)."""
@@ -233,7 +244,12 @@ def _after_exit(run: Run, process: subprocess.Popen, output_path: Path) -> str:
         return _requeue_or_recover(run, "the training process stopped to be resumed.")
     if code < 0:  # killed by a signal (OOM killer, an operator): worth another attempt
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
-        return run.recover(f"The training process was killed by {name}.") or run.status
+        status = run.recover(f"The training process was killed by {name}.")
+        if status in Run.FINAL:  # its last attempt: nothing runs the teardown of what it provisioned
+            from workers.housekeeping import release_in_background
+
+            release_in_background(run)
+        return status or run.status
     run.finish(Run.Status.FAILED, error=f"The training process exited with code {code}.", traceback=tail)
     return run.status
 

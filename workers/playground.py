@@ -159,7 +159,7 @@ def row_episode(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict
     """One episode of the run's own agent on one row of its dataset, with the chosen weights,
     scored as in training (the environment, or the run's reward)."""
     from training.generation import HFBatchGenerator
-    from training.rollout import EpisodeRunner
+    from training.episode_runner import EpisodeRunner
     from training.trainer import AgentTrainer
     from webapp.runs.trainer_args import MODEL_KEY, PYTHON_KEY, TRUST_KEY, load_training_plugins, run_trainer_kwargs
 

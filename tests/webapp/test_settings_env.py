@@ -45,3 +45,14 @@ def test_bad_redis_url_names_the_variable(monkeypatch):
     monkeypatch.setenv("REDIS_URL", "http://localhost:6379")
     with pytest.raises(ImproperlyConfigured, match="REDIS_URL"):
         envredis("REDIS_URL")
+
+
+def test_release_backoff_cap_below_its_start_is_refused():
+    """The settings module itself refuses RUN_RELEASE_BACKOFF_MAX_SECONDS < RUN_RELEASE_BACKOFF_SECONDS."""
+    import subprocess
+    import sys
+
+    env = {"RUN_RELEASE_BACKOFF_SECONDS": "120", "RUN_RELEASE_BACKOFF_MAX_SECONDS": "60", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", "import webapp.settings"], env=env, capture_output=True, text=True,
+                            cwd=__import__("django.conf").conf.settings.BASE_DIR)
+    assert result.returncode != 0 and "RUN_RELEASE_BACKOFF_MAX_SECONDS must be at least" in result.stderr

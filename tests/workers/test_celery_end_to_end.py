@@ -1,5 +1,6 @@
 """A real Celery worker process against Redis: a run created through the form view trains to the
-end, and a running run cancelled from the browser stops and ends ``cancelled``."""
+end, and a running run cancelled from the browser stops and ends ``cancelled``; the stopped worker
+leaves no training process behind."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import time
 import uuid
 
+import psutil
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -38,11 +40,23 @@ def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
             cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     yield log_path
+    started = psutil.Process(process.pid).create_time()
     process.send_signal(signal.SIGTERM)
     try:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
+        # Seen in full-suite runs only: the last run's row is deleted by the test database's flush
+        # while the worker still supervises it, and the warm shutdown then outlasts 30 s (not
+        # understood yet). Killed, the worker cannot be asked what it left behind.
         process.kill()
+        return
+    # The pool process started a spare training process at the end of the last run; it must go with
+    # the worker, not outlive it as an orphan importing torch for nobody.
+    deadline = time.monotonic() + 10
+    while orphans := [p for p in psutil.process_iter(["cmdline", "ppid", "create_time"])
+                      if "workers.child" in (p.info["cmdline"] or []) and p.info["ppid"] == 1 and p.info["create_time"] >= started]:
+        assert time.monotonic() < deadline, f"training processes outlived their worker: {orphans}"
+        time.sleep(0.2)
 
 
 def wait_for(predicate, timeout: float, what: str, log_path):
@@ -83,8 +97,7 @@ def test_cancel_from_the_browser_stops_a_running_run(celery_worker, on_test_queu
     run = create_run(owner_client, copy_form_data)
     wait_for(lambda: Run.objects.get(pk=run.pk).latest_values, 300, "the first training step", celery_worker)
     assert owner_client.post(f"/runs/{run.pk}/cancel/").status_code == 302
-    cancelled_at = time.monotonic()
     wait_for(lambda: Run.objects.get(pk=run.pk).is_final, 90, "the run to stop", celery_worker)
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLED, f"{run.error}\n{run.traceback}"
-    assert run.steps < 1000 and time.monotonic() - cancelled_at < 90
+    assert run.steps < 1000  # stopped within wait_for's 90 s above

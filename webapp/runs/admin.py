@@ -10,10 +10,11 @@ class CheckpointInline(admin.TabularInline):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = ("id", "name", "owner", "agent", "dataset", "backend", "status", "worker", "created_at", "finished_at")
-    list_filter = ("status", "backend")
+    list_display = ("id", "name", "owner", "agent", "dataset", "backend", "status", "worker", "remote_release_pending", "created_at", "finished_at")
+    list_filter = ("status", "backend", "remote_release_pending")
     search_fields = ("name", "owner__username", "worker", "error")
-    readonly_fields = ("created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at", "task_id")
+    readonly_fields = ("created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at", "task_id",
+                       "remote_release_attempts", "remote_release_at")
     inlines = [CheckpointInline]
 
 

@@ -138,6 +138,17 @@ class Run(models.Model):
         default=dict, blank=True,
         help_text="Ids of what a remote backend created for this run (trainer job, deployment, model).",
     )
+    # A run that ended without its training process (lost, or cancelled with its worker gone) may
+    # leave paid resources on a remote service: recorded here before anything is deleted, so a
+    # refused deletion, or one a worker's exit cut short, is tried again by the liveness sweep.
+    remote_release_pending = models.BooleanField(
+        default=False, db_index=True,
+        help_text="Resources on a remote service (named by remote_ids) may still be running: the liveness sweep deletes them.",
+    )
+    remote_release_attempts = models.PositiveIntegerField(default=0)
+    remote_release_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the liveness sweep next tries to delete the run's remote resources.",
+    )
 
     objects = RunQuerySet.as_manager()
 
@@ -235,8 +246,12 @@ class Run(models.Model):
 
     def recover(self, reason: str) -> str:
         """A running attempt nobody looks after any more: re-queue the run while its backend allows
-        another attempt, fail it (naming ``reason``) once it does not. Returns the status it got
-        ('' when the attempt had already been dealt with)."""
+        another attempt, fail it (naming ``reason``) once it does not. A run asked to stop ends
+        cancelled (or pruned) instead: another attempt would only start in order to stop. Returns
+        the status it got ('' when the attempt had already been dealt with)."""
+        if self.cancel_requested():
+            status = self.stopped_status()
+            return status if self.finish(status, error=f"{status.capitalize()}; {reason[0].lower()}{reason[1:]}") else ""
         if self.kind == self.Kind.PLATFORM and self.backend_id and self.lost_attempts + 1 < self.backend.max_attempts:
             return self.Status.QUEUED if self.requeue(reason, lost_attempts=self.lost_attempts + 1) else ""
         limit = ""
