@@ -3,52 +3,98 @@
     from training import AgentTrainer
     AgentTrainer(agent_class=MyAgent, env_class=MyEnv, train_dataset=tasks,
                  config={"actor_rollout_ref.model.path": "tiny-char"}).train()
+
+``import training as rllm`` gives rLLM's ``rllm.rollout`` / ``rllm.evaluator`` decorators (its
+AgentFlow API). ``training.AgentConfig`` is AWorld's agent config; rLLM's ``AgentConfig`` (what
+an AgentFlow is called with) is ``training.types.AgentConfig``.
 """
 
+from training.agent_flow import evaluator, rollout
 from training.agents import AgentSpec, BaseAgent, BaseEnv
 from training.chat_agent import Agent, AgentConfig, ModelConfig
 from training.config import Config, ConfigError
 from training.environments import MultiTurnEnvironment, SingleTurnEnvironment
 from training.processor import TrainerProcessor, register_processor, unregister_processor
 from training.rewards import RewardFunction, math_reward_fn
+from training.rllm_agents import SEARCH_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, CompetitionCodingAgent, MathAgent, ToolAgent
+from training.rllm_tools import MultiTool, PythonInterpreter, Tool, ToolOutput, tool_registry
 from training.sinks import ConsoleSink, JsonlSink, MetricSink
+from training.tool_env import ToolEnvironment
 from training.trainer import AgentTrainer
-from training.types import Action, Episode, ModelOutput, RewardOutput, Step, TerminationReason, Trajectory
-from training.workflow import RolloutEngine, SimpleWorkflow, TerminationEvent, Workflow
+from training.types import (
+    Action,
+    Episode,
+    EvalOutput,
+    ModelOutput,
+    RewardOutput,
+    Signal,
+    Step,
+    Task,
+    TerminationReason,
+    Trajectory,
+)
+from training.workflow import CumulativeWorkflow, RolloutEngine, SimpleWorkflow, SingleTurnWorkflow, TerminationEvent, Workflow
 
 __all__ = [
     "Action",
     "Agent",
     "AgentConfig",
+    "AgentExecutionEngine",
+    "AgentSFTTrainer",
+    "AgentWorkflowEngine",
+    "AsyncAgentExecutionEngine",
     "AgentSpec",
     "AgentTrainer",
     "BaseAgent",
     "BaseEnv",
+    "CompetitionCodingAgent",
     "Config",
     "ConfigError",
     "ConsoleSink",
+    "CumulativeWorkflow",
     "Episode",
+    "EvalOutput",
     "JsonlSink",
+    "MathAgent",
     "MetricSink",
     "ModelConfig",
     "ModelOutput",
+    "MultiTool",
     "MultiTurnEnvironment",
+    "OpenAIEngine",
     "DatasetRegistry",
     "RewardFunction",
     "RewardOutput",
     "RolloutEngine",
+    "PythonInterpreter",
+    "SEARCH_SYSTEM_PROMPT",
+    "Signal",
     "SimpleWorkflow",
     "SingleTurnEnvironment",
+    "SingleTurnWorkflow",
     "Step",
+    "TOOL_SYSTEM_PROMPT",
+    "Task",
     "TerminationEvent",
     "TerminationReason",
+    "Tool",
+    "ToolAgent",
+    "ToolEnvironment",
+    "ToolOutput",
     "Trajectory",
     "TrainerProcessor",
     "Workflow",
+    "evaluator",
+    "compute_pass_at_k",
     "math_reward_fn",
     "register_processor",
+    "rollout",
+    "tool_registry",
     "unregister_processor",
 ]
+
+
+_ENGINES = ("AgentExecutionEngine", "AsyncAgentExecutionEngine", "AgentWorkflowEngine", "OpenAIEngine", "compute_pass_at_k")
 
 
 def __getattr__(name: str):
@@ -57,4 +103,12 @@ def __getattr__(name: str):
         from training.data import DatasetRegistry
 
         return DatasetRegistry
+    if name in _ENGINES:  # rLLM's inference engines import the openai client: loaded on first use
+        from training import engines
+
+        return getattr(engines, name)
+    if name == "AgentSFTTrainer":  # TRL is imported when training starts; the module is light, but kept apart
+        from training.sft import AgentSFTTrainer
+
+        return AgentSFTTrainer
     raise AttributeError(f"module 'training' has no attribute {name!r}")

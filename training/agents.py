@@ -99,6 +99,9 @@ class AgentSpec:
       trainer serves (``training.sdk.get_chat_client()``, or parameters named ``base_url`` /
       ``client``); or ``fn(task, model)`` (first parameter named ``task``, no ``**kwargs``) with
       our ``ModelClient``. See ``run_func_style``.
+    - ``agent_flow`` and ``evaluator``: rLLM's AgentFlow API (its main branch; ``training.agent_flow``):
+      ``flow(task, config)`` calls the model through ``config.base_url``, the endpoint the trainer
+      serves, and the evaluator's ``EvalOutput`` gives the reward.
     - or none of them: a plain single-turn task where the dataset's prompt goes to the model
       and the reward function scores the answer.
 
@@ -113,10 +116,14 @@ class AgentSpec:
     agent_args: dict[str, Any] = field(default_factory=dict)
     env_args: dict[str, Any] = field(default_factory=dict)
     agent_run_func: AgentRunFunc | str | None = None
+    agent_flow: Any = None
+    evaluator: Any = None
 
     @property
     def kind(self) -> str:
-        """One of ``workflow``, ``agent_env``, ``run_func`` or ``single_turn``."""
+        """One of ``workflow``, ``agent_env``, ``run_func``, ``agent_flow`` or ``single_turn``."""
+        if self.agent_flow is not None:
+            return "agent_flow"
         if self.workflow_class is not None:
             return "workflow"
         if self.agent_class is not None or self.env_class is not None:
@@ -143,6 +150,12 @@ class AgentSpec:
         return "task_model"
 
     @property
+    def uses_endpoint(self) -> bool:
+        """Whether the agent reaches the model through the OpenAI-compatible endpoint the trainer
+        serves (rLLM's ``fn(**task)`` run functions and AgentFlows)."""
+        return self.run_func_style == "kwargs" or self.kind == "agent_flow"
+
+    @property
     def is_multi_turn(self) -> bool:
         return self.kind != "single_turn"
 
@@ -157,6 +170,7 @@ class AgentSpec:
                 ("workflow_class", self.workflow_class is not None),
                 ("agent_class/env_class", self.agent_class is not None or self.env_class is not None),
                 ("agent_run_func", self.agent_run_func is not None),
+                ("agent_flow", self.agent_flow is not None),
             )
             if on
         ]
@@ -178,6 +192,15 @@ class AgentSpec:
             if not callable(func):
                 raise ValueError(f"agent_run_func must be callable, got {type(func).__name__}.")
             resolved.agent_run_func = func
+        elif self.kind == "agent_flow":
+            from training.agent_flow import check_agent_flow
+
+            flow, scorer = (import_object(v, what=n) if isinstance(v, str) else v
+                            for v, n in ((self.agent_flow, "agent_flow"), (self.evaluator, "evaluator")))
+            check_agent_flow(flow, scorer)
+            resolved.agent_flow, resolved.evaluator = flow, scorer
+        if self.evaluator is not None and self.kind != "agent_flow":
+            raise ValueError("evaluator scores the episodes of an agent_flow; give agent_flow= too, or use reward_func=.")
         for name in ("workflow_args", "agent_args", "env_args"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"{name} must be a dict of keyword arguments, got {type(getattr(self, name)).__name__}.")
@@ -192,6 +215,8 @@ class AgentSpec:
             return f"agent {by_import_path(self.agent_class)} with environment {by_import_path(self.env_class)}"
         if self.kind == "run_func":
             return f"agent_run_func {by_import_path(self.agent_run_func)}"
+        if self.kind == "agent_flow":
+            return f"agent_flow {by_import_path(self.agent_flow)}"
         return "the single-turn prompt"
 
     def describe(self) -> dict[str, Any]:

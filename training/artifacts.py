@@ -385,6 +385,10 @@ class RunUploader:
         if not upload.local.exists():  # removed locally before its turn (the backend's own rotation)
             logger.warning("artifact store: %s was removed before it could be stored", upload.local)
             return
+        if upload.checkpoint:
+            # The run files first: a machine lost right after this checkpoint is stored leaves
+            # metrics.jsonl holding every step up to it, and the next attempt appends from there.
+            self._store_run_files()
         if upload.directory:
             self.store.put_dir(upload.local, upload.key)
         else:

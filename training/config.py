@@ -507,6 +507,11 @@ class RllmConfig:
         False,
     )
     disable_thinking: bool = _doc("Render chat templates with enable_thinking=False (Qwen3 and alike).", False)
+    backend: str | None = _doc(
+        "rLLM's unified config names the backend here (rllm/backend=tinker); AgentTrainer's backend= decides "
+        "which runs, and the two must agree where both are given.",
+        None,
+    )
     sdk: SdkConfig = _doc("rLLM's SDK (agent_run_func through an OpenAI-compatible endpoint; training/sdk).", factory=SdkConfig)
 
     @property
@@ -561,6 +566,9 @@ class RemoteConfig:
         "Fireworks training shape (accounts/<a>/trainingShapes/<s>); None: Fireworks selects one.", None
     )
     accelerator_type: str | None = _doc("Fireworks deployment accelerator when no deployment shape applies.", None)
+    lora_train_unembed: bool = _doc("Train the LoRA adapter on the output embedding too (rLLM's model.train_unembed).", True)
+    lora_train_attn: bool = _doc("Train the LoRA adapter on the attention layers (rLLM's model.train_attn).", True)
+    lora_train_mlp: bool = _doc("Train the LoRA adapter on the MLP layers (rLLM's model.train_mlp).", True)
     poll_interval_s: float = _doc("Seconds between readiness polls of remote jobs and deployments.", 5.0)
     ready_timeout_s: float = _doc("Seconds a remote trainer job or deployment may take to become ready.", 1800.0)
 
@@ -569,6 +577,8 @@ class RemoteConfig:
         _check(0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "remote.adam_beta1", "betas must be in [0, 1).")
         _check(self.adam_eps > 0, "remote.adam_eps", "must be greater than 0.")
         _check(self.poll_interval_s > 0, "remote.poll_interval_s", "must be greater than 0 seconds.")
+        _check(self.lora_train_unembed or self.lora_train_attn or self.lora_train_mlp, "remote.lora_train_mlp",
+               "the adapter must train on something: remote.lora_train_unembed, lora_train_attn and lora_train_mlp are all false.")
         _check(self.ready_timeout_s > 0, "remote.ready_timeout_s", "must be greater than 0 seconds.")
 
 
@@ -609,6 +619,7 @@ class Config:
         for layer in (base, overrides):
             # Hydra's "+key" adds a key; our dict-valued keys (env_args, ...) take new entries as they are.
             flat = {key.removeprefix("+"): value for key, value in parse_overrides(layer).items()}
+            flat = translate_unified_names(flat)
             if any("." not in key for key in flat):
                 from training.trl_names import translate_trl_names
 
@@ -651,6 +662,41 @@ class Config:
 
 
 ConfigInput = typing.Union[None, str, Path, dict, list, Config]
+
+# rLLM main's unified config (rllm/trainer/config/unified.yaml with rllm/base.yaml, the cookbooks'
+# train_*.sh) names these settings so; they are ours under the names on the right. (Tinker- and
+# Fireworks-only names of that config are the remote backends' business.)
+UNIFIED_NAMES: dict[str, str] = {
+    "rllm/backend": "rllm.backend",
+    "model.name": "actor_rollout_ref.model.path",
+    "training.group_size": "actor_rollout_ref.rollout.n",
+    "validation.group_size": "actor_rollout_ref.rollout.val_kwargs.n",
+    "rllm.rollout.n": "actor_rollout_ref.rollout.n",
+    "rllm.rollout.n_val": "actor_rollout_ref.rollout.val_kwargs.n",
+    "rllm.rollout.train.temperature": "actor_rollout_ref.rollout.temperature",
+    "rllm.rollout.train.top_p": "actor_rollout_ref.rollout.top_p",
+    "rllm.rollout.val.temperature": "actor_rollout_ref.rollout.val_kwargs.temperature",
+    "rllm.rollout.val.top_p": "actor_rollout_ref.rollout.val_kwargs.top_p",
+}
+# Whole sections of rLLM's base.yaml that are ours one level up: rllm.trainer.test_freq is trainer.test_freq.
+UNIFIED_SECTIONS = ("rllm.trainer.", "rllm.data.")
+
+
+def translate_unified_names(flat: dict[str, Any]) -> dict[str, Any]:
+    """Keys of rLLM main's unified config under our names (logged); other keys as they are.
+    Where both names are given, ours wins."""
+    out: dict[str, Any] = {}
+    renamed: dict[str, Any] = {}
+    for key, value in flat.items():
+        ours = UNIFIED_NAMES.get(key)
+        if ours is None and key.startswith(UNIFIED_SECTIONS):
+            ours = key.removeprefix("rllm.")
+        if ours is None:
+            out[key] = value
+            continue
+        logging.getLogger("training").info("%s=%r: rLLM's unified config name of %s", key, value, ours)
+        renamed[ours] = value
+    return {**renamed, **out}
 
 
 def valid_keys(cls: type = Config, prefix: str = "") -> dict[str, dataclasses.Field]:
@@ -697,7 +743,11 @@ def parse_overrides(overrides: ConfigInput) -> dict[str, Any]:
         return flat
     if isinstance(overrides, dict):
         return flatten(overrides)
-    raise ConfigError("config", f"expected a dict, a list of 'key=value' strings or a YAML path, got {type(overrides).__name__}.")
+    if type(overrides).__module__.startswith("omegaconf"):  # hydra's DictConfig, as rLLM's scripts pass it
+        from omegaconf import OmegaConf
+
+        return flatten(OmegaConf.to_container(overrides, resolve=True))
+    raise ConfigError("config", f"expected a dict, a hydra DictConfig, a list of 'key=value' strings or a YAML path, got {type(overrides).__name__}.")
 
 
 def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -30,6 +30,28 @@ def register_dataset(name: str, builder: DatasetBuilder) -> None:
     _BUILDERS[name] = builder
 
 
+class RegisteredDataset(datasets.Dataset):
+    """What ``DatasetRegistry`` returns: a ``datasets.Dataset`` that also has the methods of rLLM's
+    ``Dataset`` that its scripts call, ``get_data()`` and ``repeat(n)``."""
+
+    @classmethod
+    def of(cls, dataset: datasets.Dataset) -> "RegisteredDataset":
+        return cls(dataset.data, info=dataset.info, split=dataset.split, indices_table=dataset._indices,
+                   fingerprint=dataset._fingerprint)
+
+    def get_data(self) -> list[dict[str, Any]]:
+        """The rows as a list of dicts."""
+        return self.to_list()
+
+    def repeat(self, n: int) -> "RegisteredDataset":
+        """rLLM's ``repeat``: each row ``n`` times, the copies next to each other (``[a, a, b, b]``),
+        as rLLM's evaluation scripts expect for pass@k. (``datasets.Dataset.repeat(num_times)``
+        repeats the whole dataset instead, ``[a, b, a, b]``.)"""
+        if n <= 0:
+            raise ValueError(f"repeat: n must be positive, got {n}.")
+        return RegisteredDataset.of(self.select([index for index in range(len(self)) for _ in range(n)]))
+
+
 class DatasetRegistry:
     """rLLM's ``DatasetRegistry``: named datasets with splits, loadable by ``(name, split)``.
 
@@ -41,9 +63,9 @@ class DatasetRegistry:
     _splits: dict[str, dict[str, datasets.Dataset]] = {}
 
     @classmethod
-    def register_dataset(cls, name: str, data: list[dict] | datasets.Dataset, split: str = "default") -> datasets.Dataset:
-        """Add (or replace) ``split`` of dataset ``name``; returns it as a ``datasets.Dataset``."""
-        dataset = load_dataset(data, what=f"DatasetRegistry {name!r} split {split!r}")
+    def register_dataset(cls, name: str, data: list[dict] | datasets.Dataset, split: str = "default") -> RegisteredDataset:
+        """Add (or replace) ``split`` of dataset ``name``; returns it as a ``RegisteredDataset``."""
+        dataset = RegisteredDataset.of(load_dataset(data, what=f"DatasetRegistry {name!r} split {split!r}"))
         if name not in cls._splits:
             if name not in _BUILDERS:
                 register_dataset(name, lambda: cls._splits[name])
@@ -53,11 +75,13 @@ class DatasetRegistry:
         return dataset
 
     @classmethod
-    def load_dataset(cls, name: str, split: str = "default") -> datasets.Dataset | None:
+    def load_dataset(cls, name: str, split: str = "default") -> RegisteredDataset | None:
         """The split, or None when it was never registered (as rLLM answers)."""
         if name in cls._splits:
-            return cls._splits[name].get(split)
-        return _build(name).get(split) if name in _BUILDERS else None
+            dataset = cls._splits[name].get(split)
+        else:
+            dataset = _build(name).get(split) if name in _BUILDERS else None
+        return None if dataset is None else RegisteredDataset.of(dataset)
 
     @classmethod
     def dataset_exists(cls, name: str, split: str | None = None) -> bool:

@@ -306,10 +306,15 @@ class ModelClient(RolloutEngine):
     function, which the rollout engine runs in a worker thread.
     """
 
-    def __init__(self, generator: TokenGenerator, tokenizer: Any, max_tokens_per_turn: int) -> None:
+    def __init__(
+        self, generator: TokenGenerator, tokenizer: Any, max_tokens_per_turn: int, max_response_length: int | None = None
+    ) -> None:
+        """``max_response_length``: the episode's response budget (``data.max_response_length``),
+        read by workflows that share it out over their turns (rLLM's ``CumulativeWorkflow``)."""
         self.generator = generator
         self.tokenizer = tokenizer
         self.max_tokens_per_turn = max_tokens_per_turn
+        self.max_response_length = max_response_length
         self.steps: list[Step] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last: tuple[str, GenerationOutput] | None = None  # the previous call's text and output

@@ -40,6 +40,11 @@ class AgentTrainer:
         AgentTrainer(agent_class=MyAgent, env_class=MyEnv, config={"data.train_batch_size": 8},
                      train_dataset=ds, backend="trl").train()
 
+    rLLM's AgentFlow style (its main branch)::
+
+        AgentTrainer(backend="trl", agent_flow=math_flow, evaluator=math_evaluator, config=config,
+                     train_dataset=ds, val_dataset=val).train()
+
     AWorld style::
 
         AgentTrainer(agent=spec_or_path, train_dataset="train.csv", reward_func="pkg.mod.reward",
@@ -63,6 +68,8 @@ class AgentTrainer:
         backend: str | None = None,
         agent_run_func: Callable | str | None = None,
         *,
+        agent_flow: Any = None,
+        evaluator: Any = None,
         agent: Any = None,
         reward_func: Any = None,
         test_dataset: Any = None,
@@ -72,10 +79,12 @@ class AgentTrainer:
         should_stop: Callable[[], bool] | None = None,
     ) -> None:
         rllm_agent = any(
-            v is not None for v in (workflow_class, agent_class, env_class, agent_run_func)
+            v is not None for v in (workflow_class, agent_class, env_class, agent_run_func, agent_flow, evaluator)
         )
         if agent is not None and rllm_agent:
-            raise ValueError("Give the agent either as agent= or as workflow_class/agent_class/env_class/agent_run_func, not both.")
+            raise ValueError(
+                "Give the agent either as agent= or as workflow_class/agent_class/env_class/agent_run_func/agent_flow, not both."
+            )
         if backend not in (None, "auto") and train_engine_name not in (None, "auto") and backend != train_engine_name:
             raise ValueError(f"backend={backend!r} and train_engine_name={train_engine_name!r} disagree; give one.")
         if val_dataset is not None and test_dataset is not None:
@@ -90,6 +99,8 @@ class AgentTrainer:
                 agent_args=agent_args or {},
                 env_args=env_args or {},
                 agent_run_func=agent_run_func,
+                agent_flow=agent_flow,
+                evaluator=evaluator,
             )
 
         self.agent = agent
@@ -111,13 +122,26 @@ class AgentTrainer:
         self.train_processor.check_dataset(self.train_dataset, self.test_dataset)
         self.train_processor.check_reward(self.reward_func)
         self.final_config = self.train_processor.check_config(self.config)
+        # A processor registered by a user (AWorld's contract) may return its own config type.
+        named = getattr(getattr(self.final_config, "rllm", None), "backend", None)
+        if named is not None and named != self.train_engine_name:
+            from training.config import ConfigError
+
+            raise ConfigError(
+                "rllm.backend",
+                f"names backend {named!r} but this trainer runs {self.train_engine_name!r}; pass backend={named!r} "
+                f"to AgentTrainer, or set rllm.backend={self.train_engine_name} (rLLM's rllm/backend=...).",
+            )
         self.train_processor.mark_initialized()
 
     def train(self) -> Any:
         """Run training; returns what the backend's ``train`` returns (a ``TrainResult`` for built-ins)."""
         if not self.train_processor.initialized:
             raise ValueError("The training processor is not initialized; construction must finish before train().")
-        return self.train_processor.train()
+        try:
+            return self.train_processor.train()
+        finally:
+            _close_episode_loop()
 
     async def inference(self, dataset: Any = None) -> Any:
         """The agent on ``dataset`` (default: the test dataset), as AWorld's ``await trainer.inference()``.
@@ -131,14 +155,23 @@ class AgentTrainer:
         if inspect.iscoroutinefunction(self.train_processor.inference):
             return await self.train_processor.inference(dataset)
         # A worker thread, so the processor may run its own event loop.
-        return await asyncio.to_thread(self.train_processor.inference, dataset)
+        return await asyncio.to_thread(self._inference_in_thread, dataset)
+
+    def _inference_in_thread(self, dataset: Any) -> Any:
+        try:
+            return self.train_processor.inference(dataset)
+        finally:
+            _close_episode_loop()  # the pool thread's episode loop, not left open behind it
 
     def evaluate(self, dataset: Any = None) -> Any:
         """``inference()`` for code that is not async."""
         self._require_initialized()
         if inspect.iscoroutinefunction(self.train_processor.inference):
             return asyncio.run(self.train_processor.inference(dataset))
-        return self.train_processor.inference(dataset)
+        try:
+            return self.train_processor.inference(dataset)
+        finally:
+            _close_episode_loop()
 
     def _require_initialized(self) -> None:
         if not self.train_processor.initialized:
@@ -159,3 +192,12 @@ class AgentTrainer:
     @staticmethod
     def available_processors() -> list[str]:
         return available_processors()
+
+
+def _close_episode_loop() -> None:
+    """Close this thread's episode loop (``training.episode_runner``), imported only once it may exist."""
+    import sys
+
+    runner_module = sys.modules.get("training.episode_runner")
+    if runner_module is not None:
+        runner_module.close_episode_loop()

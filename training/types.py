@@ -1,11 +1,18 @@
-"""Data classes shared by every part of the library: steps, trajectories, episodes, rewards."""
+"""Data classes shared by every part of the library: steps, trajectories, episodes, rewards.
+
+They carry the fields of rLLM v0.2.1.post1 and those its main branch added (``rllm.types``):
+``Task``, ``TrajectoryGroup``, ``AgentConfig`` (the config an ``AgentFlow`` is called with; not
+``training.AgentConfig``, which is AWorld's agent config), the ``AgentFlow`` and ``Evaluator``
+protocols and the evaluator's ``EvalOutput`` / ``Signal``.
+"""
 
 from __future__ import annotations
 
 import enum
 import uuid
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 
 class TerminationReason(str, enum.Enum):
@@ -89,9 +96,18 @@ class Step:
     prompt_ids: list[int] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # rLLM's main branch: an id, what the step was given and produced (harnesses, evaluation),
+    # ``metadata`` (the same dict as ``info``), and training payloads.
+    id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    input: Any = None
+    output: Any = None
+    metadata: dict[str, Any] | None = None
+    advantage: list[float] | float | None = None
+    weight_version: int | None = None
+    routing_matrices: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "metadata"}
         data["action"] = self.action.action if isinstance(self.action, Action) else _plain(self.action)
         data["model_output"] = self.model_output.to_dict() if self.model_output is not None else None
         return data
@@ -116,6 +132,17 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     task: Any = None
+    # rLLM's main branch: the function's arguments and return value (SDK), the evaluator's named
+    # signals, and ``metadata`` (the same dict as ``info``).
+    input: dict | None = None
+    output: Any = None
+    signals: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def result(self) -> Any:
+        """rLLM's older name for ``output``."""
+        return self.output
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -125,6 +152,7 @@ class Trajectory:
             "steps": [step.to_dict() for step in self.steps],
             "reward": float(self.reward),
             "info": self.info,
+            "signals": dict(self.signals),
         }
 
     @classmethod
@@ -135,7 +163,8 @@ class Trajectory:
             task=data.get("task"),
             steps=[Step.from_dict(step) for step in data.get("steps", [])],
             reward=data.get("reward", 0.0),
-            info=data.get("info", {}),
+            info=data.get("info", data.get("metadata") or {}),
+            signals=data.get("signals") or {},
         )
 
     def is_cumulative(self) -> bool:
@@ -169,6 +198,11 @@ class Episode:
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)
     error: str | None = None
+    # rLLM's main branch: the gateway session of an AgentFlow episode, what the flow hands its
+    # evaluator (``artifacts["answer"]``, ...), and ``metadata`` (the same dict as ``info``).
+    session_id: str | None = None
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
 
     @property
     def reward(self) -> float:
@@ -181,7 +215,7 @@ class Episode:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly view, used by metric sinks and the episode viewer."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "metadata"}
         data["task"] = _without_images(self.task)
         data["trajectories"] = [t.to_dict() for t in self.trajectories]
         data["termination_reason"] = self.termination_reason.value if self.termination_reason else None
@@ -196,6 +230,24 @@ class Episode:
         reason = data.get("termination_reason")
         values["termination_reason"] = TerminationReason(reason) if reason else TerminationReason.UNKNOWN
         return cls(**values)
+
+
+def _metadata_is_info(cls: type) -> None:
+    """rLLM's main branch renamed ``info`` to ``metadata`` and kept ``info`` as an alias: here both
+    names are one dict. ``metadata=`` given to the constructor becomes ``info``."""
+
+    def get(self: Any) -> dict[str, Any]:
+        return self.info
+
+    def set_(self: Any, value: dict[str, Any] | None) -> None:
+        if value is not None:  # None: the constructor's default, info stays as given
+            self.info = value
+
+    cls.metadata = property(get, set_, doc="rLLM's main-branch name of ``info`` (the same dict).")
+
+
+for _cls in (Step, Trajectory, Episode):
+    _metadata_is_info(_cls)
 
 
 def _without_images(task: Any) -> Any:
@@ -217,3 +269,88 @@ class RewardOutput:
     reward: float
     is_correct: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Task:
+    """rLLM's ``Task`` (main branch): one problem an ``AgentFlow`` is run on. For dataset rows,
+    ``metadata`` is the row and ``instruction`` its question; ``dataset_dir`` / ``sub_dir`` locate
+    a task's own files where a dataset keeps them in a directory per task."""
+
+    id: str
+    instruction: str | list[dict]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    dataset_dir: Path = field(default_factory=Path)
+    sub_dir: Path | None = None
+
+    @property
+    def task_dir(self) -> Path:
+        return self.dataset_dir / self.sub_dir if self.sub_dir else self.dataset_dir
+
+
+@dataclass
+class TrajectoryGroup:
+    """rLLM's ``TrajectoryGroup`` (main branch): trajectories whose rewards are compared with each
+    other when advantages are computed. ``group_id`` is ``"<task id>:<role>"``."""
+
+    trajectories: list[Trajectory]
+    group_id: str = ""
+    metadata: list[dict] = field(default_factory=list)
+    weight_version: int = 0
+
+    @property
+    def group_role(self) -> str:
+        return self.group_id.split(":")[1] if ":" in self.group_id[:-1] else "all_groups"
+
+    @property
+    def task_id(self) -> str:
+        return self.group_id.split(":")[0]
+
+
+@dataclass
+class AgentConfig:
+    """What rLLM's ``AgentFlow`` is called with (``rllm.types.AgentConfig``): the episode's
+    OpenAI-compatible ``base_url`` and the ``model`` name to send. ``training.AgentConfig`` is a
+    different class, AWorld's agent config (``training.chat_agent``)."""
+
+    base_url: str
+    model: str
+    session_uid: str
+    metadata: dict = field(default_factory=dict)
+    is_validation: bool = False
+    sampling_params: dict = field(default_factory=dict)
+
+
+@dataclass
+class Signal:
+    """One named score an evaluator reports beside the reward (``accuracy``, ``solver_acc``)."""
+
+    name: str
+    value: float
+    metadata: dict = field(default_factory=dict)
+
+
+@dataclass
+class EvalOutput:
+    """What rLLM's evaluators return (``rllm.eval.types.EvalOutput``)."""
+
+    reward: float
+    is_correct: bool
+    signals: list[Signal] = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class AgentFlow(Protocol):
+    """rLLM's agent program: ``run(task, config)`` (or ``async arun``) returns an ``Episode``, a
+    ``Trajectory`` or None. ``training.rollout`` turns a function into one."""
+
+    def run(self, task: Any, config: AgentConfig) -> Episode | Trajectory | None: ...
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """rLLM's scorer of an AgentFlow's episode: ``evaluate(task, episode) -> EvalOutput``.
+    ``training.evaluator`` turns a function into one."""
+
+    def evaluate(self, task: Any, episode: Episode) -> EvalOutput: ...

@@ -85,14 +85,14 @@ def evaluate(spec: Any, model: Any, tokenizer: Any, config: Any, reward_fn: Any,
     """Run ``val_kwargs.n`` episodes of each task with the validation sampling and summarize them.
     Synchronous: call it from code that is not inside an event loop."""
     from training.generation import HFBatchGenerator
-    from training.rollout import EpisodeRunner
+    from training.episode_runner import EpisodeRunner
 
     val = config.actor_rollout_ref.rollout.val_kwargs
     generator = HFBatchGenerator(
         model, tokenizer, temperature=val.temperature if val.do_sample else 1.0, top_p=val.top_p,
         do_sample=val.do_sample, seed=config.trainer.seed,
     )
-    engine = EpisodeRunner(spec, generator, tokenizer, config, reward_fn)
+    engine = EpisodeRunner(spec, generator, tokenizer, config, reward_fn, is_validation=True)
     return summarize(tasks, engine.run(tasks, n=val.n), val.n, prefix)
 
 

@@ -6,7 +6,7 @@ the exact token ids and logprobs of the call, and hands back an ``Episode`` of o
 trajectories (a solver and a judge, say). Every trajectory is trained with its own reward.
 
 The life of one episode, as in rLLM: the rollout engine builds the workflow with
-``(rollout_engine, executor, **workflow_args)`` and calls ``run_with_termination_handling``.
+``(rollout_engine=..., executor=..., **workflow_args)`` and calls ``run_with_termination_handling``.
 ``run`` may return an ``Episode`` (used as it is), or None, or raise ``TerminationEvent``: then
 the trajectories it committed with ``commit`` (and those of its agents) are collected and
 ``postprocess_episode`` computes rewards and correctness. An exception ends the episode with
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import time
 import traceback
 from abc import ABC, abstractmethod
 from collections import defaultdict
@@ -30,7 +31,7 @@ from training.types import Episode, ModelOutput, TerminationReason, Trajectory
 class RolloutEngine:
     """rLLM's interface for calling the model from a workflow: ``await get_model_response(messages)``.
 
-    ``training.rollout.EpisodeRunner`` (which runs whole episodes) hands each workflow a
+    ``training.episode_runner.EpisodeRunner`` (which runs whole episodes) hands each workflow a
     ``training.generation.ModelClient``, an implementation of this interface that records every
     call's tokens for training.
     """
@@ -60,7 +61,15 @@ class Workflow(ABC):
     shaping bonus for improvement over the previous step (both in ``adjust_step_rewards``).
     ``self.model`` is the same object as ``self.rollout_engine``; its ``chat``/``complete``
     methods return our ``GenerationOutput`` for code written against them.
+
+    ``trajectories_per_episode``: how many trajectories every episode of the class returns, where
+    the class knows (1 for rLLM's one-agent workflows, 3 for two solvers and a judge); None when it
+    depends on the run. Backends that train one sequence per episode (verl) refuse a class that
+    declares more than one when the trainer is built; an undeclared class is refused at its first
+    episode of several sequences, since a workflow is code whose trajectories exist only once it runs.
     """
+
+    trajectories_per_episode: int | None = None
 
     def __init__(
         self,
@@ -241,6 +250,8 @@ class SimpleWorkflow(Workflow):
 
     TASK_KEYS = ("messages", "question", "prompt", "problem")
 
+    trajectories_per_episode = 1
+
     def __init__(self, rollout_engine: Any = None, reward_function: Callable | None = None, **kwargs: Any) -> None:
         super().__init__(rollout_engine, **kwargs)
         if reward_function is None:
@@ -263,3 +274,150 @@ class SimpleWorkflow(Workflow):
         self.commit(trajectory=Trajectory(steps=[step]))
         ran_out = output.finish_reason == "length"
         raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH if ran_out else TerminationReason.ENV_DONE)
+
+
+class _AgentEnvWorkflow(Workflow):
+    """What rLLM's agent-plus-environment workflows share: the agent and environment built from
+    ``agent_cls(**agent_args)`` and ``env_cls(**env_args)`` (classes or import paths), environment
+    calls in the workflow's executor, and the episode's time spent in the model and the
+    environment in ``episode.info["timing"]`` (rLLM's ``TimingTrackingMixin``)."""
+
+    trajectories_per_episode = 1
+
+    def __init__(
+        self,
+        agent_cls: type | str,
+        env_cls: type | str,
+        agent_args: dict | None = None,
+        env_args: dict | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        from training.agents import BaseAgent, BaseEnv, _resolve_class
+
+        agent_cls = _resolve_class(agent_cls, BaseAgent, "agent_cls")
+        env_cls = _resolve_class(env_cls, BaseEnv, "env_cls")
+        self.agent = agent_cls(**dict(agent_args or {}))
+        self.env = env_cls(**dict(env_args or {}))
+        self._timing = {"llm_time": 0.0, "env_time": 0.0}
+        self._started = time.perf_counter()
+
+    def reset(self, task: dict | None = None, uid: str | None = None) -> tuple[Any, dict]:
+        """rLLM's: reset the agent and environment for ``task`` and return the environment's
+        ``(observation, info)``."""
+        super().reset(task, uid)
+        self._timing = {"llm_time": 0.0, "env_time": 0.0}
+        self._started = time.perf_counter()
+        return self.env.reset(task)
+
+    async def _env_call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await self.run_in_executor(fn, *args, **kwargs)
+        finally:
+            self._timing["env_time"] += time.perf_counter() - started
+
+    async def _model_call(self, **kwargs: Any) -> ModelOutput:
+        """The model's answer to the agent's conversation, kept on the agent's latest step once
+        ``update_from_model`` has made it (so its tokens need no matching by text)."""
+        started = time.perf_counter()
+        try:
+            return await self.rollout_engine.get_model_response(self.agent.chat_completions, application_id=self.uid, **kwargs)
+        finally:
+            self._timing["llm_time"] += time.perf_counter() - started
+
+    async def _act(self, output: ModelOutput) -> tuple[Any, float, bool, dict]:
+        """The agent turns the reply into an action; the environment answers it (rLLM hands the
+        environment the ``Action`` itself, as its environments and rewards expect)."""
+        action = self.agent.update_from_model(output.text)
+        step = self.agent.get_current_state()
+        if step is not None and step.model_output is None:
+            step.model_output = output
+        return await self._env_call(self.env.step, action)
+
+    def postprocess_episode(
+        self, episode: Episode, termination_reason: TerminationReason | None = None, error: dict | None = None
+    ) -> Episode:
+        episode = super().postprocess_episode(episode, termination_reason, error)
+        episode.info["timing"] = {**self._timing, "total_time": time.perf_counter() - self._started}
+        for trajectory in episode.trajectories:
+            trajectory.info["num_steps"] = len(trajectory.steps)
+        return episode
+
+
+class SingleTurnWorkflow(_AgentEnvWorkflow):
+    """rLLM's ``rllm.workflows.single_turn_workflow.SingleTurnWorkflow``: one model call per episode.
+
+    The environment's first observation goes to the agent, the agent's conversation to the model,
+    the agent's action to the environment, whose reward scores the step. Ends
+    ``max_response_length`` when the reply ran out of tokens, else ``env_done`` when the
+    environment said done, else ``max_turns``::
+
+        AgentTrainer(workflow_class=SingleTurnWorkflow,
+                     workflow_args={"agent_cls": MathAgent, "env_cls": SingleTurnEnvironment,
+                                    "env_args": {"reward_fn": math_reward_fn}}, ...)
+    """
+
+    async def run(self, task: dict, uid: str, **kwargs: Any) -> Episode | None:
+        observation, info = await self._env_call(self.reset, task=task, uid=uid)
+        self.agent.update_from_env(observation, 0, False, info)
+        output = await self._model_call(skip_special_tokens=True, **kwargs)
+        _, reward, done, info = await self._act(output)
+        self.agent.update_from_env({}, reward, done, info)
+        if output.finish_reason == "length":
+            raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH)
+        raise TerminationEvent(TerminationReason.ENV_DONE if done else TerminationReason.MAX_TURNS)
+
+
+class CumulativeWorkflow(_AgentEnvWorkflow):
+    """rLLM's ``rllm.workflows.cumulative_workflow.CumulativeWorkflow``: up to ``max_steps`` turns
+    of one growing conversation, under one response budget for the whole episode.
+
+    Each turn the model answers the agent's whole conversation; what the conversation grew by
+    since the first prompt (replies and observations) counts against the rollout engine's
+    ``max_response_length`` (``data.max_response_length``), and a turn's reply may use only what is
+    left. Ends ``max_response_length`` when nothing is left or a reply ran out of tokens,
+    ``env_done`` when the environment said done, ``max_turns`` after ``max_steps`` turns.
+    """
+
+    def __init__(self, agent_cls: type | str, env_cls: type | str, agent_args: dict | None = None,
+                 env_args: dict | None = None, max_steps: int = 5, **kwargs: Any) -> None:
+        super().__init__(agent_cls, env_cls, agent_args, env_args, **kwargs)
+        if int(max_steps) < 1:
+            raise ValueError(f"CumulativeWorkflow: max_steps must be at least 1, got {max_steps!r}.")
+        self.max_steps = int(max_steps)
+        self.prompt_length = 0
+
+    def reset(self, task: dict | None = None, uid: str | None = None) -> tuple[Any, dict]:
+        self.prompt_length = 0
+        return super().reset(task, uid)
+
+    def _prompt_length(self) -> int:
+        from training.generation import encode, render_messages
+
+        tokenizer = self.rollout_engine.tokenizer
+        return len(encode(tokenizer, render_messages(tokenizer, self.agent.chat_completions)))
+
+    async def run(self, task: dict, uid: str, **kwargs: Any) -> Episode | None:
+        observation, info = await self._env_call(self.reset, task=task, uid=uid)
+        self.agent.update_from_env(observation, 0, False, info)
+        budget = getattr(self.rollout_engine, "max_response_length", None)
+        for turn in range(1, self.max_steps + 1):
+            max_tokens = None
+            if budget is not None:
+                prompt_length = self._prompt_length()
+                if turn == 1:
+                    self.prompt_length = prompt_length
+                max_tokens = budget - (prompt_length - self.prompt_length)
+                if max_tokens <= 0:
+                    raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH)
+            output = await self._model_call(
+                accumulate_reasoning=True, enforce_max_prompt_length=False, max_tokens=max_tokens, **kwargs
+            )
+            next_observation, reward, done, info = await self._act(output)
+            self.agent.update_from_env(next_observation, reward, done, info)
+            if output.finish_reason == "length":
+                raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH)
+            if done:
+                raise TerminationEvent(TerminationReason.ENV_DONE)
+        raise TerminationEvent(TerminationReason.MAX_TURNS)

@@ -183,3 +183,44 @@ def test_verl_checkpoints_are_stored_once_its_marker_names_them_and_resume_gets_
     elsewhere = tmp_path / "elsewhere" / "checkpoints"
     assert store.fetch_latest_checkpoint("runs/v/checkpoints", elsewhere).name == "global_step_2"
     assert (elsewhere / VERL_LATEST).read_text() == "2"  # what verl resumes from
+
+
+class Recording(ArtifactStore):
+    """The folder store, recording what metrics.jsonl held each time a checkpoint was stored."""
+
+    def __init__(self, url: str, scratch: Path) -> None:
+        super().__init__(url)
+        self.scratch = scratch
+        self.metrics_when_checkpoint_stored: dict[str, str] = {}
+
+    def put_dir(self, local, key, marker=True):
+        stored = super().put_dir(local, key, marker)
+        if "/checkpoints/" in key:
+            with self.open("runs/1/metrics.jsonl") as handle:
+                self.metrics_when_checkpoint_stored[key.rsplit("/", 1)[1]] = handle.read().decode()
+        return stored
+
+
+def test_a_stored_checkpoint_finds_its_steps_metrics_stored_before_it(tmp_path):
+    # A machine lost between a checkpoint's upload and the next upload of the run files must not
+    # leave a store whose newest checkpoint is ahead of its metrics.jsonl: the next attempt resumes
+    # after the checkpoint and appends, so the step would be missing from the file for ever.
+    scratch = tmp_path / "scratch"
+    (scratch / "checkpoints").mkdir(parents=True)
+    store = Recording(str(tmp_path / "store"), scratch)
+    uploader = RunUploader(store, "runs/1", scratch)
+    with open(scratch / "metrics.jsonl", "a") as metrics:
+        for step in (1, 2, 3):
+            metrics.write(f'{{"step": {step}}}\n')
+            metrics.flush()
+            uploader.checkpoint_saved(write_checkpoint(scratch / "checkpoints" / f"checkpoint-{step}"))
+            uploader.finish(None, timeout=60) if step == 3 else _wait_stored(uploader, step)
+    for step in (1, 2, 3):
+        assert f'{{"step": {step}}}' in store.metrics_when_checkpoint_stored[f"checkpoint-{step}"]
+
+
+def _wait_stored(uploader: RunUploader, step: int) -> None:
+    deadline = time.monotonic() + 60
+    while not any(key.endswith(f"checkpoint-{step}") for key in uploader.stored):
+        assert time.monotonic() < deadline, f"checkpoint-{step} was not stored"
+        time.sleep(0.01)

@@ -105,6 +105,8 @@ class FireworksStandIn:
         if job is None:
             return Response(404, {"error": {"message": f"trainer job {job_id} not found"}})
         if request.method == "DELETE":
+            if self.fail.get("delete"):  # injected: the service refuses to delete (not retried by the SDK)
+                return Response(403, {"error": {"message": "stand-in: injected refusal to delete"}})
             del self.jobs[job_id]
             self.deleted.append(f"job:{job_id}")
             return Response(body={})
@@ -125,6 +127,8 @@ class FireworksStandIn:
         if deployment is None:
             return Response(404, {"error": {"message": f"deployment {deployment_id} not found"}})
         if request.method == "DELETE":
+            if self.fail.get("delete"):  # injected: the service refuses to delete (not retried by the SDK)
+                return Response(403, {"error": {"message": "stand-in: injected refusal to delete"}})
             del self.deployments[deployment_id]
             self.deleted.append(f"deployment:{deployment_id}")
             return Response(body={})

@@ -44,6 +44,7 @@ class TinkerStandIn:
     sampler_names: dict[str, str] = field(default_factory=dict)  # name the client gave -> path
     batches: list[list[dict]] = field(default_factory=list)  # each forward_backward's datums, as received
     learning_rates: list[float] = field(default_factory=list)  # each optim_step's Adam learning rate, as received
+    lora_configs: list[dict] = field(default_factory=list)  # each create_model's lora_config, as received
 
     pb: object = pb  # the protobuf messages of the SDK being served (tinker's or Fireworks' fork)
     serve_http: bool = True
@@ -122,6 +123,7 @@ class TinkerStandIn:
         body = request.json()
         model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
         lora = body.get("lora_config") or {}
+        self.lora_configs.append(lora)
 
         def create():
             self.models[model_id] = TinyPolicy(body["base_model"], lora_rank=lora.get("rank", 0), seed=0)

@@ -23,7 +23,7 @@ from training.chat_agent import chat_agent_from, load_agents_from_yaml
 from training.config import Config
 from training.generation import GenerationOutput, encode
 from training.rewards import load_reward
-from training.rollout import EpisodeRunner
+from training.episode_runner import EpisodeRunner
 from training.tiny import build_char_tokenizer
 from training.types import TerminationReason
 

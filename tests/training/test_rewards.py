@@ -166,7 +166,7 @@ def test_load_reward_file_path(tmp_path):
 
 
 def test_load_reward_unknown_name_lists_builtins():
-    with pytest.raises(ValueError, match=r"unknown reward 'exact'.*char_accuracy, countdown, exact_match, math"):
+    with pytest.raises(ValueError, match=r"unknown reward 'exact'.*char_accuracy, code, countdown, exact_match, f1, math, search"):
         load_reward("exact")
 
 
@@ -203,7 +203,7 @@ def test_register_reward_refuses_duplicates(monkeypatch):
 
 
 def test_builtin_names():
-    assert builtin_rewards() == ["char_accuracy", "countdown", "exact_match", "math"]
+    assert builtin_rewards() == ["char_accuracy", "code", "countdown", "exact_match", "f1", "math", "search"]
 
 
 # --- exact_match ----------------------------------------------------------------------------

@@ -38,7 +38,11 @@ def weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def assert_learnt(before: str | Path, result) -> None:
-    old, new = weights(before), weights(result.checkpoint)
+    assert_weights_changed(before, result.checkpoint)
+
+
+def assert_weights_changed(before: str | Path, after: str | Path) -> None:
+    old, new = weights(before), weights(after)
     changed = [name for name in old if not torch.equal(old[name], new[name])]
     assert len(changed) > len(old) // 2, f"only {changed} changed"
 
@@ -229,7 +233,7 @@ def test_frozenlake_agent_and_env_from_rllm_learn_to_reach_the_goal(tmp_path, si
         env_class=FrozenLakeEnv,
         agent_args=agent_args,
         config=base_config(model, 12, **{
-            "actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.actor.optim.lr": 1e-3,
+            "actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.actor.optim.lr": 5e-4,
             "data.max_prompt_length": 2048, "data.max_response_length": 48,
             "rllm.agent.max_steps": 1, "rllm.agent.max_tokens_per_turn": 12,
         }),
@@ -246,3 +250,80 @@ def test_frozenlake_agent_and_env_from_rllm_learn_to_reach_the_goal(tmp_path, si
     assert {e["termination_reason"] for e in sink.episodes} <= {"max_turns", "env_done", "max_response_length"}
     rewards = [m["reward"] for m in sink.metrics]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+
+
+# -- rLLM's agent-plus-environment workflows: SingleTurnWorkflow and CumulativeWorkflow -----------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture
+def own_dataset_registry(monkeypatch):
+    """Datasets a test registers under rLLM's names are gone after it."""
+    from training.data import DatasetRegistry
+
+    monkeypatch.setattr(DatasetRegistry, "_splits", dict(DatasetRegistry._splits))
+    return DatasetRegistry
+
+
+def run_rllm_example(script: str, tmp_path: Path, monkeypatch, config: dict) -> tuple[Path, list[dict], list[dict]]:
+    """Run an rLLM train script's ``main`` in ``tmp_path`` (it trains into AgentTrainer's default
+    ./runs); return the run's directory, its per-step metrics and its episodes."""
+    import json
+
+    from training.utils import import_object
+
+    monkeypatch.chdir(tmp_path)
+    import_object(f"{FIXTURES / script}:main")({**config, "trainer.logger": ["jsonl"]})  # hydra passes a given config through
+    run = tmp_path / "runs"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
+    episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+    return run, metrics, episodes
+
+
+def answer_logprob(model_path: str | Path, prompts: list[list[int]], answer: list[int]) -> float:
+    """Mean log-probability of ``answer`` right after each prompt: the policy itself, read without
+    sampling, so that learning is measured without the noise of a few sampled rewards."""
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    total = 0.0
+    with torch.no_grad():
+        for prompt in prompts:
+            logits = model(input_ids=torch.tensor([prompt + answer])).logits[0, len(prompt) - 1 : -1]
+            total += torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(answer)[:, None]).sum().item()
+    return total / len(prompts)
+
+
+def test_rllm_single_turn_workflow_example_trains_unchanged(tmp_path, monkeypatch, own_dataset_registry):
+    """rLLM's examples/simple_math/workflow/single_turn_workflow/train_hendrycks_math.py with only
+    its imports changed: SingleTurnWorkflow with rLLM's MathAgent and SingleTurnEnvironment scored
+    by math_reward_fn. The tiny model is first taught to answer with a digit, every digit alike;
+    RL must then make the right one (7) likelier."""
+    from training.generation import encode, render_messages
+    from training.tiny import build_char_tokenizer
+
+    questions = ["3+4=", "2+5=", "1+6=", "9-2="]
+    tokenizer = build_char_tokenizer()
+    messages = [[{"role": "user", "content": q}] for q in questions]
+    model = warm_tiny_model(tmp_path / "warm", [(m, str(d)) for m in messages for d in range(10)], steps=80)
+    own_dataset_registry.register_dataset("hendrycks_math", [{"question": q, "ground_truth": "7"} for q in questions], "train")
+    own_dataset_registry.register_dataset("math500", [{"question": q, "ground_truth": "7"} for q in questions[:2]], "test")
+
+    run, metrics, episodes = run_rllm_example("rllm_single_turn_workflow_hendrycks_math.py", tmp_path, monkeypatch, {
+        "actor_rollout_ref.model.path": model, "actor_rollout_ref.actor.optim.lr": 3e-3,
+        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 2,
+        "rllm.agent.max_tokens_per_turn": 2, "trainer.total_training_steps": 4,
+    })
+    assert len(metrics) == 4 and all(m["termination/error"] == 0.0 and m["termination/timeout"] == 0.0 for m in metrics)
+    prompts = [encode(tokenizer, render_messages(tokenizer, m)) for m in messages]
+    before, after = answer_logprob(model, prompts, encode(tokenizer, "7")), answer_logprob(run / "final_model", prompts, encode(tokenizer, "7"))
+    assert after > before + 0.3, (before, after)  # -2.31 -> -1.06 in one run
+    assert_weights_changed(model, run / "final_model")
+    for episode in episodes:  # one step: the agent's question, the model's exact tokens, the env's reward
+        [trajectory] = episode["trajectories"]
+        [step] = trajectory["steps"]
+        assert step["chat_completions"][0] == {"role": "user", "content": episode["task"]["question"]}
+        assert episode["prompt_ids"] == step["prompt_ids"] == encode(tokenizer, render_messages(tokenizer, step["chat_completions"][:1]))
+        assert step["response_ids"] and len(step["logprobs"]) == len(step["response_ids"])
+        assert trajectory["reward"] == step["reward"] == float(step["model_response"].strip() == "7")
+        assert episode["termination_reason"] in ("env_done", "max_response_length")
+        assert trajectory["info"]["num_steps"] == 1 and episode["info"]["timing"]["llm_time"] > 0

@@ -2,7 +2,7 @@
 with the call's exact tokens; ``commit``, ``postprocess_episode``, ``TerminationEvent``, the
 workflow's timeout and errors end episodes as rLLM's ``run_with_termination_handling`` does.
 
-The model is ``ScriptedGenerator`` (see test_rollout.py), so token ids can be checked exactly.
+The model is ``ScriptedGenerator`` (see test_episode_runner.py), so token ids can be checked exactly.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_rollout import EOS, LOGPROB, TOKENIZER, ScriptedGenerator, ids
+from test_episode_runner import EOS, LOGPROB, TOKENIZER, ScriptedGenerator, ids
 
 from training import Episode, ModelOutput, Step, TerminationEvent, TerminationReason, Trajectory, Workflow
 from training.agents import AgentSpec
 from training.config import Config
-from training.rollout import ModelCallError, EpisodeRunner
+from training.episode_runner import ModelCallError, EpisodeRunner
 
 
 def run(workflow_class, replies=None, tasks=None, reward_fn=None, **overrides):
@@ -152,12 +152,13 @@ def test_rllms_rolloutengine_is_the_only_class_of_that_name():
     """``training.RolloutEngine`` is rLLM's model interface (what rLLM code imports); the class that
     runs whole episodes is ``EpisodeRunner``, so the two never shadow each other."""
     import training
-    import training.rollout
+    import training.episode_runner
     from training.generation import ModelClient
     from training.workflow import RolloutEngine
 
     assert training.RolloutEngine is RolloutEngine and issubclass(ModelClient, RolloutEngine)
-    assert not hasattr(training.rollout, "RolloutEngine") and training.rollout.EpisodeRunner is EpisodeRunner
+    assert not hasattr(training.episode_runner, "RolloutEngine")
+    assert training.episode_runner.EpisodeRunner is EpisodeRunner
 
 
 def test_simple_workflow_asks_once_and_scores_with_the_reward_function():

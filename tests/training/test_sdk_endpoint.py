@@ -14,7 +14,7 @@ import torch
 from training.agents import AgentSpec
 from training.config import Config
 from training.generation import GenerationOutput, HFBatchGenerator, encode
-from training.rollout import ModelCallError, EpisodeRunner
+from training.episode_runner import ModelCallError, EpisodeRunner
 from training.sdk import current_base_url, get_chat_client, get_chat_client_async
 from training.sdk.server import ChatEndpoint
 from training.tiny import build_char_tokenizer, build_tiny_model

@@ -11,7 +11,7 @@ import pytest
 from training.agents import AgentSpec
 from training.config import Config
 from training.generation import HFBatchGenerator, encode
-from training.rollout import EpisodeRunner
+from training.episode_runner import EpisodeRunner
 from training.sdk import StepView, TrajectoryView, get_chat_client, get_chat_client_async, session, trajectory
 from training.tiny import build_char_tokenizer, build_tiny_model
 from training.types import TerminationReason

@@ -152,9 +152,9 @@ def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged_and_learns(tmp_path,
     their imports changed: two solvers and a judge per episode, each call in its own session(),
     returned as TrajectoryViews with step rewards from countdown_reward_fn.
 
-    The tiny model is first warmed up on their formats (``<answer>D</answer>`` for every digit D
+    The tiny model is first warmed up on their formats (``<answer>D</answer>`` for four digits D
     alike from the solvers, either index from the judge), so its answers vary; then RL must raise
-    the reward: both tasks' target is 7, which a warmed solver writes about one time in ten."""
+    the reward: both tasks' target is 7, which a warmed solver writes about one time in four."""
     from warm_start import warm_tiny_model
 
     monkeypatch.syspath_prepend(str(RLLM_EXAMPLE.parent.parent))  # their import of the flow module
@@ -163,7 +163,7 @@ def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged_and_learns(tmp_path,
     tasks = [{"question": f"Reach 7 with 7 and {o}", "nums": [7, o], "target": 7} for o in (3, 2)]
     solver_prompts = [[{"role": "user", "content": f"{t['question']}. Output the final answer within <answer>...</answer>"}]
                       for t in tasks]
-    pairs = [(messages, f"<answer>{d}</answer>") for messages in solver_prompts for d in range(10)]
+    pairs = [(messages, f"<answer>{d}</answer>") for messages in solver_prompts for d in (3, 5, 7, 9)]
     judge = Judge.__new__(Judge)  # only its prompt builder: no client needed
     for task in tasks:
         for solutions in (["<answer>7</answer>", "<answer>3</answer>"], ["No solution found", "<answer>1</answer>"]):
@@ -176,7 +176,7 @@ def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged_and_learns(tmp_path,
     main = import_object(f"{RLLM_EXAMPLE.parent / 'rllm_sdk_solver_judge_train_session.py'}:main")
     monkeypatch.chdir(tmp_path)
     main({
-        "actor_rollout_ref.model.path": model, "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "actor_rollout_ref.model.path": model, "actor_rollout_ref.actor.optim.lr": 5e-4,
         "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 2,
         "data.max_prompt_length": 2048, "data.max_response_length": 24, "rllm.agent.max_tokens_per_turn": 20,
         "trainer.total_training_steps": 8, "trainer.logger": ["jsonl"],
@@ -186,15 +186,18 @@ def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged_and_learns(tmp_path,
     assert len(metrics) == 8 and all(m["termination/error"] == 0.0 for m in metrics)
     assert all(m["rows"] == 3 * 16 for m in metrics)  # every solver and the judge trained, each its own row
     rewards = [m["reward"] for m in metrics]  # per episode: both solvers' and the judge's, 0 to 3
-    # Episodes run concurrently, so sampled rewards differ run to run by ~0.1 a step: the sampled
-    # reward must end above where it started, and the policy itself, read without sampling, must
-    # have moved towards the rewarded answer (log-probability of <answer>7</answer>: -2.49 -> -0.88 here).
-    assert sum(rewards[-4:]) / 4 > sum(rewards[:2]) / 2, rewards
+    assert any(r > 0 for r in rewards), rewards  # the reward ran and paid
+    # Episodes run concurrently and the judge's rows share the step's reward, so sampled rewards of
+    # a few steps are noise (a check that the last four beat the first two failed CI twice:
+    # [0.51, 0.23 ... 0.21, 0.20, 0.24, 0.46]). The learning is read from the policy without
+    # sampling: the log-probability of <answer>7</answer>. lr 5e-4: at 1e-3 a run under load
+    # overshot (-2.49 -> -3.68) after its reward had risen.
     warm, trained = (AutoModelForCausalLM.from_pretrained(path) for path in (model, run / "final_model"))
     tokenizer = build_char_tokenizer()
     prompts = [encode(tokenizer, f"{t['question']}. Output the final answer within <answer>...</answer>") for t in tasks]
     target = encode(tokenizer, "<answer>7</answer>")
-    assert answer_logprob(trained, prompts, target) > answer_logprob(warm, prompts, target) + 0.5
+    before_lp, after_lp = answer_logprob(warm, prompts, target), answer_logprob(trained, prompts, target)
+    assert after_lp > before_lp + 0.5, (before_lp, after_lp, rewards)
     before, after = warm.state_dict(), trained.state_dict()
     assert sum(not torch.equal(before[name], after[name]) for name in before) > len(before) // 2
     episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]

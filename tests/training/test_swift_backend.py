@@ -216,3 +216,60 @@ def test_episodes_whose_environment_raises_fail_the_run_naming_the_error(tmp_pat
     assert 'raise ValueError("the ice cracked")' in failed.value.user_traceback
     job = json.loads((tmp_path / "run" / "swift" / "job.json").read_text())
     assert job["agent"]["env_class"] == f"{env_file}:CrackingLakeEnv"
+
+
+HUNG_LAKE = '''
+import time
+from pathlib import Path
+
+from examples.frozenlake import FrozenLakeEnv
+
+RELEASE = Path({release!r})
+
+
+class HungLakeEnv(FrozenLakeEnv):
+    """A step that never returns (a simulator or tool that hangs) until the test releases it; after
+    five minutes it gives up with an error, so a rollout that waits for it fails the run."""
+
+    @staticmethod
+    def from_dict(info):
+        env = FrozenLakeEnv.from_dict(info)
+        env.__class__ = HungLakeEnv
+        return env
+
+    def step(self, action):
+        deadline = time.monotonic() + 300
+        while not RELEASE.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the step was waited for: nothing cut it at the trajectory timeout")
+            time.sleep(0.05)
+        return super().step(action)
+'''
+
+
+@needs_swift_env
+def test_the_trajectory_timeout_cuts_a_hung_environment_step_inside_swifts_rollout(tmp_path, sink):
+    """rllm.agent.trajectory_timeout on swift: an environment step that hangs is cut when the episode's
+    time is up (it runs in a daemon thread nobody waits for); the episode ends with ``timeout`` and
+    reward 0 after its first turn (of 5 allowed), as on the other backends, and training goes on."""
+    env_file = tmp_path / "hung_lake.py"
+    release = tmp_path / "release"
+    env_file.write_text(HUNG_LAKE.format(release=str(release)))
+    try:
+        result = AgentTrainer(
+            agent_class="examples.frozenlake.FrozenLakeAgent", env_class=f"{env_file}:HungLakeEnv",
+            train_dataset="frozenlake:train", backend="swift", run_path=str(tmp_path / "run"), sinks=[sink],
+            config={"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2, "data.train_batch_size": 2,
+                    "rllm.agent.max_steps": 5, "rllm.agent.max_tokens_per_turn": 1, "rllm.agent.trajectory_timeout": 0.3,
+                    "trainer.total_training_steps": 2, "trainer.logger": []},
+        ).train()
+    finally:
+        release.touch()  # lets the abandoned steps' threads end
+
+    assert result.steps == 2
+    assert [m["termination/timeout"] for m in sink.metrics] == [1.0, 1.0]
+    assert all(m["termination/error"] == 0 for m in sink.metrics), sink.metrics
+    assert all(m["turns"] == 1 and m["reward"] == 0 for m in sink.metrics), sink.metrics
+    assert sink.episodes and {e["termination_reason"] for e in sink.episodes} == {"timeout"}
+    job = json.loads((tmp_path / "run" / "swift" / "job.json").read_text())
+    assert job["trajectory_timeout"] == 0.3 and job["swift_args"]["max_turns"] == 5

@@ -204,3 +204,11 @@ def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(service, 
     assert all(m["rows"] == 64 and m["trained_sequences"] == 64 for m in sink.metrics), sink.metrics
     rewards = [m["reward"] for m in sink.metrics]  # the episode's reward: both conversations', 0 to 2
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.4, rewards
+
+
+def test_rllm_lora_layer_names_reach_the_service(service, tmp_path):
+    """rLLM's model.train_unembed / train_attn / train_mlp become the LoRA config the service is asked for."""
+    result = trainer(service, tmp_path, 1, extra={"model.train_unembed": False, "model.train_mlp": False}).train()
+    assert result.steps == 1
+    [lora] = service.lora_configs
+    assert (lora.get("train_unembed"), lora.get("train_attn"), lora.get("train_mlp")) == (False, True, False), lora

@@ -21,6 +21,7 @@ from training.backends.verl_backend import (
     compose_verl_config,
     split_overrides,
 )
+from training import CumulativeWorkflow, SimpleWorkflow, SingleTurnEnvironment, SingleTurnWorkflow, Workflow, math_reward_fn
 from training.config import Config, ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -160,3 +161,47 @@ def test_more_gpus_than_this_machine_needs_a_ray_cluster(tmp_path, one_gpu):
     spec = yaml.safe_load((EXAMPLES / "configs" / "copy.yaml").read_text())
     with pytest.raises(ConfigError, match="trainer.ray_address"):
         checked_processor(tmp_path, spec, config={**spec["config"], "trainer.n_gpus_per_node": 8})
+
+
+class JudgedWorkflow(Workflow):
+    """Declares what rLLM's solver-judge returns: two solvers and a judge per episode."""
+
+    trajectories_per_episode = 3
+
+    async def run(self, task, uid, **kwargs):
+        raise AssertionError("never run: the verl backend refuses the class before any episode")
+
+
+class UndeclaredWorkflow(Workflow):
+    async def run(self, task, uid, **kwargs):
+        raise AssertionError("not run in this test")
+
+
+WORKFLOW_ROWS = [{"question": "1+1=", "ground_truth": "2"}]
+
+
+def test_a_workflow_declaring_several_trajectories_is_refused_when_the_trainer_is_built(tmp_path, one_gpu):
+    from training import AgentTrainer
+
+    with pytest.raises(ValueError) as refused:
+        AgentTrainer(workflow_class=JudgedWorkflow, train_dataset=WORKFLOW_ROWS, backend="verl",
+                     run_path=str(tmp_path), config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 1})
+    message = str(refused.value)
+    assert f"workflow {__name__}.JudgedWorkflow returns 3 trajectories per episode" in message
+    assert "Use backend=trl, tinker or fireworks" in message
+    assert not (tmp_path / "verl_config.yaml").exists()
+
+
+@pytest.mark.parametrize("workflow", [SingleTurnWorkflow, CumulativeWorkflow, SimpleWorkflow, UndeclaredWorkflow])
+def test_one_trajectory_and_undeclared_workflows_pass_construction(tmp_path, one_gpu, workflow):
+    """One trajectory per episode, or undeclared: built (the undeclared one is checked at its first
+    episode of several sequences, on the GPUs, which this machine has not)."""
+    args = {"reward_function": math_reward_fn} if workflow is SimpleWorkflow else {}
+    if workflow in (SingleTurnWorkflow, CumulativeWorkflow):
+        args = {"agent_cls": "tests.fixtures.rllm_math_agent.MathAgent", "env_cls": SingleTurnEnvironment,
+                "env_args": {"reward_fn": math_reward_fn}}
+    processor = checked_processor(tmp_path, {
+        "agent": {"workflow_class": workflow, "workflow_args": args}, "train_dataset": WORKFLOW_ROWS,
+        "config": {"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 1},
+    })
+    assert (tmp_path / "verl_config.yaml").exists() and processor.agent_spec.workflow_class is workflow

@@ -11,7 +11,7 @@ from training import AgentTrainer
 from training.agents import AgentSpec
 from training.backends.trl_backend import _TRLRun
 from training.config import Config
-from training.rollout import EpisodeRunner
+from training.episode_runner import EpisodeRunner
 from training.tiny import build_char_tokenizer, build_tiny_model
 from training.vllm_server import VLLMServerGenerator
 

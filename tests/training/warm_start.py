@@ -62,6 +62,19 @@ def warm_tiny_model(
     return str(directory)
 
 
+def answer_logprob(model, prompts: list[list[dict]], answer: str) -> float:
+    """Mean log-probability of ``answer`` after each rendered chat prompt: the policy, not a sample."""
+    tokenizer = build_char_tokenizer()
+    target = encode(tokenizer, answer)
+    total = 0.0
+    with torch.no_grad():
+        for messages in prompts:
+            prompt = encode(tokenizer, render_messages(tokenizer, messages))
+            logits = model(input_ids=torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1]
+            total += torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(target)[:, None]).sum().item()
+    return total / len(prompts)
+
+
 def _common_prefix(sequences: list[list[int]]) -> list[int]:
     first = sequences[0] if sequences else []
     length = len(first)

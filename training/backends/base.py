@@ -84,6 +84,11 @@ class BuiltinProcessor(TrainerProcessor):
                 f"reward_func: the chat agent {self.chat_agent.name!r} needs a reward function to score its "
                 "answers (a callable, an import path, a file path such as 'reward/score.py', or a built-in name)."
             )
+        if self.reward_fn is not None and self.agent_spec is not None and self.agent_spec.kind == "agent_flow":
+            raise ValueError(
+                f"reward_func: an agent_flow's episodes are scored by its evaluator, so reward function "
+                f"{self.reward_fn.name} would never be called. Leave reward_func out."
+            )
         if self.reward_fn is not None and self.agent_spec is not None and self.agent_spec.kind == "agent_env" and self.chat_agent is None:
             raise ValueError(
                 f"reward_func: an agent_class/env_class run is scored by its environment's step rewards, so "

@@ -92,7 +92,10 @@ class FireworksSession(ServiceSession):
             self.service_client = sdk.FiretitanServiceClient(base_url=self.endpoint.base_url, api_key=api_key)
             self.training_client = remote_call(
                 "fireworks", "creating the training client",
-                lambda: self.service_client.create_training_client(base_model=model.path, lora_rank=model.lora_rank, seed=config.trainer.seed),
+                lambda: self.service_client.create_training_client(
+                    base_model=model.path, lora_rank=model.lora_rank, seed=config.trainer.seed,
+                    train_unembed=remote.lora_train_unembed, train_attn=remote.lora_train_attn, train_mlp=remote.lora_train_mlp,
+                ),
             )
             if resume is not None:  # a checkpoint of the earlier run's (deleted) trainer job, by cross-job reference
                 source_job = resume.remote_ids.get("fireworks_trainer_job")
@@ -156,16 +159,7 @@ class FireworksSession(ServiceSession):
                          "the Fireworks console.", ", ".join(left))
 
     def _teardown(self, kind: str, resource_id: str) -> bool:
-        """Delete one resource (the SDK's delete is best-effort), then check; True when it is gone."""
-        if kind == "deployment":
-            self.deploy_mgr.delete(resource_id)
-            gone = not _still_there(lambda: self.deploy_mgr.get(resource_id))
-        else:
-            self.trainer_mgr.delete(resource_id)
-            gone = not _still_there(lambda: self.trainer_mgr.try_get(resource_id))
-        if gone and self.ledger is not None:
-            self.ledger.remove(kind, resource_id)
-        return gone
+        return _teardown(self.trainer_mgr, self.deploy_mgr, self.ledger, kind, resource_id)
 
     def _report(self, key: str, value: str) -> None:
         self.remote_ids[key] = value
@@ -220,6 +214,59 @@ class FireworksSession(ServiceSession):
             logger.info("fireworks resources deleted (%s): %s", outcome, self.remote_ids or "none were created")
 
 
+def _teardown(trainer_mgr: Any, deploy_mgr: Any, ledger: ResourceLedger | None, kind: str, resource_id: str) -> bool:
+    """Delete one resource (the SDK's delete is best-effort), then check; True when it is gone
+    (struck off the ledger then). One already deleted is gone: the SDK reads a 404 as absent."""
+    if kind == "deployment":
+        deploy_mgr.delete(resource_id)
+        gone = not _still_there(lambda: deploy_mgr.get(resource_id))
+    else:
+        trainer_mgr.delete(resource_id)
+        gone = not _still_there(lambda: trainer_mgr.try_get(resource_id))
+    if gone and ledger is not None:
+        ledger.remove(kind, resource_id)
+    return gone
+
+
+# The run's remote ids (as reported to ``on_ids``) that name a paid resource, and its ledger kind.
+_PAID = (("fireworks_deployment", "deployment"), ("fireworks_trainer_job", "job"))
+_KIND_NAMES = {"deployment": "deployment", "job": "trainer job"}
+
+
+def delete_abandoned_resources(
+    remote_ids: dict[str, str], run_path: str | Path | None, api_key: str, base_url: str | None = None,
+) -> tuple[list[str], list[str]]:
+    """Delete the paid resources of a run whose training process is gone for good (its last
+    attempt lost with its machine, or cancelled with no worker left to stop it), which therefore
+    never ran its own teardown: the ids recorded on the run (``remote_ids``) and those still in its
+    ledger (``<run_path>/fireworks_resources.json``, when that folder is here). Called by the
+    platform's liveness sweep, which passes the ids and the credentials (this library knows nothing
+    of the platform). Deployments go first: they hot-load from the job. Returns (deleted, left),
+    each resource as "deployment <id>" / "trainer job <id>"; never raises for a resource that
+    could not be deleted (it is in ``left``)."""
+    from fireworks.training import sdk
+
+    ledger = ResourceLedger(Path(run_path) / LEDGER_FILE) if run_path else None
+    wanted = [(kind, remote_ids[key]) for key, kind in _PAID if remote_ids.get(key)]
+    for entry in ledger.entries() if ledger is not None else []:
+        if (entry["kind"], entry["id"]) not in wanted:
+            wanted.append((entry["kind"], entry["id"]))
+    wanted.sort(key=lambda item: item[0] != "deployment")
+    if not wanted:
+        return [], []
+    base_url = base_url or os.environ.get("FIREWORKS_BASE_URL") or DEFAULT_BASE_URL
+    deleted, left = [], []
+    try:
+        trainer_mgr = sdk.TrainerJobManager(api_key=api_key, base_url=base_url)
+        deploy_mgr = sdk.DeploymentManager(api_key=api_key, base_url=base_url)
+    except Exception as exc:  # the account could not even be looked up: nothing was deleted
+        logger.error("cannot reach fireworks at %s to delete a lost run's resources: %s: %s", base_url, type(exc).__name__, exc)
+        return [], [f"{_KIND_NAMES[kind]} {resource_id}" for kind, resource_id in wanted]
+    for kind, resource_id in wanted:
+        (deleted if _teardown(trainer_mgr, deploy_mgr, ledger, kind, resource_id) else left).append(f"{_KIND_NAMES[kind]} {resource_id}")
+    return deleted, left
+
+
 def _still_there(get) -> bool:
     try:
         found = get()
@@ -236,6 +283,19 @@ class FireworksProcessor(RemoteProcessor):
     sdk_package = "fireworks"
     sdk_install = "fireworks-ai[training]==1.2.28"
     api_key_env = "FIREWORKS_API_KEY"
+
+    @classmethod
+    def release_abandoned(cls, remote_ids: dict[str, str], run_path: str | Path | None,
+                          base_url: str | None = None) -> tuple[list[str], list[str]]:
+        """The job and deployment a lost run left running, deleted (``delete_abandoned_resources``)
+        with the API key of this process's environment."""
+        api_key = os.environ.get(cls.api_key_env)
+        if not api_key:
+            wanted = [f"{_KIND_NAMES[kind]} {remote_ids[key]}" for key, kind in _PAID if remote_ids.get(key)]
+            if wanted:
+                logger.error("%s is not set here: cannot delete %s", cls.api_key_env, ", ".join(wanted))
+            return [], wanted
+        return delete_abandoned_resources(remote_ids, run_path, api_key, base_url)
 
     def open_session(self, resume: CheckpointRecord | None) -> FireworksSession:
         return FireworksSession(

@@ -29,7 +29,6 @@ the sampler follows new weights, what is provisioned and torn down) in ``tinker_
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
@@ -220,6 +219,10 @@ class RemoteProcessor(BuiltinProcessor):
                 f"linear decay is not available on the {self.name} backend; use constant or cosine "
                 "(actor_rollout_ref.actor.optim.lr_scheduler_type).",
             )
+        if config is not None and not isinstance(config, Config):
+            from training.backends.rllm_remote_names import translate
+
+            config = translate(parse_overrides(config), self.name)
         config = apply_aliases(config, self.aliases)
         ratio = config.pop(RLLM_WARMUP_RATIO, None) if isinstance(config, dict) else None
         if ratio is None:
@@ -272,6 +275,14 @@ class RemoteProcessor(BuiltinProcessor):
             "environment": None if is_package_available(cls.sdk_package) else f"its SDK is not installed (pip install '{cls.sdk_install}')",
             "credentials": None if os.environ.get(cls.api_key_env) else f"{cls.api_key_env} is not set (the {cls.name} API key, read from the environment)",
         }
+
+    @classmethod
+    def release_abandoned(cls, remote_ids: dict[str, str], run_path: str | Path | None,
+                          base_url: str | None = None) -> tuple[list[str], list[str]]:
+        """Release what a run whose training process is gone for good (lost with its machine; no
+        ``close`` ran) still holds on the service. Returns (released, left), each a resource named
+        for people. Nothing by default: a service that provisions per run (fireworks) overrides it."""
+        return [], []
 
     @abstractmethod
     def open_session(self, resume: CheckpointRecord | None) -> ServiceSession:
@@ -410,7 +421,7 @@ class RemoteTrainingLoop:
     # -- one step --------------------------------------------------------------------------
     def train_step(self, step: int, session: ServiceSession, tokenizer: Any) -> str:
         from training.episode_rows import episode_rows, token_advantages
-        from training.rollout import EpisodeRunner, summarize_episodes
+        from training.episode_runner import EpisodeRunner, summarize_episodes
 
         cfg = self.config
         started = time.perf_counter()
@@ -418,7 +429,7 @@ class RemoteTrainingLoop:
         tasks = self._batch(step)
         self.outcomes.step = step
         engine = EpisodeRunner(self.spec, session.generator(tokenizer), tokenizer, cfg, self.reward_fn)
-        episodes = asyncio.run(engine.run_episodes(tasks, n=n))
+        episodes = engine.run(tasks, n=n)
         self.outcomes.check_episodes(episodes, step)
         summary = summarize_episodes(episodes)
         sampling_time = time.perf_counter() - started
@@ -476,7 +487,7 @@ class RemoteTrainingLoop:
     def validate(self, step: int, session: ServiceSession, tokenizer: Any) -> dict[str, float]:
         """Score the test dataset on the published weights: ``val/<data_source>/...`` metrics. The
         processor's own reward: validation is not training's to count or to fail."""
-        from training.rollout import EpisodeRunner
+        from training.episode_runner import EpisodeRunner
 
         started = time.perf_counter()
         val = self.config.actor_rollout_ref.rollout.val_kwargs
@@ -484,7 +495,7 @@ class RemoteTrainingLoop:
             tokenizer, temperature=val.temperature if val.do_sample else 0.0, top_p=val.top_p if val.do_sample else 1.0
         )
         engine = EpisodeRunner(self.spec, generator, tokenizer, self.config, self.processor.reward_fn)
-        result = summarize(self.val_tasks, asyncio.run(engine.run_episodes(self.val_tasks, n=val.n)), val.n, "val")
+        result = summarize(self.val_tasks, engine.run(self.val_tasks, n=val.n), val.n, "val")
         logger.info(
             "validation at step %d (%d tasks, %.1f s): %s", step, len(self.val_tasks), time.perf_counter() - started,
             " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()),

@@ -288,6 +288,7 @@ class SwiftProcessor(BuiltinProcessor):
             "agent": self.agent_reference() if multi_turn else None, "answer_key": cfg.data.answer_key, "prompt_key": key,
             "stop_file": str(self._stop_file), "cpu_threads": cfg.trainer.cpu_threads, "swift_args": swift_args,
             "max_episode_error_rate": cfg.trainer.max_episode_error_rate,
+            "trajectory_timeout": cfg.rllm.agent.trajectory_timeout if multi_turn else None,
         }
         target = workdir / "job.json"
         target.write_text(json.dumps(job, indent=1))

@@ -12,8 +12,12 @@ plays our turn loop. At the start of a trajectory it builds the agent and the en
 the row and puts the agent's first messages in the request; after each model turn it hands the
 reply to ``agent.update_from_model``, steps the environment with the action and feeds the
 observation back through ``agent.update_from_env``; the messages the agent added become the next
-turn's. The episode ends when the environment says done or at ``max_turns``; its reward is the
-sum of the environment's step rewards, which our ORM returns for that completion.
+turn's. The episode ends when the environment says done, at ``max_turns``, or with ``timeout``
+(reward 0, as in our rollout engine) once it has run longer than ``rllm.agent.trajectory_timeout``;
+its reward is the sum of the environment's step rewards, which our ORM returns for that completion.
+The agent's and environment's code of a turn runs in a daemon thread and is cut at the timeout (a
+hung environment step ends the episode with ``timeout`` when its time is up); the model's reply is
+generated inside ms-swift's own loop and is not interrupted: the timeout is checked when it ends.
 
 It talks to its parent (``SwiftProcessor``) on stdout, one line per event:
 ``@agent-trainer {"event": "metrics", "step": N, "metrics": {...}}``, ``{"event": "checkpoint", "step": N,
@@ -23,9 +27,11 @@ a file named in the job (``stop_file``) asks it to stop after the current step.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -62,7 +68,7 @@ def register(job: dict[str, Any]) -> None:
     if job.get("agent"):
         from swift.rollout.multi_turn import multi_turns
 
-        multi_turns[SCHEDULER_NAME] = agent_env_scheduler(job["agent"], samples)
+        multi_turns[SCHEDULER_NAME] = agent_env_scheduler(job["agent"], samples, job.get("trajectory_timeout"))
         reward_class = _episode_reward(ORM, monitor, stats)
     else:
         from training.rewards import load_reward
@@ -142,15 +148,18 @@ def _episode_reward(ORM: type, monitor: Any, stats: dict[str, float]) -> type:
     return AgentTrainerEpisodeReward
 
 
-def agent_env_scheduler(agent: dict[str, Any], samples: list[dict]) -> type:
+def agent_env_scheduler(agent: dict[str, Any], samples: list[dict], trajectory_timeout: float | None = None) -> type:
     """An ms-swift ``MultiTurnScheduler`` class that runs our agent + environment turn loop.
 
     ``agent``: the job's ``{"agent_class", "env_class", "agent_args", "env_args"}`` (import paths
     and JSON arguments). Finished episodes are appended to ``samples`` (at most a few per step).
+    ``trajectory_timeout``: seconds an episode may take (None: no limit): the environment's step is cut
+    at it, the model's reply is checked after it ends.
     """
     from swift.rollout.multi_turn import MultiTurnScheduler
 
     from training.agents import AgentSpec
+    from training.threads import DaemonThreadExecutor
     from training.types import Action, Episode, TerminationReason
 
     spec = AgentSpec(agent_class=agent["agent_class"], env_class=agent["env_class"],
@@ -162,6 +171,7 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict]) -> type:
 
         def __init__(self, task: dict) -> None:
             self.task, self.env, self.agent = task, None, None
+            self.started = time.monotonic()
             self.total, self.turns, self.info = 0.0, 0, {}
             self.error: str | None = None
             self.traceback = ""
@@ -182,6 +192,7 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict]) -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.live: dict[str, Live] = {}
+            self.executor = DaemonThreadExecutor("swift-episode")
 
         async def on_trajectory_start(self, requests) -> None:
             for request in requests:
@@ -193,24 +204,42 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict]) -> type:
 
         async def on_turn_end(self, request, response_choice, current_turn: int) -> dict[str, Any]:
             episode = self.live[request.uuid]
-            episode.turns, done = current_turn, False
+            episode.turns, done, cut = current_turn, False, False
             if episode.error is None:
-                try:
+                def play() -> bool:
                     action = episode.agent.update_from_model(response_choice.message.content)
                     observation, reward, done, info = episode.env.step(action.action if isinstance(action, Action) else action)
                     episode.total += float(reward)
                     episode.info = info
                     episode.agent.update_from_env(observation, reward, done, info)
+                    return done
+
+                # The agent's and environment's code runs in a daemon thread: one that outlasts the
+                # episode's time is abandoned there (the thread is never waited for) and the episode
+                # ends with ``timeout`` now, as in our rollout engine.
+                left = None if trajectory_timeout is None else trajectory_timeout - (time.monotonic() - episode.started)
+                try:
+                    done = await asyncio.wait_for(
+                        asyncio.get_running_loop().run_in_executor(self.executor, play), None if left is None else max(left, 0))
+                except asyncio.TimeoutError:
+                    cut = True
                 except Exception as exc:
                     episode.failed(exc)
             if episode.error is not None:
                 reason = TerminationReason.ERROR
+            elif cut:
+                reason = TerminationReason.TIMEOUT
+                episode.env = None  # stuck in its step: its close() is not called (it could block as well)
             elif done:
                 reason = TerminationReason.ENV_DONE
             elif self.max_turns and current_turn >= self.max_turns:
                 reason = TerminationReason.MAX_TURNS
+            elif trajectory_timeout is not None and time.monotonic() - episode.started > trajectory_timeout:
+                reason = TerminationReason.TIMEOUT
             else:
                 return {"done": False, "rollout_infos": {EPISODE_REWARD: episode.total}}
+            if reason == TerminationReason.TIMEOUT:
+                episode.total = 0.0  # as our rollout engine scores an episode that timed out
             infos = {EPISODE_REWARD: 0.0 if episode.error else episode.total, "termination": reason.value}
             if episode.error:
                 infos.update(error=episode.error, traceback=episode.traceback)

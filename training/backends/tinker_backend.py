@@ -8,7 +8,10 @@ The loop itself is shared with the fireworks backend (``training.backends.remote
 
 Tinker-only: nothing is provisioned (the service is shared), so ``close`` ends the session; the
 checkpoints are ``tinker://`` paths, and a resumed run loads the state with its optimizer
-(``create_training_client_from_state_with_optimizer``).
+(``create_training_client_from_state_with_optimizer``). A run lost with its machine leaves nothing
+running: the session lives on the SDK's heartbeats (every 10 s) and the service ends it when they
+stop; Tinker bills the tokens trained and sampled, which stop with the process. Only its saved
+checkpoints stay on the service (stored, to resume from), so ``release_abandoned`` has nothing to do.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ class TinkerSession(ServiceSession):
                 self.training_client = remote_call(
                     "tinker", f"creating a LoRA training client for {model.path}",
                     lambda: self.service_client.create_lora_training_client(
-                        base_model=model.path, rank=model.lora_rank, seed=config.trainer.seed
+                        base_model=model.path, rank=model.lora_rank, seed=config.trainer.seed,
+                        train_unembed=config.remote.lora_train_unembed, train_attn=config.remote.lora_train_attn,
+                        train_mlp=config.remote.lora_train_mlp,
                     ).result(),
                 )
         except BaseException:

@@ -12,7 +12,6 @@ maps to ``max_steps``); with the defaults each step generates ``data.train_batch
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import random
@@ -301,7 +300,7 @@ class _TRLRun:
         episode is one row, else one input per row (then ``finish_rollout`` sets the advantages)."""
         from training.episode_rows import episode_rows, equal_reward_groups, pad_rows
         from training.generation import HFBatchGenerator
-        from training.rollout import EpisodeRunner, summarize_episodes
+        from training.episode_runner import EpisodeRunner, summarize_episodes
 
         tasks = [self.tasks[int(x["prompt"])] for x in inputs]
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -319,7 +318,7 @@ class _TRLRun:
             )
         step = self.outcomes.step = trainer.state.global_step + 1
         engine = EpisodeRunner(self.spec, generator, self.tokenizer, self.config, self.reward_fn, self.endpoint)
-        episodes = asyncio.run(engine.run_episodes(tasks, n=1))
+        episodes = engine.run(tasks, n=1)
         summary = summarize_episodes(episodes)
         self.pending_samples = [e.to_dict() for e in episodes[:SAMPLE_EPISODES_PER_STEP]]
         try:

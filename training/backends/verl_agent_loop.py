@@ -30,7 +30,7 @@ from training.backends.verl_backend import AGENT_LOOP_NAME, decode_object, task_
 from training.episode_rows import single_sequence
 from training.generation import GenerationOutput
 from training.outcomes import OutcomeMonitor
-from training.rollout import EpisodeRunner
+from training.episode_runner import EpisodeRunner
 from training.types import Episode, TerminationReason
 
 

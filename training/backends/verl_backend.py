@@ -657,6 +657,7 @@ class VerlProcessor(BuiltinProcessor):
         from training.episode_rows import refuse_row_options
 
         refuse_row_options(config, f"the {self.name} backend trains one sequence per episode; use backend=trl")
+        self._refuse_declared_multi_trajectory_workflow()
         if not is_verl_available():
             raise ValueError("the verl backend needs verl: pip install 'verl[vllm]' (or choose trl).")
         gpus = cuda_device_count()
@@ -667,6 +668,22 @@ class VerlProcessor(BuiltinProcessor):
                 "trainer.n_gpus_per_node",
                 f"asks for {config.trainer.n_gpus_per_node} GPUs but this machine has {gpus}; "
                 f"lower it or set trainer.ray_address to join a Ray cluster.",
+            )
+
+    def _refuse_declared_multi_trajectory_workflow(self) -> None:
+        """verl's agent loop returns one sample per episode: a workflow class that declares several
+        trajectories per episode is refused now, not at its first episode on the GPUs (a class that
+        declares nothing is checked there, ``training.episode_rows.single_sequence``)."""
+        spec = self.agent_spec
+        if spec is None or spec.kind != "workflow":
+            return
+        count = getattr(spec.workflow_class, "trajectories_per_episode", None)
+        if count is not None and count > 1:
+            raise ValueError(
+                f"backend {self.name}: {spec.label} returns {count} trajectories per episode (its "
+                f"trajectories_per_episode), but the {self.name} backend trains exactly one sequence per episode, "
+                f"so all but the first would be dropped. Use backend=trl, tinker or fireworks, which train every "
+                f"trajectory."
             )
 
     def compose(self, config: Config):

@@ -111,7 +111,7 @@ class ChatEndpoint:
         self._quiet = _QuietClientLog(f"127.0.0.1:{self.port}/sessions/")
         for name in _CLIENT_LOGGERS:
             logging.getLogger(name).addFilter(self._quiet)
-        logger.info("chat endpoint for agent_run_func serving on %s", self.base_url)
+        logger.info("chat endpoint for agent_run_func or agent_flow serving on %s", self.base_url)
         return self
 
     def close(self) -> None:
@@ -323,7 +323,8 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
 
 
 def chat_endpoint_for(spec: Any, tokenizer: Any, model_name: str = "policy") -> contextlib.AbstractContextManager:
-    """The run's endpoint when ``spec`` holds an rLLM-style ``fn(**task)``, else a context of None."""
-    if getattr(spec, "run_func_style", None) != "kwargs":
+    """The run's endpoint when ``spec``'s agent calls the model through it (an rLLM-style
+    ``fn(**task)`` or an AgentFlow), else a context of None."""
+    if not getattr(spec, "uses_endpoint", False):
         return contextlib.nullcontext(None)
     return ChatEndpoint(model_name=model_name, tokenizer=tokenizer)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
+import gc
 import inspect
 import statistics
+import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from training.agents import AgentSpec
@@ -23,9 +26,48 @@ from training.log import logger
 from training.outcomes import TrainingFailed
 from training.sdk.client import in_episode
 from training.sdk.run_func import NoModelCall, call_arguments, no_model_call_message, result_of
+from training.threads import DaemonThreadExecutor
 from training.types import Action, Episode, RewardOutput, Step, TerminationReason, Trajectory
 
 RewardFn = Callable[[dict, str], RewardOutput]
+
+
+_episode_loops = threading.local()
+
+
+def run_on_episode_loop(coro: Any) -> Any:
+    """Run ``coro`` on this thread's long-lived event loop, the one every batch of episodes of a run
+    uses, as rLLM's engines keep one loop for a run.
+
+    A fresh ``asyncio.run`` per batch broke agent code that keeps async clients: an ``AsyncOpenAI``
+    client a flow never closed is closed by its ``__del__`` on whatever loop runs when it is
+    collected, so one collected during a later batch tried to close sockets of a loop already
+    closed ("Task exception was never retrieved ... RuntimeError: Event loop is closed"). On one
+    loop its sockets are still that loop's. ``close_episode_loop`` ends it."""
+    runner = getattr(_episode_loops, "runner", None)
+    if runner is None:
+        runner = _episode_loops.runner = asyncio.Runner()
+    return runner.run(coro)
+
+
+async def _settle(timeout: float = 5.0) -> None:
+    gc.collect()  # clients nobody closed schedule their aclose() on this loop now, while it runs
+    pending = asyncio.all_tasks() - {asyncio.current_task()}
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)
+
+
+def close_episode_loop() -> None:
+    """Let what the episodes left behind (unclosed clients) finish on this thread's episode loop,
+    then close it. The next ``run_on_episode_loop`` starts a new one."""
+    runner = getattr(_episode_loops, "runner", None)
+    if runner is None:
+        return
+    _episode_loops.runner = None
+    try:
+        runner.run(_settle())
+    finally:
+        runner.close()
 
 
 class _GuardedGenerator:
@@ -63,10 +105,12 @@ class EpisodeRunner:
         config: Config,
         reward_fn: RewardFn | None = None,
         endpoint: Any = None,
+        is_validation: bool = False,
     ) -> None:
         """``endpoint``: the run's ``training.sdk.server.ChatEndpoint``, through which rLLM-style
-        ``fn(**task)`` run functions reach the model; without one, ``run_episodes`` serves one
-        for its own duration."""
+        ``fn(**task)`` run functions and AgentFlows reach the model; without one, ``run_episodes``
+        serves one for its own duration. ``is_validation`` is what an AgentFlow's
+        ``config.is_validation`` says."""
         if spec.kind == "single_turn" and reward_fn is None:
             raise ValueError("A single-turn task needs a reward function to score the model's answer; pass reward_fn.")
         self.spec = spec
@@ -77,14 +121,15 @@ class EpisodeRunner:
         self.reward_fn = reward_fn
         self.loop_config = config.rllm.agent
         self.endpoint = endpoint
-        self._executor: ThreadPoolExecutor | None = None
+        self.is_validation = is_validation
+        self._executor: DaemonThreadExecutor | None = None
 
     def run(self, tasks: list[dict], n: int = 1) -> list[Episode]:
         """Synchronous ``run_episodes``, for code that is not already inside an event loop."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.run_episodes(tasks, n))
+            return run_on_episode_loop(self.run_episodes(tasks, n))
         raise RuntimeError(
             "EpisodeRunner.run() was called inside a running event loop; use `await engine.run_episodes(...)`."
         )
@@ -100,14 +145,25 @@ class EpisodeRunner:
                 with self._session():
                     return await self._run_episode(task)
 
-        # Workflows get rLLM's thread pool for blocking work (``Workflow.run_in_executor``).
-        with self._chat_endpoint(), ThreadPoolExecutor(max_workers=min(parallel, 32)) as self._executor:
-            return list(await asyncio.gather(*(limited(task) for task in tasks for _ in range(n))))
+        # Blocking user code runs in threads nobody waits for (see DaemonThreadExecutor); workflows
+        # get the same executor as rLLM's ``executor`` (``Workflow.run_in_executor``).
+        self._executor = DaemonThreadExecutor()
+        try:
+            with self._chat_endpoint():
+                return list(await asyncio.gather(*(limited(task) for task in tasks for _ in range(n))))
+        finally:
+            self._executor.shutdown(wait=False)
+
+    async def _in_thread(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """``asyncio.to_thread`` on the runner's executor: the call sees the caller's context variables
+        (the episode's endpoint URL), and a call that never returns does not hold up the run."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     @contextlib.contextmanager
     def _chat_endpoint(self):
         """Serve the OpenAI-compatible endpoint for these episodes when the run has none open."""
-        if self.spec.run_func_style != "kwargs" or self.endpoint is not None:
+        if not self.spec.uses_endpoint or self.endpoint is not None:
             yield
             return
         from training.sdk.server import ChatEndpoint
@@ -125,7 +181,7 @@ class EpisodeRunner:
         for attempt in range(1, retries + 2):
             started = time.perf_counter()
             episode = Episode(task=task)
-            client = ModelClient(self.generator, self.tokenizer, cfg.max_tokens_per_turn)
+            client = ModelClient(self.generator, self.tokenizer, cfg.max_tokens_per_turn, self.config.data.max_response_length)
             deadline = asyncio.timeout(cfg.trajectory_timeout)
             failure: Exception | None = None
             try:
@@ -171,6 +227,8 @@ class EpisodeRunner:
             return await self._run_workflow(episode, task, client)
         if kind == "run_func":
             return self._finish_client_episode(episode, task, client, await self._call_run_func(task, client))
+        if kind == "agent_flow":
+            return self._finish_client_episode(episode, task, client, await self._run_agent_flow(episode, task, client))
         await self._run_single_turn(episode, task)
         return episode
 
@@ -184,7 +242,7 @@ class EpisodeRunner:
         threaded = spec.env_class.is_multithread_safe()
 
         async def call_env(fn: Callable, *args: Any) -> Any:
-            return await asyncio.to_thread(fn, *args) if threaded else fn(*args)
+            return await self._in_thread(fn, *args) if threaded else fn(*args)
 
         try:
             agent = spec.agent_class(**spec.agent_args)
@@ -261,10 +319,10 @@ class EpisodeRunner:
     # -- workflows and run functions ----------------------------------------------------------
 
     async def _run_workflow(self, episode: Episode, task: dict, client: ModelClient) -> Episode:
-        """rLLM's workflow life: built with ``(rollout_engine, executor, **workflow_args)``, run with
+        """rLLM's workflow life: built with ``(rollout_engine=, executor=, **workflow_args)``, run with
         its termination handling. An error episode is raised as ``_WorkflowFailed`` so that it is
         retried and reported like any other failed episode."""
-        workflow = self.spec.workflow_class(client, executor=self._executor, **self.spec.workflow_args)
+        workflow = self.spec.workflow_class(rollout_engine=client, executor=self._executor, **self.spec.workflow_args)
         result = await workflow.run_with_termination_handling(task, episode.id)
         reason = result.termination_reason
         if reason == TerminationReason.ERROR:
@@ -284,7 +342,7 @@ class EpisodeRunner:
         if inspect.iscoroutinefunction(func):
             return await func(task, client)
         client.bind(asyncio.get_running_loop())
-        result = await asyncio.to_thread(func, task, client)
+        result = await self._in_thread(func, task, client)
         return await result if inspect.isawaitable(result) else result
 
     async def _call_sdk_run_func(self, func: Callable, task: dict, client: ModelClient) -> Any:
@@ -298,7 +356,7 @@ class EpisodeRunner:
                 if inspect.iscoroutinefunction(func):
                     result = await func(**kwargs)
                 else:  # in a thread, which inherits the episode's URL for get_chat_client()
-                    result = await asyncio.to_thread(func, **kwargs)
+                    result = await self._in_thread(func, **kwargs)
                     result = await result if inspect.isawaitable(result) else result
             except Exception:
                 if session.model_failure is not None:  # the function only saw the endpoint's error 500
@@ -311,6 +369,54 @@ class EpisodeRunner:
         if not client.steps:
             raise NoModelCall(no_model_call_message(func))
         return result_of(result, client.steps)
+
+    async def _run_agent_flow(self, episode: Episode, task: dict, client: ModelClient) -> Episode:
+        """rLLM's AgentFlow: ``flow(Task, AgentConfig)`` with ``config.base_url`` the episode's
+        endpoint session, then its evaluator. Trajectories the flow left without steps (it returned
+        None) get the recorded calls; the others' steps get their calls' tokens afterwards
+        (``_attach_call_tokens``, matched by the reply's text, as rLLM's trace enrichment does
+        by position)."""
+        from training.agent_flow import evaluate_episode, run_agent_flow, task_from_row
+        from training.types import AgentConfig
+
+        loop = asyncio.get_running_loop()
+        rollout_cfg = self.config.actor_rollout_ref.rollout
+        val = rollout_cfg.val_kwargs
+        sampling = {"temperature": val.temperature, "top_p": val.top_p} if self.is_validation else {
+            "temperature": rollout_cfg.temperature, "top_p": rollout_cfg.top_p}
+        flow_task = task_from_row(task, episode.id)
+        with self.endpoint.session(client, loop) as session:
+            model = self.config.actor_rollout_ref.model.path or getattr(self.endpoint, "model_name", "policy")
+            config = AgentConfig(base_url=session.base_url, model=model,
+                                 session_uid=episode.id, is_validation=self.is_validation, sampling_params=sampling)
+            try:
+                result = await run_agent_flow(self.spec.agent_flow, flow_task, config, executor=self._executor)
+            except Exception:
+                if session.model_failure is not None:  # the flow only saw the endpoint's error 500
+                    raise ModelCallError(f"Generation failed: {session.model_failure!r}") from session.model_failure
+                raise
+        if session.model_failure is not None:  # a flow that caught the error (rLLM's math flow does)
+            raise ModelCallError(f"Generation failed: {session.model_failure!r}") from session.model_failure
+        if not client.steps:
+            raise NoModelCall(
+                f"agent_flow {self.spec.label.removeprefix('agent_flow ')} returned without calling the model, so the "
+                "episode has nothing to train on. Call the model through config.base_url (AsyncOpenAI(base_url=config.base_url))."
+            )
+        result.session_id = result.session_id or episode.id
+        if result.trajectories and not any(t.steps for t in result.trajectories):
+            result.trajectories[0].steps = list(client.steps)
+        # rLLM's trajectories start without a reward (None) and take the evaluator's unless it set
+        # their own; ours default to 0.0, so a 0.0 the flow left is read as "not set".
+        for trajectory in result.trajectories:
+            if not trajectory.reward:
+                trajectory.reward = None
+        try:
+            await loop.run_in_executor(self._executor, evaluate_episode, self.spec.evaluator, flow_task, result)
+        finally:
+            for trajectory in result.trajectories:
+                if trajectory.reward is None:
+                    trajectory.reward = 0.0
+        return result
 
     def _finish_client_episode(self, episode: Episode, task: dict, client: ModelClient, result: Any) -> Episode:
         """Turn what a workflow or run function returned into a complete Episode.
@@ -425,7 +531,7 @@ class EpisodeRunner:
 
     def _end_early(self, episode: Episode, client: ModelClient, reason: TerminationReason) -> None:
         """Mark an episode that did not finish normally: reward 0, tokens kept (none for a long prompt)."""
-        if self.spec.kind in ("workflow", "run_func"):
+        if self.spec.kind in ("workflow", "run_func", "agent_flow"):
             if not episode.trajectories:
                 episode.trajectories = [Trajectory(steps=list(client.steps))]
             if not episode.prompt_ids:

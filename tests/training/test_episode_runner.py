@@ -16,7 +16,7 @@ import pytest
 from training.agents import AgentSpec, BaseAgent, BaseEnv, Workflow
 from training.config import Config
 from training.generation import GenerationOutput, HFBatchGenerator, encode
-from training.rollout import ModelCallError, EpisodeRunner, summarize_episodes
+from training.episode_runner import ModelCallError, EpisodeRunner, summarize_episodes
 from training.tiny import build_char_tokenizer, build_tiny_model
 from training.types import Action, Episode, RewardOutput, Step, TerminationReason, Trajectory
 
@@ -201,18 +201,63 @@ def test_generation_is_cut_to_the_room_left():
 def test_timeout_keeps_tokens_so_far_and_gives_no_reward():
     def slow_step(self, action):
         if self.turn == 1:
-            time.sleep(0.6)
+            time.sleep(5)  # far past the timeout, so a loaded machine cannot blur which ended first
         return CounterEnv.step(self, action)
 
+    # That the run does not wait for the slow step is the hung-step tests' to show, without a clock.
     env = make_env("SlowEnv", threaded=True, step=slow_step)
-    started = time.perf_counter()
-    [episode] = engine(env, overrides={"rllm.agent.trajectory_timeout": 0.2}).run([{"turns": 0}])
-    assert time.perf_counter() - started < 2.0
+    [episode] = engine(env, overrides={"rllm.agent.trajectory_timeout": 1.0}).run([{"turns": 0}])
     assert episode.termination_reason == TerminationReason.TIMEOUT
     assert episode.prompt_ids == ids("Q:")
     assert masked_text(episode, 1) == "ok</s>ok</s>"  # two turns were generated before the slow step
     assert episode.reward == 0.0 and not episode.is_correct
     assert env.closed == 1
+
+
+STUCK_FOREVER = threading.Event()  # set by nothing: a step waiting on it never returns
+
+
+def stuck_step(self, action):
+    if self.task.get("stuck"):
+        STUCK_FOREVER.wait()
+    return CounterEnv.step(self, action)
+
+
+def test_a_step_that_never_returns_times_out_and_the_run_goes_on():
+    """The hung step's thread is abandoned: the run returns (the other task's episode finished
+    normally) instead of waiting for that thread when ``asyncio.run`` shuts down."""
+    env = make_env("StuckEnv", threaded=True, step=stuck_step)
+    runner = engine(env, overrides={"rllm.agent.trajectory_timeout": 0.5})
+    answers: list[list[Episode]] = []
+    run = threading.Thread(target=lambda: answers.append(runner.run([{"stuck": True}, {"turns": 1}])), daemon=True)
+    run.start()
+    run.join(timeout=120)  # a bound for the test, not a timing claim: the run hung before the fix
+    assert not run.is_alive(), "the run waited for the environment step that never returns"
+    [stuck, finished] = answers[0]
+    assert stuck.termination_reason == TerminationReason.TIMEOUT and stuck.reward == 0.0
+    assert finished.termination_reason == TerminationReason.ENV_DONE and finished.reward == 1.0
+    assert env.closed == 2
+
+
+def test_a_process_whose_episode_step_never_returns_still_exits():
+    """Threads of a ThreadPoolExecutor are joined at interpreter exit; the runner's are not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import test_episode_runner as t\n"
+        "env = t.make_env('StuckEnv', threaded=True, step=t.stuck_step)\n"
+        "[e] = t.engine(env, overrides={'rllm.agent.trajectory_timeout': 0.5}).run([{'stuck': True}])\n"
+        "print(e.termination_reason.value)\n"
+    )
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(here.parents[1]), str(here)])
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": path}, capture_output=True,
+                          text=True, timeout=300)  # a bound for the test: the process hung before the fix
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "timeout"
 
 
 def test_errors_are_retried_then_recorded():
@@ -500,3 +545,64 @@ def test_summarize_episodes():
     assert summary["termination/max_turns"] == summary["termination/max_prompt_length"] == 0.0
     assert summary["termination/max_response_length"] == 0.0
     assert summarize_episodes([])["reward"] == 0.0
+
+
+# -- rLLM's CumulativeWorkflow and SingleTurnWorkflow ---------------------------------------------------
+
+
+def rllm_env() -> type[CounterEnv]:
+    """CounterEnv as rLLM's workflows build it: ``env_cls(**env_args)``, then ``reset(task)``."""
+
+    def __init__(self, task=None):
+        CounterEnv.__init__(self, task or {})
+
+    def reset(self, task=None):
+        self.task, self.turn = task or self.task, 0
+        return CounterEnv.reset(self)
+
+    def step(self, action):  # rLLM's workflows hand over the Action; its environments unwrap it
+        assert isinstance(action, Action)
+        return CounterEnv.step(self, action.action)
+
+    return make_env("RllmEnv", __init__=__init__, reset=reset, step=step)
+
+
+def cumulative_engine(generator, max_response_length: int, max_steps: int = 5) -> EpisodeRunner:
+    from training import CumulativeWorkflow
+
+    args = {"agent_cls": ChatAgent, "env_cls": rllm_env(), "max_steps": max_steps}
+    config = Config.build({"rllm.agent.max_tokens_per_turn": 10, "data.max_response_length": max_response_length})
+    spec = AgentSpec(workflow_class=CumulativeWorkflow, workflow_args=args).validate()
+    return EpisodeRunner(spec, generator, TOKENIZER, config)
+
+
+def test_cumulative_workflow_shares_one_response_budget_over_its_turns():
+    """Each turn may use only what is left of data.max_response_length after the conversation's
+    growth (replies and observations) since the first prompt."""
+    generator = ScriptedGenerator(default="ok")  # the rendered conversation grows by "ok" and "<n>?" a turn
+    [episode] = cumulative_engine(generator, max_response_length=12).run([{"turns": 0}])
+    assert [limit for _, limit in generator.calls] == [10, 8, 4]  # min(10, 12), 12-4, 12-2*4, then none left
+    assert episode.termination_reason == TerminationReason.MAX_RESPONSE_LENGTH
+    [trajectory] = episode.trajectories
+    assert [step.reward for step in trajectory.steps][:2] == [1.0, 1.0]
+    assert episode.prompt_ids == ids("Q:") and trajectory.info["num_steps"] == len(trajectory.steps) == 3
+
+
+def test_cumulative_workflow_ends_when_the_env_is_done_or_after_max_steps():
+    [done] = cumulative_engine(ScriptedGenerator(), 100).run([{"turns": 2}])
+    assert done.termination_reason == TerminationReason.ENV_DONE and done.reward == 2.0
+    assert done.response_ids == ids("ok") + [EOS] + ids("1?") + ids("ok") + [EOS]  # one growing sequence
+    [capped] = cumulative_engine(ScriptedGenerator(), 100, max_steps=3).run([{"turns": 0}])
+    assert capped.termination_reason == TerminationReason.MAX_TURNS and len(capped.trajectories[0].steps) == 3
+
+
+def test_single_turn_workflow_hands_the_env_the_action_and_ends_env_done():
+    from training import SingleTurnWorkflow
+
+    args = {"agent_cls": ChatAgent, "env_cls": rllm_env()}
+    spec = AgentSpec(workflow_class=SingleTurnWorkflow, workflow_args=args).validate()
+    [episode] = EpisodeRunner(spec, ScriptedGenerator(["no"]), TOKENIZER, Config.build({})).run([{"turns": 1}])
+    assert episode.termination_reason == TerminationReason.ENV_DONE
+    [step] = episode.trajectories[0].steps
+    assert step.response_ids == ids("no") + [EOS] and step.model_output.content == "no"
+    assert episode.reward == 0.0  # "no" is not "ok"
