@@ -36,11 +36,16 @@ demo: install
 	$(PY) -m training demo
 
 ## The tests, against this machine's PostgreSQL and Redis (started if they are down).
+## The library's tests (tests/training: no database, Redis, Celery or browser; most of them train a
+## tiny model on one thread) run in two processes (pytest-xdist), the platform's (shared Redis
+## groups, Celery queues and workers) in one. Both always run; either failing fails the target.
 test: install swift-env chromium
 	bash scripts/services.sh
-	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
-	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
-	$(PY) -m pytest
+	export DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+	       REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0}; \
+	$(PY) -m pytest -n 2 --dist worksteal tests/training; library=$$?; \
+	$(PY) -m pytest --ignore=tests/training; platform=$$?; \
+	test $$library -eq 0 && test $$platform -eq 0
 
 bench: install
 	$(PY) bench/train_overhead.py
