@@ -553,13 +553,16 @@ def measure_compare(owner, ids: list[int], repeats: int) -> dict:
             navigations.append((time.perf_counter() - t) * 1000)
             last = page.evaluate("""({
                 rendered_ms: Math.round(compareState.renderedMs),
+                script_started_ms: Math.round(compareState.startedMs),
                 webgl: !!document.createElement("canvas").getContext("webgl"),
                 charts: compareState.charts.map(c => {
-                    const series = performance.getEntriesByType("resource").filter(e => e.name.includes("series.json")
+                    const series = performance.getEntriesByType("resource").filter(e => e.name.includes("/compare/series.")
                         && e.name.includes("key=" + encodeURIComponent(c.key))).pop();
                     return {key: c.key, runs_drawn: c.runsDrawn, points: c.runs.reduce((n, r) => n + r.x.length, 0),
-                            traces: c.div.data.length, fetched_ms: Math.round(c.fetchedMs), drawn_ms: Math.round(c.drawnMs),
-                            json_bytes: series && series.decodedBodySize,
+                            traces: c.div.data.length, fetched_ms: Math.round(c.fetchedMs), built_ms: Math.round(c.builtMs),
+                            drawn_ms: Math.round(c.drawnMs),
+                            body_bytes: series && series.decodedBodySize,
+                            request_start_ms: series && Math.round(series.requestStart),
                             request_to_response_ms: series && Math.round(series.responseStart - series.requestStart),
                             download_ms: series && Math.round(series.responseEnd - series.responseStart)};
                 }),

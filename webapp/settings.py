@@ -204,12 +204,25 @@ DATASET_PARSE_CPU_SECONDS = envint("DATASET_PARSE_CPU_SECONDS", "30", minimum=1)
 SIGNUP_OPEN = envbool("SIGNUP_OPEN", "false")
 INVITATION_DAYS = envint("INVITATION_DAYS", "7", minimum=1)
 
+# The compare page's downsampled series of ended runs (webapp.dashboard.series.downsample_ended),
+# kept this long; 0: not kept. In Redis when REDIS_URL is given (every web process shares it), else
+# in each process's memory.
+SERIES_CACHE_SECONDS = envint("SERIES_CACHE_SECONDS", "3600", minimum=0)
+SERIES_CACHE_MEMORY_ENTRIES = 20_000  # about 8 kB each: a thousand runs x four charts x five widths
+
 # Redis, when given, carries both Celery messages and the Channels layer. Without it the platform
 # runs with no server at all: Celery's messages go through files under var/broker (kombu's
 # filesystem transport, shared by every process on this machine).
 REDIS_URL = envredis("REDIS_URL")
 BROKER_DIR = VAR_DIR / "broker"
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "series": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "series",
+               "OPTIONS": {"MAX_ENTRIES": SERIES_CACHE_MEMORY_ENTRIES}},
+}
 if REDIS_URL:
+    CACHES["series"] = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                        "KEY_PREFIX": "platform"}
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": 7 * 24 * 3600}
     CHANNEL_LAYERS = {

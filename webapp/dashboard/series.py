@@ -16,11 +16,14 @@ more is answered from the blocks' digests (the extremes of every ``DIGEST_SPAN``
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Iterable
 
 import numpy as np
+from django.conf import settings
+from django.core.cache import caches
 from django.db import connection, transaction
 from django.db.models import Max, Min, Q, Sum
 from django.utils import timezone
@@ -357,14 +360,6 @@ def keys_of(run_id: int) -> list[str]:
     return sorted(values or {})
 
 
-def keys_of_runs(run_ids: list[int]) -> list[str]:
-    """Every key any of these runs has logged."""
-    keys: set[str] = set()
-    for values in Run.objects.filter(pk__in=run_ids).values_list("latest_values", flat=True):
-        keys.update(values or {})
-    return sorted(keys)
-
-
 def last_step_of(run_id: int) -> int:
     """The highest step any key of the run has reached (-1 for none)."""
     block = SeriesBlock.objects.filter(run_id=run_id).aggregate(m=Max("last_step"))["m"]
@@ -447,8 +442,10 @@ def downsample(run_id: int, key: str, start: int | None = None, end: int | None 
 
 
 def downsample_many(run_ids: list[int], key: str, start: int | None = None, end: int | None = None,
-                    points: int = DEFAULT_POINTS) -> dict[int, dict]:
+                    points: int = DEFAULT_POINTS, arrays: bool = False) -> dict[int, dict]:
     """``downsample`` for several runs with a few queries in all (the compare page's runs).
+    ``arrays``: each series' ``x`` and ``y`` as numpy arrays (int64 steps, float64 values, NaN where
+    not finite) instead of lists (``None`` where not finite), for a caller that packs them.
 
     Each run's range is read at the coarsest level that still gives a bucket at least one row: the
     group summaries when the range holds at least as many whole groups as the chart has buckets (the
@@ -511,7 +508,51 @@ def downsample_many(run_ids: list[int], key: str, start: int | None = None, end:
             result[run_id] = _from_points(key, steps, values, start, end, points)
         else:
             result[run_id] = _from_summaries(key, rows, tail, start, end, points)
+    return result if arrays else {run_id: as_lists(series) for run_id, series in result.items()}
+
+
+def downsample_ended(runs: list[dict], key: str, start: int | None = None, end: int | None = None,
+                     points: int = DEFAULT_POINTS) -> dict[int, dict]:
+    """``downsample_many(..., arrays=True)`` of ``runs`` (rows with ``pk``, ``uid``, ``status`` and
+    ``metrics_at``), each ended run's series kept in the ``series`` cache for
+    ``SERIES_CACHE_SECONDS``: comparing a thousand ended runs again reads a thousand small entries
+    instead of their blocks. An entry is named by the run's ``uid`` and the time of its last write
+    (the writer sets ``metrics_at`` on every write, a replayed step included), so a write makes
+    new entries and never serves old ones. Running runs are always read from the store (their
+    next flush would leave an entry stale). A cache that fails (Redis down) is read past: the
+    chart comes from the store and the failure is logged."""
+    ended = {run["pk"]: _cache_name(run, key, start, end, points) for run in runs
+             if run["status"] in Run.FINAL and settings.SERIES_CACHE_SECONDS > 0}
+    cache = caches["series"]
+    try:
+        found = cache.get_many(list(ended.values())) if ended else {}
+    except Exception:
+        logger.warning("the series cache could not be read; charts are read from the store", exc_info=True)
+        found = {}
+    result = {pk: found[name] for pk, name in ended.items() if name in found}
+    missing = [run["pk"] for run in runs if run["pk"] not in result]
+    if missing:
+        computed = downsample_many(missing, key, start, end, points, arrays=True)
+        result.update(computed)
+        try:
+            cache.set_many({ended[pk]: computed[pk] for pk in missing if pk in ended}, settings.SERIES_CACHE_SECONDS)
+        except Exception:
+            logger.warning("the series cache could not be written", exc_info=True)
     return result
+
+
+def _cache_name(run: dict, key: str, start, end, points: int) -> str:
+    written = run["metrics_at"].isoformat() if run["metrics_at"] else "-"
+    query = hashlib.sha256(f"{key}\0{start}\0{end}\0{points}".encode()).hexdigest()[:32]
+    return f"series:{run['uid'].hex}:{written}:{query}"
+
+
+def as_lists(series: dict) -> dict:
+    """A series of ``downsample_many(..., arrays=True)`` as JSON takes it: lists, ``None`` for a
+    value that is not finite."""
+    values = series["y"]
+    return {**series, "x": series["x"].tolist(),
+            "y": values.tolist() if np.isfinite(values).all() else [_finite_or_none(v) for v in values.tolist()]}
 
 
 def _summary_level(run_ids: list[int], key: str, start, end, buckets: int) -> dict[int, tuple[list[tuple], set[int]]]:
@@ -686,11 +727,8 @@ def _summary_of(steps: np.ndarray, values: np.ndarray) -> list[float]:
 
 
 def _series(key: str, steps: np.ndarray, values: np.ndarray, total: int, raw: bool) -> dict:
-    return {
-        "key": key, "x": steps.tolist(),
-        "y": values.tolist() if np.isfinite(values).all() else [_finite_or_none(v) for v in values.tolist()],
-        "raw": raw, "count": int(total), "last_step": int(steps[-1]) if len(steps) else -1,
-    }
+    return {"key": key, "x": steps, "y": values, "raw": raw, "count": int(total),
+            "last_step": int(steps[-1]) if len(steps) else -1}
 
 
 def _pairs(steps: np.ndarray, values: np.ndarray) -> list[list]:

@@ -12,7 +12,7 @@
   let smoothing = 0, logScale = false;
   const box = document.getElementById("dash-charts");
   // Times are milliseconds since the navigation started (performance.now()'s origin).
-  window.compareState = { charts, renderedMs: null };
+  window.compareState = { charts, renderedMs: null, startedMs: performance.now() };
 
   async function addChart(key) {
     if (charts.some(c => c.key === key)) return;
@@ -34,9 +34,11 @@
     const layout = Dash.layout(chart.key, logScale);
     layout.showlegend = runs.length <= 12;
     const traces = runs.length > WEBGL_FROM_RUNS ? groupedTraces(runs) : runs.map(r => ({
-      type: "scatter", x: r.x, y: Dash.smooth(r.y, smoothing), name: label(r), mode: "lines", line: { width: 1 },
+      type: "scatter", x: Array.from(r.x), y: Array.from(Dash.smooth(r.y, smoothing), finiteOrNull), name: label(r),
+      mode: "lines", line: { width: 1 },
     }));
     chart.runsDrawn = runs.length;
+    chart.builtMs = performance.now();
     chart.div.dataset.traces = traces.length;
     chart.div.dataset.runs = runs.length;
     return Plotly.react(chart.div, traces, layout, Dash.config);
@@ -49,12 +51,19 @@
   // seconds to draw); the colours are those one trace per run gets (run i: colour i mod palette), and
   // hovering a point still names its run. SVG below that: one path element per run and chart, which
   // draws faster than WebGL on machines without a GPU and keeps a legend of names.
+  // A run's series are typed arrays (the packed response): NaN, a value that was not finite, is null here.
+  function finiteOrNull(value) { return Number.isFinite(value) ? value : null; }
+
   function groupedTraces(runs) {
-    const groups = PALETTE.map(() => ({ x: [], y: [], text: [] }));
+    const sizes = PALETTE.map(() => 0);
+    runs.forEach((r, i) => { sizes[i % sizes.length] += r.x.length + 1; });
+    const groups = sizes.map(size => ({ x: new Array(size), y: new Array(size), text: new Array(size), at: 0 }));
     runs.forEach((r, i) => {
       const group = groups[i % groups.length], y = Dash.smooth(r.y, smoothing), name = label(r);
-      for (let j = 0; j < r.x.length; j++) { group.x.push(r.x[j]); group.y.push(y[j]); group.text.push(name); }
-      group.x.push(null); group.y.push(null); group.text.push(name);
+      let at = group.at;
+      for (let j = 0; j < r.x.length; j++, at++) { group.x[at] = r.x[j]; group.y[at] = finiteOrNull(y[j]); group.text[at] = name; }
+      group.x[at] = null; group.y[at] = null; group.text[at] = name;
+      group.at = at + 1;
     });
     return groups.filter(g => g.x.length).map((g, i) => ({
       type: "scattergl", x: g.x, y: g.y, text: g.text, mode: "lines", line: { width: 1, color: PALETTE[i] },
