@@ -30,7 +30,10 @@ machine's CPUs are still shared, and the load average is recorded beside the fig
              filled only at 5,000 viewers).
 8. compare   the compare page of 1,000 runs x 10k steps (4 keys) in headless Chromium: navigation
              until every chart is drawn (the page's marker after each Plotly.react), 3 navigations,
-             the first cold; the web server (webapp/server.py) runs on this part's cluster
+             the first cold; the web server (webapp/server.py) runs on this part's cluster. Twice:
+             with the series cache off (every series read from the store), then on (the first
+             navigation fills it). With REDIS_URL the cache is Redis, shared by the server processes:
+                 REDIS_URL=redis://127.0.0.1:6379/0 python bench/scale.py compare
 """
 
 from __future__ import annotations
@@ -523,13 +526,19 @@ def bench_compare(runs: int = 1000, steps: int = 10_000, repeats: int = 3) -> di
     started = time.perf_counter()
     ids = fill_compare_runs(owner, runs, steps)
     fill_s = time.perf_counter() - started
-    measured = measure_compare(owner, ids, repeats)
+    # Without the series cache: every navigation's series read from the store (the first view of
+    # these runs); with it: the first navigation fills it, the later ones read it.
+    uncached = measure_compare(owner, ids, repeats, {"SERIES_CACHE_SECONDS": "0"})
+    measured = measure_compare(owner, ids, repeats, {})
     warm = measured["navigation_to_drawn_ms"][1:] or measured["navigation_to_drawn_ms"]
+    warm_uncached = uncached["navigation_to_drawn_ms"][1:] or uncached["navigation_to_drawn_ms"]
     return {"runs": runs, "steps": steps, "keys": [k for k, _ in COMPARE_CHART_KEYS], "fill_s": round(fill_s, 1),
-            **measured, "median_warm_ms": round(statistics.median(warm)), "target_ms": 2000}
+            "series_cache": "redis" if os.environ.get("REDIS_URL") else "each server process's memory",
+            **measured, "median_warm_ms": round(statistics.median(warm)),
+            "uncached": uncached, "median_warm_uncached_ms": round(statistics.median(warm_uncached)), "target_ms": 2000}
 
 
-def measure_compare(owner, ids: list[int], repeats: int) -> dict:
+def measure_compare(owner, ids: list[int], repeats: int, env: dict[str, str]) -> dict:
     from django.test import Client
     from playwright.sync_api import sync_playwright
 
@@ -539,7 +548,7 @@ def measure_compare(owner, ids: list[int], repeats: int) -> dict:
     chromium = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
     navigations, last = [], {}
-    with WebServer() as web, sync_playwright() as playwright:
+    with WebServer(env) as web, sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             tempfile.mkdtemp(prefix="scale-chromium-"), executable_path=shutil.which("chromium"), headless=True,
             args=chromium, viewport={"width": 1400, "height": 1000})
@@ -574,6 +583,9 @@ def measure_compare(owner, ids: list[int], repeats: int) -> dict:
 class WebServer:
     """The platform's web server (webapp/server.py) on a free loopback port, on this cluster."""
 
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self.env = {**os.environ, **(env or {})}
+
     def __enter__(self):
         from webapp import server
 
@@ -582,7 +594,7 @@ class WebServer:
             port = s.getsockname()[1]
         self.log = tempfile.NamedTemporaryFile(prefix="scale-web-", suffix=".log", delete=False)
         self.process = subprocess.Popen(server.command("127.0.0.1", port, log_level="warning"), cwd=ROOT,
-                                        stdout=self.log, stderr=subprocess.STDOUT)
+                                        stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -626,7 +638,8 @@ def headline(results: dict) -> dict:
         "store_100m_seconds": pick("summaries", "store_s"),
         "viewers_5000_p99_ms": pick("viewers", "push", "p99_ms") if pick("viewers", "viewers") == 5000 else None,
         "new_connections_per_s": pick("viewers", "new_connections_per_s") if pick("viewers", "viewers") == 5000 else None,
-        # Warm navigations (Plotly in the browser's cache, as on any visit after the first); the cold one is in details.compare.
+        # Warm navigations (Plotly in the browser's cache and the series cache filled by the first navigation, as on
+        # any visit after the first); the cold one, and those with the series cache off, are in details.compare.
         "compare_1000_runs_s": round(pick("compare", "median_warm_ms") / 1000, 2) if pick("compare", "median_warm_ms") else None,
     }
 
