@@ -6,6 +6,12 @@ carried are dropped from the live stream, and one catch-up read after the worker
 interval fills in points that were published before this viewer joined but stored after its
 backlog read: a reconnect leaves no gap and no duplicate.
 
+Metric messages carry the run's sequence number (``seq``, ``live.Publisher``), and the opening
+status carries the number current when the backlog was read: a page that sees a number skipped
+after that knows the channel layer lost a message and reads the missing steps back from the store
+(``series.json?after=``). Messages numbered at or below the opening number were published before
+the backlog read and are covered by it and the catch-up: they reach the page without a number.
+
 With Channels' in-memory layer, which is not shared between processes (a worker's publishes never
 reach the web process), the consumer reads the database for what is new every ``POLL_SECONDS``
 instead: the same messages, a second later at most. The embedded mode does not need this: its
@@ -60,6 +66,7 @@ class Event:
         # Strictly increasing steps: a viewer that has none of them gets the shared text.
         self.first_step = steps[0] if steps else None
         self.shareable = all(a < b for a, b in itertools.pairwise(steps))
+        self.seq: int | None = message.get("seq")
 
     @property
     def text(self) -> str:
@@ -75,7 +82,7 @@ class Event:
             for step, metrics in event["steps"]:
                 for key, value in metrics.items():
                     points.setdefault(key, []).append([step, value])
-            return {"type": "metrics", "points": points}
+            return {"type": "metrics", "points": points, **({"seq": self.seq} if self.seq is not None else {})}
         if kind == "run.status":
             return {"type": "status", "status": event["status"], "steps": event["steps"], "error": event.get("error", "")}
         if kind == "run.logs":
@@ -208,6 +215,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         # tracks what was sent (so a long run does not grow a set per viewer).
         self.live_steps: set[int] = set()
         self.caught_up = False
+        self.opening_seq = backlog["status"]["seq"]
         await self.send_json(backlog["status"])
         if backlog["logs"]:
             await self.send_json({"type": "logs", "lines": backlog["logs"]})
@@ -261,8 +269,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def _metrics(self, event: Event) -> None:
         steps = event.message["steps"]
+        numbered = event.seq is not None and event.seq > self.opening_seq
         if event.shareable and event.first_step is not None and event.first_step > self.sent_through \
-                and not any(step in self.live_steps for step, _ in steps):
+                and not any(step in self.live_steps for step, _ in steps) and (numbered or event.seq is None):
             self._mark_sent([step for step, _ in steps])
             await self.send(text_data=event.text)
             return
@@ -273,7 +282,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 for key, value in metrics.items():
                     points.setdefault(key, []).append([step, value])
         self._mark_sent(fresh)
-        if points:
+        if numbered:  # even with every point already sent: the page counts the numbers
+            await self.send_json({"type": "metrics", "points": points, "seq": event.seq})
+        elif points:
             await self.send_json({"type": "metrics", "points": points})
 
     def _mark_sent(self, steps: list[int]) -> None:
@@ -354,14 +365,17 @@ def _access_groups(user, run_id: int, share_token: str | None) -> list[str] | No
 
 
 def _backlog(run_id: int, after: int, after_log: int) -> dict:
+    # Read first: every message numbered after it is sent after the backlog read starts, to the
+    # viewer's hub, which joined the group already.
+    seq = live.sequences().current(run_id)
     run = Run.objects.get(pk=run_id)
-    status = {"type": "status", "status": run.status, "steps": run.steps, "error": run.error}
+    status = {"type": "status", "status": run.status, "steps": run.steps, "error": run.error, "seq": seq}
     logs = list(run.logs.filter(id__gt=after_log).order_by("-id").values("id", "time", "level", "message")[:LOG_BACKLOG_LINES])
     logs = [{**line, "time": line["time"].isoformat()} for line in reversed(logs)]
     last_step = series.last_step_of(run_id)
-    if series.count_after(run_id, after) > BACKLOG_LIMIT:
+    points = series.points_after_at_most(run_id, after, BACKLOG_LIMIT, through=last_step)
+    if points is None:
         return {"status": status, "logs": logs, "resync": True, "points": {}, "last_step": last_step}
-    points = series.points_after(run_id, after, through=last_step)
     through = max([after] + [pairs[-1][0] for pairs in points.values()])
     return {"status": status, "logs": logs, "resync": False, "points": points, "last_step": through}
 

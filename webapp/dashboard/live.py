@@ -3,16 +3,26 @@
 Training threads must never wait on the network, so ``publish`` only queues the event; one
 publisher thread per process sends queued events with its own event loop (channels-redis keeps
 its connections per loop), merging metric events of one run that queued up while it was busy.
+
+The channel layer may lose a message (channels-redis drops what overflows a group's capacity; a
+reconnect or a restart loses what was in flight), so every metric message sent for a run carries
+the run's next sequence number (``seq``). The counter is shared by every process that publishes
+for the run (the worker, and web processes taking reports over the API): a viewer that sees a
+number skipped knows points are missing and reads them back from the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import fcntl
+import functools
 import logging
+import os
 import queue
 import threading
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 
@@ -60,11 +70,97 @@ def recheck_access(group: str) -> None:
     transaction.on_commit(send)
 
 
-class Publisher:
-    """Sends ``(run_id, event)`` pairs to the run's group from a background thread."""
+# A run's Redis counter outlives a week of silence; a counter that expired reads as a gap once.
+SEQUENCE_TTL_SECONDS = 7 * 24 * 3600
 
-    def __init__(self, layer=None) -> None:
+
+class Sequences(Protocol):
+    """Per-run sequence numbers of live metric messages."""
+
+    def next(self, run_id: int) -> int:
+        """The number of the message about to be sent for ``run_id``: one more than the last one."""
+
+    def current(self, run_id: int) -> int:
+        """The number of the last message numbered for ``run_id`` (0 before the first)."""
+
+
+class RedisSequences:
+    """The counters in Redis (``INCR``), shared by every process and machine using the platform's Redis.
+
+    A run's counter expires ``SEQUENCE_TTL_SECONDS`` after its last message: a run that publishes
+    again later starts from 1, which its viewers take for a gap and read back from the store."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url)
+
+    @staticmethod
+    def key(run_id: int) -> str:
+        return f"dashboard:live-seq:{run_id}"
+
+    def next(self, run_id: int) -> int:
+        pipeline = self._redis.pipeline(transaction=False)  # one round trip for both commands
+        pipeline.incr(self.key(run_id))
+        pipeline.expire(self.key(run_id), SEQUENCE_TTL_SECONDS)
+        return int(pipeline.execute()[0])
+
+    def current(self, run_id: int) -> int:
+        return int(self._redis.get(self.key(run_id)) or 0)
+
+
+class FileSequences:
+    """The counters in files, one per run under ``folder``, each changed under an exclusive
+    ``flock``: the embedded mode's processes (the worker, the web server taking API reports) share
+    them without a server, as they share the channel layer's files."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self._folder = Path(folder)
+
+    def next(self, run_id: int) -> int:
+        self._folder.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(self._folder / str(run_id), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            number = _read_number(descriptor) + 1
+            os.pwrite(descriptor, str(number).encode().ljust(20), 0)  # fixed width: no truncate needed
+            return number
+        finally:
+            os.close(descriptor)  # releases the lock
+
+    def current(self, run_id: int) -> int:
+        try:
+            descriptor = os.open(self._folder / str(run_id), os.O_RDONLY)
+        except FileNotFoundError:
+            return 0
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH)
+            return _read_number(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def _read_number(descriptor: int) -> int:
+    text = os.pread(descriptor, 32, 0).strip()
+    return int(text) if text else 0
+
+
+@functools.cache
+def sequences() -> Sequences:
+    """This process's counters: in Redis when ``REDIS_URL`` is set, else in files under ``VAR_DIR``."""
+    from django.conf import settings
+
+    return RedisSequences(settings.REDIS_URL) if settings.REDIS_URL else FileSequences(settings.VAR_DIR / "live-seq")
+
+
+class Publisher:
+    """Sends ``(run_id, event)`` pairs to the run's group from a background thread; each metric
+    message sent gets the run's next sequence number (one counter increment per message, however
+    many steps were merged into it)."""
+
+    def __init__(self, layer=None, sequences: Sequences | None = None) -> None:
         self._layer = layer
+        self._sequences = sequences
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="dashboard-publisher", daemon=True)
         self._thread.start()
@@ -81,6 +177,7 @@ class Publisher:
     def _loop(self) -> None:
         loop = asyncio.new_event_loop()
         layer = self._layer or get_channel_layer()
+        numbers = self._sequences or sequences()
         failing = False
         while True:
             batch = [self._queue.get()]
@@ -94,6 +191,8 @@ class Publisher:
                     event.set()
                     continue
                 try:
+                    if event.get("type") == "run.metrics":
+                        event = {**event, "seq": numbers.next(run_id)}
                     loop.run_until_complete(layer.group_send(group_name(run_id), event))
                     if failing:
                         logger.warning("publishing live updates works again")

@@ -368,15 +368,28 @@ def last_step_of(run_id: int) -> int:
     return max(found, default=-1)
 
 
-def count_after(run_id: int, after: int) -> int:
-    """An upper bound on how many points of the run lie after ``after`` (whole blocks and tail rows are counted)."""
-    blocks = SeriesBlock.objects.filter(run_id=run_id, last_step__gt=after).aggregate(n=Sum("count"))["n"] or 0
-    return blocks + (SeriesTail.objects.filter(run_id=run_id, last_step__gt=after).aggregate(n=Sum("count"))["n"] or 0)
-
-
 def points_after(run_id: int, after: int, through: int | None = None) -> dict[str, list[list]]:
     """Every point with ``after < step <= through``, as {key: [[step, value], ...]} sorted by step."""
     return {key: _pairs(steps, values) for key, (steps, values) in arrays_after(run_id, after, through).items()}
+
+
+def points_after_at_most(run_id: int, after: int, limit: int, keys: list[str] | None = None,
+                         through: int | None = None) -> dict[str, list[list]] | None:
+    """``points_after`` (of ``keys``, default all), or None when more than ``limit`` points lie in
+    the range. The blocks wholly inside it are counted first, so a long range is refused without
+    reading its points; what is read past that is at most ``limit`` points plus the one block of
+    each key that the range's start cuts, and the tail."""
+    inside = SeriesBlock.objects.filter(run_id=run_id, first_step__gt=after)
+    if through is not None:
+        inside = inside.filter(last_step__lte=through)
+    if keys is not None:
+        inside = inside.filter(key__in=keys)
+    if (inside.aggregate(n=Sum("count"))["n"] or 0) > limit:
+        return None
+    arrays = arrays_after(run_id, after, through, keys)
+    if sum(len(steps) for steps, _ in arrays.values()) > limit:
+        return None
+    return {key: _pairs(steps, values) for key, (steps, values) in arrays.items()}
 
 
 def arrays_after(run_id: int, after: int, through: int | None = None, keys: list[str] | None = None) -> dict[str, Arrays]:

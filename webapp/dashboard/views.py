@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET
 
 from webapp.sweeps.compare import parameter_context
 from webapp.api.serializers import MAX_STEP
-from webapp.dashboard import series
+from webapp.dashboard import consumers, series
 from webapp.dashboard.models import EpisodeSample
 from webapp.runs.access import get_run_for_user
 from webapp.runs.models import Run
@@ -92,12 +92,22 @@ def bad_query_is_400(view):
     return wrapper
 
 
+class AfterQuery(forms.Form):
+    """The run page's read of the points it missed live: every point after step ``after``."""
+
+    after = forms.IntegerField(required=False, min_value=-MAX_STEP, max_value=MAX_STEP)
+
+
 @login_or_share_link_required
 @require_GET
 @bad_query_is_400
 def run_series(request: HttpRequest, pk: int) -> JsonResponse:
-    """``?keys=a,b`` (default: the headline charts) ``&start=&end=`` (a zoomed range) ``&points=``."""
+    """``?keys=a,b`` (default: the headline charts) ``&start=&end=`` (a zoomed range) ``&points=``;
+    or ``?after=<step>[&keys=a,b]``: the raw points after that step (``_points_after``)."""
     run = get_run_for_user(request.user, pk, "view", share_token=_share_token(request))
+    after = _after_query(request)
+    if after is not None:
+        return _points_after(run, after, _list(request.GET.get("keys"))[:MAX_KEYS_PER_REQUEST] or None)
     all_keys = series.keys_of(run.pk)
     wanted = _list(request.GET.get("keys")) or [
         k for k in all_keys if k in HEADLINE_KEYS or k.startswith((TERMINATION_PREFIX, VALIDATION_PREFIX))
@@ -107,6 +117,30 @@ def run_series(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse({
         "run": run.pk, "status": run.status, "keys": all_keys, "last_step": series.last_step_of(run.pk),
         "series": {key: series.downsample(run.pk, key, start, end, points) for key in wanted[:MAX_KEYS_PER_REQUEST]},
+    })
+
+
+def _after_query(request: HttpRequest) -> int | None:
+    query = AfterQuery(request.GET)
+    if not query.is_valid():
+        raise BadQuery({name: list(messages) for name, messages in query.errors.items()})
+    return query.cleaned_data["after"]
+
+
+def _points_after(run: Run, after: int, keys: list[str] | None) -> JsonResponse:
+    """Every stored point of ``keys`` (default: every key, as a lost live message may have brought
+    the run's first point of any) with a step above ``after``, for the run page to fill a gap in
+    what it got live. Bounded like the websocket's backlog: past ``BACKLOG_LIMIT`` points the
+    answer says ``too_many`` and carries none, and the page reloads its downsampled series.
+    ``last_step`` is the highest step stored, which tells the page whether the store has caught
+    up with the steps it saw live."""
+    last_step = series.last_step_of(run.pk)  # before the points: whatever it counts, they include
+    points = series.points_after_at_most(run.pk, after, consumers.BACKLOG_LIMIT, keys)
+    return JsonResponse({
+        "run": run.pk, "status": run.status, "after": after, "last_step": last_step,
+        "too_many": points is None, "limit": consumers.BACKLOG_LIMIT,
+        "series": {key: {"x": [step for step, _ in pairs], "y": [value for _, value in pairs]}
+                   for key, pairs in (points or {}).items()},
     })
 
 
