@@ -12,6 +12,7 @@
     ["system/gpu_power_watts/", "System: GPU power (W)"],
   ];
   const LIVE_POINTS_BEFORE_REFETCH = 4000;
+  const MAX_KEYS_PER_REQUEST = 40;  // series.json's limit
   const FINAL = ["succeeded", "failed", "cancelled", "pruned"];
   const state = {
     series: new Map(),   // key -> {x: [], y: []} (downsampled history + live points)
@@ -23,6 +24,16 @@
     smoothing: 0,
     logScale: false,
   };
+  // Live metric messages are numbered per run (seq). A number skipped means the channel layer lost
+  // a message: the steps it carried are read back from the store (series.json?after=).
+  const gaps = {
+    seq: null,       // the number of the last metrics message, from the socket's opening status on
+    complete: -1,    // every point through this step is here: a backfill reads what lies after it
+    through: -1,     // the highest step seen live when a gap showed: the store must reach it
+    seen: 0,         // gaps seen so far (one that shows while a backfill runs makes it read again)
+    running: false,
+  };
+  state.gaps = gaps;
   window.dashboardState = state;  // for the browser tests and benchmarks
   // The data-*-url attributes may carry a query already (a share link's token).
   const withQuery = (url, query) => query ? url + (url.includes("?") ? "&" : "?") + query : url;
@@ -102,7 +113,11 @@
     const url = withQuery(root.dataset.seriesUrl, keys ? "keys=" + encodeURIComponent(keys.join(",")) : "");
     const data = await (await fetch(url)).json();
     for (const [key, s] of Object.entries(data.series)) {
-      state.series.set(key, { x: s.x, y: s.y, live: 0 });
+      const fresh = { x: s.x, y: s.y, live: 0 };
+      // Points that arrived live while this read ran, past the last one it holds, stay.
+      const old = state.series.get(key);
+      if (old) old.x.forEach((step, i) => { if (step > s.last_step) { fresh.x.push(step); fresh.y.push(old.y[i]); fresh.live++; } });
+      state.series.set(key, fresh);
       state.lastStep = Math.max(state.lastStep, s.last_step);
     }
     state.lastStep = Math.max(state.lastStep, data.last_step);
@@ -128,11 +143,8 @@
         state.series.set(key, s);
         fresh.push(key);
       }
-      const last = s.x.length ? s.x[s.x.length - 1] : -Infinity;
-      for (const [step, value] of pairs) {
-        if (step > last || s.x.length === 0) { s.x.push(step); s.y.push(value); s.live++; }
-        state.lastStep = Math.max(state.lastStep, step);
-      }
+      s.live += merge(s, pairs);
+      for (const [step] of pairs) state.lastStep = Math.max(state.lastStep, step);
       if (s.live > LIVE_POINTS_BEFORE_REFETCH) { s.live = 0; loadSeries([key]).then(scheduleRedraw); }
     }
     for (const key of fresh) {
@@ -140,6 +152,94 @@
       if (c) addChart(c.id, c.title, c.id.endsWith("/") ? (k => k.startsWith(c.id)) : (k => k === c.id));
     }
     showProgress(state.lastStep);
+    scheduleRedraw();
+  }
+
+  // Merge [step, value] pairs (in step order) into series s, keeping it in step order with each step
+  // once (a step it has already takes the value that came now). Returns how many steps it gained.
+  function merge(s, pairs) {
+    if (!pairs.length) return 0;
+    if (!pairs.every((p, i) => i === 0 || p[0] > pairs[i - 1][0])) {  // a replayed step in one message
+      const byStep = new Map(pairs.map(p => [p[0], p]));  // the later value of a step wins
+      pairs = [...byStep.values()].sort((a, b) => a[0] - b[0]);
+    }
+    const last = s.x.length ? s.x[s.x.length - 1] : -Infinity;
+    if (pairs[0][0] > last) {  // the live case: everything is new and comes after
+      for (const [step, value] of pairs) { s.x.push(step); s.y.push(value); }
+      return pairs.length;
+    }
+    const x = [], y = [];
+    let i = 0, j = 0;
+    while (i < s.x.length || j < pairs.length) {
+      if (j === pairs.length || (i < s.x.length && s.x[i] < pairs[j][0])) { x.push(s.x[i]); y.push(s.y[i]); i++; continue; }
+      if (i < s.x.length && s.x[i] === pairs[j][0]) i++;
+      x.push(pairs[j][0]); y.push(pairs[j][1]); j++;
+    }
+    const gained = x.length - s.x.length;
+    s.x = x; s.y = y;
+    return gained;
+  }
+
+  // -- gaps in the live stream ---------------------------------------------------------------------
+  function countMessage(seq) {
+    const expected = gaps.seq === null ? seq : gaps.seq + 1;
+    gaps.seq = seq;
+    if (seq === expected) {
+      if (!gaps.running) gaps.complete = state.lastStep;
+      return;
+    }
+    backfill();
+  }
+
+  // The socket opened: a reconnect whose opening number moved on from the last message here may
+  // have missed messages in between, as a gap would.
+  function opened(seq) {
+    if (gaps.seq !== null && seq !== gaps.seq) backfill();
+    gaps.seq = seq;
+  }
+
+  function backfill() {
+    gaps.seen++;
+    gaps.through = Math.max(gaps.through, state.lastStep);
+    if (!gaps.running) { gaps.running = true; runBackfill(); }
+  }
+
+  // The worker stores what it logs every 0.5 s, after publishing it: the first read waits for that,
+  // and a read that finds the store short of the steps seen live is made again, a little later.
+  const BACKFILL_DELAYS_MS = [700, 1000, 2000, 3000, 5000, 8000];
+  const gapNotice = document.getElementById("dash-gap-notice");  // shown only when a backfill gives up
+  const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
+  async function runBackfill() {
+    for (let tries = 0; tries < BACKFILL_DELAYS_MS.length; tries++) {
+      await sleep(BACKFILL_DELAYS_MS[tries]);
+      const seen = gaps.seen, through = gaps.through;
+      let data = null;
+      try {
+        const response = await fetch(withQuery(root.dataset.seriesUrl, "after=" + gaps.complete));
+        if (response.ok) data = await response.json();
+      } catch (err) { /* the network: try again */ }
+      if (data === null) continue;
+      if (data.too_many) await reloadSeries();  // too far behind for raw points: the downsampled view again
+      else {
+        const points = {};
+        for (const [key, s] of Object.entries(data.series)) points[key] = s.x.map((step, i) => [step, s.y[i]]);
+        addPoints(points);
+      }
+      // The writer stores steps in the order they were logged: through the store's last step, nothing is missing.
+      gaps.complete = Math.max(gaps.complete, Math.min(data.last_step, through));
+      if (data.last_step < through) continue;
+      if (gaps.seen !== seen) { tries = -1; continue; }  // another gap meanwhile: read on from here
+      gaps.running = false;
+      gapNotice.hidden = true;
+      return;
+    }
+    gaps.running = false;
+    gapNotice.hidden = false;
+  }
+
+  async function reloadSeries() {
+    const keys = [...state.series.keys()];
+    for (let i = 0; i < keys.length; i += MAX_KEYS_PER_REQUEST) await loadSeries(keys.slice(i, i + MAX_KEYS_PER_REQUEST));
     scheduleRedraw();
   }
 
@@ -197,8 +297,13 @@
   }
 
   function onMessage(msg) {
-    if (msg.type === "metrics") addPoints(msg.points);
-    else if (msg.type === "status") setStatus(msg);
+    if (msg.type === "metrics") {
+      addPoints(msg.points);
+      if (msg.seq !== undefined) countMessage(msg.seq);
+    } else if (msg.type === "status") {
+      if (msg.seq !== undefined) opened(msg.seq);
+      setStatus(msg);
+    }
     else if (msg.type === "logs") addLogs(msg.lines);
     else if (msg.type === "episodes") scheduleEpisodes();
     else if (msg.type === "resync") loadSeries(null).then(scheduleRedraw);
@@ -320,6 +425,7 @@
   // -- start -----------------------------------------------------------------------------------
   (async function start() {
     await loadSeries(null);
+    gaps.complete = state.lastStep;
     for (const [id, title] of CHARTS) {
       const match = id.endsWith("/") ? (k => k.startsWith(id)) : (k => k === id);
       if ([...state.series.keys()].some(match)) addChart(id, title, match);
