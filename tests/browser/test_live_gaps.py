@@ -9,6 +9,7 @@ import time
 
 import pytest
 from channels.layers import get_channel_layer
+from django.db import connection
 
 from webapp.dashboard import live
 from webapp.dashboard.series import SeriesWriter
@@ -30,12 +31,19 @@ class LosingLayer:
         await self.layer.group_send(group, message)
 
 
-def _log(publisher: live.Publisher, writer: SeriesWriter, step: int, store_after: float = 0.0) -> None:
-    """As a worker's sink does: push the step live, and store it (the writer flushes a little later)."""
+def _log(publisher: live.Publisher, writer: SeriesWriter, step: int, store_after: float = 0.0) -> threading.Timer | None:
+    """As a worker's sink does: push the step live, then store it (``store_after`` seconds later: a
+    timer to join)."""
     publisher.publish(writer.run_id, {"type": "run.metrics", "steps": [[step, {"reward": step / 100}]]})
     publisher.flush()
     if store_after:
-        timer = threading.Timer(store_after, writer.write, [[("reward", step, step / 100)]])
+        def store() -> None:
+            try:
+                writer.write([("reward", step, step / 100)])
+            finally:
+                connection.close()  # the timer thread's own connection
+
+        timer = threading.Timer(store_after, store)
         timer.start()
         return timer
     writer.write([("reward", step, step / 100)])
