@@ -365,8 +365,8 @@ def _access_groups(user, run_id: int, share_token: str | None) -> list[str] | No
 
 
 def _backlog(run_id: int, after: int, after_log: int) -> dict:
-    # Read first: every message numbered after it is sent after the backlog read starts, to the
-    # viewer's hub, which joined the group already.
+    # Before the points: a message numbered past this was sent after this read, when the viewer's
+    # hub was in the run's group already, so it reaches the viewer unless the layer loses it.
     seq = live.sequences().current(run_id)
     run = Run.objects.get(pk=run_id)
     status = {"type": "status", "status": run.status, "steps": run.steps, "error": run.error, "seq": seq}
