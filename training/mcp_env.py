@@ -238,7 +238,8 @@ class MCPConnectionManager:
         Raises ``MCPToolError`` when the tool reports an error or does not answer within
         ``timeout`` seconds (default ``call_timeout``), ``MCPServerError`` when the server is not
         running or goes away."""
-        return self.submit(name, arguments, timeout).result()
+        # The call's own timeout ends it; the margin only guards against a loop that no longer runs.
+        return self.submit(name, arguments, timeout).result(timeout=(timeout or self.call_timeout) + _STOP_TIMEOUT_S)
 
     async def call_tool_async(self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None) -> str:
         """``call_tool`` from a coroutine on any event loop."""
@@ -257,7 +258,7 @@ class MCPConnectionManager:
         """rLLM's form: OpenAI-style calls (``{"id", "function": {"name", "arguments"}}``) run
         concurrently; each call's id -> the text the model reads (a failed call's ``Error: ...``).
         ``MCPServerError`` is raised when the server is not running or goes away."""
-        return answer_tool_calls(tool_calls, self.tool_map, timeout or self.call_timeout)
+        return _answer_tool_calls(tool_calls, self.tool_map, timeout or self.call_timeout)
 
     async def _call(self, name: str, arguments: dict[str, Any], timeout: float) -> str:
         session = self._session
@@ -274,6 +275,8 @@ class MCPConnectionManager:
                 self._lost = f"the connection closed during a call of tool {server_name!r}"
                 raise MCPServerError(f"MCP server `{self.server}`: {self._lost}{self._stderr_tail()}") from exc
             raise MCPToolError(f"MCP tool {server_name!r} of server `{self.server}` failed: {exc}") from exc
+        except Exception as exc:  # a result the SDK could not accept (not the protocol's shape, input requests)
+            raise MCPToolError(f"MCP tool {server_name!r} of server `{self.server}` failed: {type(exc).__name__}: {exc}") from exc
         text = _content_text(result.content, result.structured_content)
         if result.is_error:
             raise MCPToolError(f"MCP tool {server_name!r} of server `{self.server}` reported an error: {text}")
@@ -316,7 +319,7 @@ class MCPTool(Tool):
         return f"MCPTool({self.name!r} of `{self.connection.server}`)"
 
 
-def answer_tool_calls(tool_calls: list[Any], tools: dict[str, MCPTool], timeout: float) -> dict[str, str]:
+def _answer_tool_calls(tool_calls: list[Any], tools: dict[str, MCPTool], timeout: float) -> dict[str, str]:
     """Each call's id -> the text the model reads: the tool's output, or ``Error: ...`` for a
     malformed call, an unknown tool or a tool error. The calls run concurrently, each on its
     server's connection; a server that is gone raises ``MCPServerError``."""
@@ -341,7 +344,7 @@ def answer_tool_calls(tool_calls: list[Any], tools: dict[str, MCPTool], timeout:
             texts[call_id] = answer
             continue
         try:
-            texts[call_id] = answer.result()
+            texts[call_id] = answer.result(timeout=timeout + _STOP_TIMEOUT_S)
         except MCPToolError as exc:
             logger.info("%s", exc)
             texts[call_id] = ToolOutput(name="", error=str(exc)).to_string()
@@ -478,7 +481,7 @@ class MCPEnvironment(BaseEnv):
                 answer = str(calls)
             scored = self.reward_fn(self.task if self.task is not None else {}, answer)
             return {}, scored.reward, True, {"response": calls, "metadata": scored.metadata, "is_correct": scored.is_correct}
-        outputs = answer_tool_calls(calls, self.tool_map, self.tool_timeout)
+        outputs = _answer_tool_calls(calls, self.tool_map, self.tool_timeout)
         return {"tool_outputs": outputs}, 0.0, False, {"response": calls, "metadata": {}}
 
     def close(self) -> None:
