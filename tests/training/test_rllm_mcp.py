@@ -158,7 +158,7 @@ def test_a_server_command_that_fails_stops_the_trainer_at_construction():
 
 
 def test_a_raising_tool_a_slow_tool_and_a_dead_server_give_named_errors(search_log):
-    env = {"MCP_SEARCH_LOG": str(search_log), "SEARCH_DELAY_S": "2"}
+    env = {"MCP_SEARCH_LOG": str(search_log), "SEARCH_DELAY_S": "5"}
     with MCPConnectionManager(SERVER[0], SERVER[1:], env, call_timeout=20) as manager:
         # lookup raises KeyError in the server; the SDK answers with an error result, which we name.
         with pytest.raises(MCPToolError, match=r"MCP tool 'lookup' of server `.*mcp_search_server.py` reported an error: "
@@ -167,7 +167,7 @@ def test_a_raising_tool_a_slow_tool_and_a_dead_server_give_named_errors(search_l
         started = time.monotonic()
         with pytest.raises(MCPToolError, match=r"MCP tool 'tavily-search' of server `.*` did not answer within 0.5 s"):
             manager.call_tool("tavily_search", {"query": "Delhi"}, timeout=0.5)
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 3  # the search itself takes 5 s
         assert manager.call_tool("lookup", {"title": "Ed Wood"}).startswith("Edward")  # the session outlives a timeout
         # As a Tool, a tool error is an output the model reads.
         assert manager.tool_map["lookup"].forward(title="Atlantis").error.startswith("MCP tool 'lookup' of server")
