@@ -235,6 +235,31 @@ def test_an_episode_of_the_agent_and_environment_scores_a_scripted_answer(search
     left_open.close()
 
 
+ECHO_SERVER = [sys.executable, "-c", "from mcp.server.mcpserver import MCPServer\nserver = MCPServer('echo')\n"
+               "@server.tool(description='Say it back.')\ndef echo(text: str) -> str:\n    return text.upper()\nserver.run('stdio')"]
+
+
+def test_an_environment_with_several_servers_routes_each_call_and_refuses_a_tool_offered_twice(search_log):
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    search = {"command": SERVER[0], "args": SERVER[1:], "env": {"MCP_SEARCH_LOG": str(search_log)}}
+    echo = {"command": ECHO_SERVER[0], "args": ECHO_SERVER[1:]}
+    env = MCPEnvironment(task={"question": "q", "ground_truth": "yes"}, mcp_servers={"search": search, "echo": echo})
+    assert set(env.tool_map) == {"tavily-search", "tavily_search", "lookup", "echo"} and len(env.connections) == 2
+    observation, _, done, _ = env.step([
+        {"id": "1", "function": {"name": "echo", "arguments": '{"text": "delhi"}'}},
+        {"id": "2", "function": {"name": "lookup", "arguments": '{"title": "The Oberoi Group"}'}},
+    ])
+    assert not done and observation["tool_outputs"] == {"1": "DELHI", "2": "The Oberoi Group is a hotel company with its head office in Delhi."}
+    env.close()
+
+    twice = {"search": search, "search again": {**search, "env": {"MCP_SEARCH_LOG": str(search_log), "SEARCH_DELAY_S": "0"}}}
+    with pytest.raises(ValueError, match=r"MCP tool 'tavily-search' is offered by two servers, `.*mcp_search_server.py` and `.*`"):
+        MCPEnvironment(task={}, mcp_servers=twice)
+    with pytest.raises(ValueError, match=r"mcp_servers\['echo'\] must be \{'command': str"):
+        MCPEnvironment(task={}, mcp_servers={"echo": {"cmd": "echo"}})
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children_before  # the echo server too
+
+
 # -- rLLM's examples/mcp -----------------------------------------------------------------------------------
 
 # HotpotQA-shaped rows about the stand-in's documents: the training split's answers are all "yes",
