@@ -16,7 +16,7 @@ from training.config import Config, ConfigError
 from training.environments import MultiTurnEnvironment, SingleTurnEnvironment
 from training.processor import TrainerProcessor, register_processor, unregister_processor
 from training.rewards import RewardFunction, math_reward_fn
-from training.rllm_agents import SEARCH_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, CompetitionCodingAgent, MathAgent, ToolAgent
+from training.rllm_agents import SEARCH_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, CompetitionCodingAgent, MathAgent, MCPToolAgent, ToolAgent
 from training.rllm_tools import MultiTool, PythonInterpreter, Tool, ToolOutput, tool_registry
 from training.sinks import ConsoleSink, JsonlSink, MetricSink
 from training.tool_env import ToolEnvironment
@@ -56,6 +56,10 @@ __all__ = [
     "EvalOutput",
     "JsonlSink",
     "MathAgent",
+    "MCPConnectionManager",
+    "MCPEnvironment",
+    "MCPTool",
+    "MCPToolAgent",
     "MetricSink",
     "ModelConfig",
     "ModelOutput",
@@ -89,12 +93,15 @@ __all__ = [
     "math_reward_fn",
     "register_processor",
     "rollout",
+    "save_trajectories",
     "tool_registry",
     "unregister_processor",
 ]
 
 
-_ENGINES = ("AgentExecutionEngine", "AsyncAgentExecutionEngine", "AgentWorkflowEngine", "OpenAIEngine", "compute_pass_at_k")
+_ENGINES = ("AgentExecutionEngine", "AsyncAgentExecutionEngine", "AgentWorkflowEngine", "OpenAIEngine", "compute_pass_at_k",
+            "save_trajectories")
+_MCP = ("MCPConnectionManager", "MCPEnvironment", "MCPTool")
 
 
 def __getattr__(name: str):
@@ -107,6 +114,10 @@ def __getattr__(name: str):
         from training import engines
 
         return getattr(engines, name)
+    if name in _MCP:  # rLLM's MCP environment needs the mcp SDK (an optional dependency): loaded on first use
+        from training import mcp_env
+
+        return getattr(mcp_env, name)
     if name == "AgentSFTTrainer":  # TRL is imported when training starts; the module is light, but kept apart
         from training.sft import AgentSFTTrainer
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -280,11 +281,18 @@ class AgentSpec:
         raise ValueError(f"Cannot use {type(agent).__name__} as an agent; give an AgentSpec, a dict or a path.")
 
 
+# Keys whose values are credentials (rLLM's MCP example passes its search API key in env_args'
+# mcp_server_env): never written to config.yaml or the database.
+_CREDENTIAL_KEY = re.compile(r"(^|[_-])((api|access|secret|private)[_-]?key|token|secret|password|credentials?)$", re.IGNORECASE)
+
+
 def by_import_path(value: Any) -> Any:
     """``value`` with every class and function replaced by its import path (``module.Name``);
-    other objects that YAML cannot hold by their type's path and ``repr``."""
+    other objects that YAML cannot hold by their type's path and ``repr``; the values of
+    credential-like keys (``TAVILY_API_KEY``, ``token``, ...) as ``<redacted>``."""
     if isinstance(value, dict):
-        return {str(k): by_import_path(v) for k, v in value.items()}
+        return {str(k): "<redacted>" if _CREDENTIAL_KEY.search(str(k)) and isinstance(v, str) else by_import_path(v)
+                for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [by_import_path(v) for v in value]
     if value is None or isinstance(value, (str, int, float, bool)):

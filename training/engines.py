@@ -6,7 +6,8 @@ OpenAI-compatible server (vLLM, SGLang, OpenAI, or any other), as rLLM's ``run_*
   sharing one rollout engine), retrying error episodes; returns ``Episode``s in task order.
 - ``AgentExecutionEngine``: runs an agent against an environment per task, the model reached
   through an ``OpenAIEngine`` (``engine_name="openai"``); returns ``Trajectory``s in task order.
-- ``compute_pass_at_k``: rLLM's pass@1 / pass@k summary of such results.
+- ``compute_pass_at_k``: rLLM's pass@1 / pass@k summary of such results; ``save_trajectories``
+  writes them to a file.
 
 Nothing here trains: the trainer's own rollouts (``training.episode_runner``) generate from the policy
 in process and record exact token ids; these engines only see what a server answers.
@@ -507,6 +508,19 @@ def compute_pass_at_k(results: list[Any]) -> dict[str, float]:
     print("Average Pass@1 Accuracy:", summary["pass@1"])
     print("Average Pass@k Accuracy:", summary["pass@k"])
     return summary
+
+
+def save_trajectories(results: list[Any], save_dir: str = "./trajectories", filename: str = "trajectories.pt") -> str:
+    """rLLM's ``save_trajectories`` (``rllm/utils/compute_pass_at_k.py``): ``torch.save`` of the
+    results (read back with ``torch.load(path, weights_only=False)``: they are our data classes,
+    not tensors) to ``save_dir/filename``; prints and returns the path."""
+    import torch
+
+    os.makedirs(save_dir, exist_ok=True)
+    path = os.path.join(save_dir, filename)
+    torch.save(results, path)
+    print(f"Trajectories saved to {path}")
+    return path
 
 
 def _short(task: Any, limit: int = 200) -> str:

@@ -6,6 +6,7 @@ port by their import lines: ``ToolAgent`` (tools called in the Qwen/Hermes ``<to
     from rllm.agents import ToolAgent, MathAgent        ->  from training import ToolAgent, MathAgent
     from rllm.agents.code_agent import CompetitionCodingAgent  ->  from training import CompetitionCodingAgent
     from rllm.agents.system_prompts import SEARCH_SYSTEM_PROMPT  ->  from training import SEARCH_SYSTEM_PROMPT
+    from rllm.agents.tool_agent import MCPToolAgent  ->  from training import MCPToolAgent
 """
 
 from __future__ import annotations
@@ -71,9 +72,7 @@ class ToolAgent(BaseAgent):
 
     def __init__(self, system_prompt: str = TOOL_SYSTEM_PROMPT, parser_name: str = "qwen",
                  tools: list[str] | None = None, tool_map: dict[str, type[Tool]] | None = None) -> None:
-        if parser_name not in TOOL_CALL_FORMATS:
-            raise ValueError(f"ToolAgent parser_name {parser_name!r} is not available; tool calls are read in the "
-                             f"<tool_call>{{json}}</tool_call> format: use one of {', '.join(TOOL_CALL_FORMATS)}.")
+        _check_parser(type(self).__name__, parser_name)
         self.system_prompt = system_prompt
         self.tools = MultiTool(tools=tools, tool_map=tool_map) if (tools is not None or tool_map is not None) else MultiTool(tools=[])
         self.tools_prompt = tools_prompt(self.tools.json) if self.tools.tool_map else ""
@@ -127,6 +126,37 @@ class ToolAgent(BaseAgent):
             observation=self.current_observation,
         ))
         return Action(action=calls)
+
+
+class MCPToolAgent(ToolAgent):
+    """rLLM's ``MCPToolAgent``: a ``ToolAgent`` whose tools are an MCP server's, given as the
+    ``tool_map`` of a started ``MCPConnectionManager`` (name -> ``MCPTool``; a list of tools, or any
+    tool objects with a ``json`` schema, work too). The agent only describes the tools to the model;
+    ``MCPEnvironment`` calls them. A tool listed under two names (rLLM's underscore alias of a
+    hyphenated name) is described once, under the server's name."""
+
+    def __init__(self, system_prompt: str = TOOL_SYSTEM_PROMPT, parser_name: str = "qwen",
+                 tool_map: dict[str, Any] | list[Any] | None = None) -> None:
+        _check_parser(type(self).__name__, parser_name)
+        tools = list(tool_map.values()) if isinstance(tool_map, dict) else list(tool_map or [])
+        if not tools or not all(isinstance(getattr(tool, "json", None), dict) for tool in tools):
+            raise ValueError("MCPToolAgent needs tool_map: the MCP server's tools, as MCPConnectionManager(...).tool_map "
+                             f"holds them after start() (name -> MCPTool), got {tool_map!r}.")
+        schemas: list[dict[str, Any]] = []
+        for tool in tools:
+            if tool.json not in schemas:
+                schemas.append(tool.json)
+        self.system_prompt = system_prompt
+        self.tool_map = tool_map
+        self.tools_prompt = tools_prompt(schemas)
+        self.current_observation = None
+        self.reset()
+
+
+def _check_parser(agent: str, parser_name: str) -> None:
+    if parser_name not in TOOL_CALL_FORMATS:
+        raise ValueError(f"{agent} parser_name {parser_name!r} is not available; tool calls are read in the "
+                         f"<tool_call>{{json}}</tool_call> format: use one of {', '.join(TOOL_CALL_FORMATS)}.")
 
 
 class _ReasoningChatAgent(BaseAgent):
