@@ -3,6 +3,7 @@
 import pytest
 
 import examples  # noqa: F401  (registers the example datasets)
+from examples.frozenlake import FrozenLakeEnv
 from training import AgentTrainer, ConfigError
 from training.agents import AgentSpec
 
@@ -97,6 +98,21 @@ def test_misspelt_agent_args_key_fails_at_construction(tmp_path):
     with pytest.raises(ValueError, match=r"agent_class FrozenLakeAgent could not be built with agent_args \{'max_stepz': 3\} "
                                          r"and reset: TypeError: .*unexpected keyword argument 'max_stepz'"):
         build(tmp_path, **FROZENLAKE, agent_args={"max_stepz": 3}, train_dataset="frozenlake:train")
+
+
+class EnvWhoseServerIsDown(FrozenLakeEnv):
+    @staticmethod
+    def from_dict(info: dict):
+        raise ConnectionError("the search server did not start")
+
+
+def test_construction_errors_do_not_print_credentials_given_in_env_args(tmp_path):
+    # rLLM's MCP example passes its search API key in env_args; the error is shown on the run page.
+    with pytest.raises(ValueError, match=r"env_args \{'mcp_server_env': \{'TAVILY_API_KEY': '<redacted>'\}\}: "
+                                         r"ConnectionError: the search server did not start") as error:
+        build(tmp_path, agent_class=FROZENLAKE["agent_class"], env_class=EnvWhoseServerIsDown,
+              env_args={"mcp_server_env": {"TAVILY_API_KEY": "tvly-secret"}}, train_dataset="frozenlake:train")
+    assert "tvly-secret" not in str(error.value)
 
 
 def test_dataset_smaller_than_one_batch_is_refused_naming_the_file(tmp_path):

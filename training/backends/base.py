@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from training.agents import AgentSpec
+from training.agents import AgentSpec, by_import_path
 from training.chat_agent import Agent as ChatAgent
 from training.chat_agent import chat_agent_from
 from training.config import Config
@@ -212,7 +212,7 @@ class BuiltinProcessor(TrainerProcessor):
             spec.agent_class(**spec.agent_args).reset()
         except Exception as exc:
             raise ValueError(
-                f"agent_class {spec.agent_class.__name__} could not be built with agent_args {spec.agent_args} "
+                f"agent_class {spec.agent_class.__name__} could not be built with agent_args {by_import_path(spec.agent_args)} "
                 f"and reset: {type(exc).__name__}: {exc}"
             ) from exc
         try:
@@ -235,7 +235,7 @@ class BuiltinProcessor(TrainerProcessor):
         spec = self.agent_spec
         return ValueError(
             f"env_class {spec.env_class.__name__} could not be built and reset from the first row of "
-            f"train_dataset (fields {', '.join(map(str, task))}) with env_args {spec.env_args}: "
+            f"train_dataset (fields {', '.join(map(str, task))}) with env_args {by_import_path(spec.env_args)}: "
             f"{type(exc).__name__}: {exc}"
         )
 
