@@ -41,7 +41,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("training.mcp_env needs the MCP SDK: pip install 'agent-trainer[mcp]' (or pip install mcp).") from exc
 
-from training.agents import BaseEnv
+from training.tool_env import ToolEnvironment
 from training.log import logger
 from training.rewards import load_reward, search_reward_fn
 from training.rllm_tools import Tool, ToolOutput
@@ -403,15 +403,15 @@ class _SharedServers:
 _shared = _SharedServers()
 
 
-class MCPEnvironment(BaseEnv):
+class MCPEnvironment(ToolEnvironment):
     """One task for a tool agent whose tools are an MCP server's (rLLM's ``MCPEnvironment``).
 
     ``mcp_server_command`` / ``mcp_server_args`` / ``mcp_server_env`` name the server (rLLM's
     names), or ``mcp_servers`` several, in the common ``{"name": {"command", "args", "env",
     "cwd"}}`` form (a tool name offered by two servers is refused). ``reset`` returns the task; each
     ``step`` runs the agent's OpenAI-style calls on the servers and answers ``{"tool_outputs": {id:
-    text}}``; a ``finish`` call (a reply without a tool call), a plain string or the
-    ``max_steps``-th step ends the episode, and ``reward_fn(task, answer)`` scores the answer.
+    text}}``; the episode ends and is scored as ``ToolEnvironment``'s (a ``finish`` call, a plain
+    string or the ``max_steps``-th step; ``reward_fn(task, answer)``).
 
     ``reward_fn`` defaults to rLLM's ``search_reward_fn`` (the example this environment comes from
     answers HotpotQA questions with a search server; rLLM's own default scores every answer 0).
@@ -466,23 +466,8 @@ class MCPEnvironment(BaseEnv):
         self.step_count = 0
         return (self.task if self.task is not None else {}), {}
 
-    def step(self, action: Any) -> tuple[Any, float, bool, dict]:
-        calls = [] if action is None else [action] if isinstance(action, dict) else action
-        self.step_count += 1
-        finish = next((c for c in calls if isinstance(c, dict) and c.get("function", {}).get("name") == "finish"), None) \
-            if isinstance(calls, list) else None
-        if isinstance(calls, str) or finish is not None or self.step_count >= self.max_steps:
-            if isinstance(calls, str):
-                answer = calls
-            elif finish is not None:
-                arguments = _arguments(finish.get("function", {}).get("arguments", {}))
-                answer = arguments.get("response", "") if isinstance(arguments, dict) else str(arguments)
-            else:  # out of steps in the middle of tool calls: the calls are the answer, as rLLM scores them
-                answer = str(calls)
-            scored = self.reward_fn(self.task if self.task is not None else {}, answer)
-            return {}, scored.reward, True, {"response": calls, "metadata": scored.metadata, "is_correct": scored.is_correct}
-        outputs = _answer_tool_calls(calls, self.tool_map, self.tool_timeout)
-        return {"tool_outputs": outputs}, 0.0, False, {"response": calls, "metadata": {}}
+    def _run_calls(self, calls: list[Any]) -> dict[str, str]:
+        return _answer_tool_calls(calls, self.tool_map, self.tool_timeout)
 
     def close(self) -> None:
         """Release this environment's servers; the last environment using one stops it."""
