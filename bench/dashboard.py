@@ -128,15 +128,17 @@ def bench_latency(seconds: float = 20, rate: float = 50) -> dict:
         page.add_init_script("""
           window.__receipts = [];
           const Native = window.WebSocket;
-          window.WebSocket = function (url, protocols) {
-            const ws = new Native(url, protocols);
-            ws.addEventListener('message', ev => {
-              const now = performance.timeOrigin + performance.now();
-              const msg = JSON.parse(ev.data);
-              if (msg.type === 'metrics' && msg.points['bench/sent_at'])
-                for (const [step, sent] of msg.points['bench/sent_at']) window.__receipts.push(now - sent);
-            });
-            return ws;
+          // A subclass, so the page still finds WebSocket.OPEN and the other constants.
+          window.WebSocket = class extends Native {
+            constructor(url, protocols) {
+              super(url, protocols);
+              this.addEventListener('message', ev => {
+                const now = performance.timeOrigin + performance.now();
+                const msg = JSON.parse(ev.data);
+                if (msg.type === 'metrics' && msg.points && msg.points['bench/sent_at'])
+                  for (const [step, sent] of msg.points['bench/sent_at']) window.__receipts.push(now - sent);
+              });
+            }
           };""")
         page.goto(f"{web.url}/runs/{run.pk}/")
         page.wait_for_selector("#dash-live.on", timeout=30000)
