@@ -8,7 +8,6 @@ import io
 import sys
 import tarfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,10 @@ from django.conf import settings
 from django.db import connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
-from fault_harness import SLOW_REWARD, latest_step, lost_and_doubled, run_overrides, start_worker, wait_for  # noqa: E402
+from fault_harness import finished as ended  # noqa: E402
+from fault_harness import latest_step, lost_and_doubled, private_trl_queue, slow_run_maker, start_worker, wait_for  # noqa: E402
 
 from training.artifacts import STORED_MARKER, ArtifactStore
-from webapp.registry.models import Backend, RewardFunction
 from webapp.runs.models import Run, RunLog
 from workers.execute import database_url
 
@@ -31,9 +30,7 @@ RUN_TIMEOUT = 300
 
 @pytest.fixture
 def queue(registry):
-    name = f"test-artifacts-{uuid.uuid4().hex[:8]}"  # no other worker listens here
-    Backend.objects.filter(name="trl").update(queue=name, max_attempts=3)
-    return name
+    return private_trl_queue("test-artifacts")
 
 
 @pytest.fixture
@@ -57,14 +54,7 @@ def fleet(tmp_path, s3_url, s3_env):
 
 @pytest.fixture
 def slow_run(make_run, queue):
-    reward = RewardFunction.objects.create(name="slow-char", path=SLOW_REWARD)
-
-    def make(steps: int, **overrides) -> Run:
-        run = make_run(reward=reward, config_overrides={**run_overrides(steps), **overrides})
-        run.enqueue()
-        return run
-
-    return make
+    return slow_run_maker(make_run)
 
 
 def streamed(response) -> bytes:
@@ -75,9 +65,7 @@ def streamed(response) -> bytes:
 
 
 def finished(run: Run, *workers) -> Run:
-    wait_for(lambda: Run.objects.get(pk=run.pk).is_final, RUN_TIMEOUT, f"run {run.pk} to end", workers)
-    run.refresh_from_db()
-    return run
+    return ended(run, workers, RUN_TIMEOUT)
 
 
 def messages(run: Run) -> list[str]:

@@ -102,6 +102,40 @@ def wait_for(predicate, timeout: float, what: str, workers: tuple[Worker, ...] =
     raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs}")
 
 
+def private_trl_queue(prefix: str) -> str:
+    """A queue no other worker listens on, made the ``trl`` backend's (three attempts per run)."""
+    import uuid
+
+    from webapp.registry.models import Backend
+
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    Backend.objects.filter(name="trl").update(queue=name, max_attempts=3)
+    return name
+
+
+def slow_run_maker(make_run):
+    """``make(steps, **overrides)``: a queued run whose reward sleeps, so faults land mid-run."""
+    from webapp.registry.models import RewardFunction
+
+    reward = RewardFunction.objects.create(name="slow-char", path=SLOW_REWARD)
+
+    def make(steps: int, **overrides):
+        run = make_run(reward=reward, config_overrides={**run_overrides(steps), **overrides})
+        run.enqueue()
+        return run
+
+    return make
+
+
+def finished(run, workers: tuple[Worker, ...], timeout: float):
+    """``run`` reloaded once it has ended (its workers' logs in the error if it does not)."""
+    from webapp.runs.models import Run
+
+    wait_for(lambda: Run.objects.get(pk=run.pk).is_final, timeout, f"run {run.pk} to end", workers)
+    run.refresh_from_db()
+    return run
+
+
 def stored_steps(run_id: int, key: str = "reward") -> dict[str, list[int]]:
     """The steps of ``key`` as the metric store holds them."""
     from webapp.dashboard import series

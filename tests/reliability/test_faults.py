@@ -6,18 +6,15 @@ exactly once. Heartbeats and thresholds are shortened through settings (harness.
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.db import connection
 
-from fault_harness import (
-    SLOW_REWARD, lost_and_doubled, latest_step, run_overrides, start_worker, wait_for,
-)
+from fault_harness import finished as ended
+from fault_harness import latest_step, lost_and_doubled, private_trl_queue, slow_run_maker, start_worker, wait_for
 from tcp_proxy import TcpProxy
-from webapp.registry.models import Backend, RewardFunction
 from webapp.runs.models import Run, RunLog
 from workers.execute import database_url
 
@@ -29,9 +26,7 @@ RUN_TIMEOUT = 240
 
 @pytest.fixture
 def queue(registry):
-    name = f"test-faults-{uuid.uuid4().hex[:8]}"  # no other worker listens here
-    Backend.objects.filter(name="trl").update(queue=name, max_attempts=3)
-    return name
+    return private_trl_queue("test-faults")
 
 
 @pytest.fixture
@@ -56,20 +51,12 @@ def workers(tmp_path):
 
 @pytest.fixture
 def slow_run(make_run, queue):
-    reward = RewardFunction.objects.create(name="slow-char", path=SLOW_REWARD)
-
-    def make(steps: int = STEPS) -> Run:
-        run = make_run(reward=reward, config_overrides=run_overrides(steps))
-        run.enqueue()
-        return run
-
-    return make
+    make = slow_run_maker(make_run)
+    return lambda steps=STEPS: make(steps)
 
 
 def finished(run: Run, *workers) -> Run:
-    wait_for(lambda: Run.objects.get(pk=run.pk).is_final, RUN_TIMEOUT, f"run {run.pk} to end", workers)
-    run.refresh_from_db()
-    return run
+    return ended(run, workers, RUN_TIMEOUT)
 
 
 def assert_resumed_and_complete(run: Run, steps: int = STEPS) -> None:
