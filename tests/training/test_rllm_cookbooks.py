@@ -293,8 +293,8 @@ def test_frozenlake_cookbook_plays_the_lake_through_the_endpoint_and_is_scored_b
     """cookbooks/frozenlake's flow and evaluator, run by the episode runner with a scripted model
     (``ScriptedGenerator``, exact tokens): the flow drives gymnasium's FrozenLake turn by turn
     through the endpoint, answers without an action get its retry message (trained as context,
-    mask 0), and the evaluator turns ``artifacts["won"]`` into the reward. (Training it on the tiny
-    model needs a longer warm-up on its ~1,100-token prompt than these tests afford.)"""
+    mask 0), and the evaluator turns ``artifacts["won"]`` into the reward. (Its train.py trains the
+    tiny model in test_rllm_frozenlake_learning.py.)"""
     from rllm_cookbook_frozenlake_eval import frozenlake_evaluator
     from rllm_cookbook_frozenlake_flow import frozenlake_flow
     from test_episode_runner import EOS, ScriptedGenerator, ids
