@@ -4,8 +4,11 @@ the websocket's opening status says where the numbers stand."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
+import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from channels.layers import get_channel_layer
@@ -61,21 +64,30 @@ def test_two_publishers_of_a_run_number_its_messages_contiguously(redis_run_id):
     assert live.sequences().current(redis_run_id) == len(sent)
 
 
-def _count(folder: str, run_id: int, times: int, numbers) -> None:
-    counter = live.FileSequences(folder)
-    numbers.put([counter.next(run_id) for _ in range(times)])
+# One counting process: it says it is ready, waits for the go file, then takes numbers. Separate
+# interpreters, not forks: a fork of the test process can inherit a lock held by one of its threads.
+COUNTER = """
+import json, sys, time
+from pathlib import Path
+from webapp.dashboard.live import FileSequences
+folder, times = sys.argv[1], int(sys.argv[2])
+counter = FileSequences(folder)
+print("ready", flush=True)
+while not (Path(folder) / "go").exists():
+    time.sleep(0.01)
+print(json.dumps([counter.next(7) for _ in range(times)]), flush=True)
+"""
 
 
 def test_the_file_counter_is_shared_by_processes(tmp_path):
     """The embedded mode's counter (no Redis): processes taking numbers at once never get the same one."""
-    context = multiprocessing.get_context("fork")
-    numbers = context.Queue()
-    processes = [context.Process(target=_count, args=(str(tmp_path), 7, 300, numbers)) for _ in range(3)]
+    root = Path(__file__).resolve().parents[2]
+    processes = [subprocess.Popen([sys.executable, "-c", COUNTER, str(tmp_path), "300"], cwd=root,
+                                  stdout=subprocess.PIPE, text=True) for _ in range(3)]
     for process in processes:
-        process.start()
-    taken = sorted(n for _ in processes for n in numbers.get(timeout=30))
-    for process in processes:
-        process.join(timeout=10)
+        assert process.stdout.readline().strip() == "ready"
+    (tmp_path / "go").touch()
+    taken = sorted(n for process in processes for n in json.loads(process.communicate(timeout=60)[0]))
     assert taken == list(range(1, 901))
     assert live.FileSequences(tmp_path).current(7) == 900 and live.FileSequences(tmp_path).current(8) == 0
 
