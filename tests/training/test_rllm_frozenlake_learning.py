@@ -89,6 +89,17 @@ def move_logprobs(model_path: str | Path, prompts: list[list[dict]]) -> dict[str
     return {move: answer_logprob(model, prompts, f"```{move}```") for move in MOVES}
 
 
+def assert_twelve_clean_steps_taught_down(run: Path, model: str | Path, prompts: list[list[dict]]) -> tuple[list[dict], list[dict]]:
+    """The run trained 12 steps with no episode in error or timed out, ```Down``` became likelier
+    after the first prompts (and the likeliest move), and the weights changed; its metrics and episodes."""
+    metrics, episodes = read_run(run)
+    assert len(metrics) == 12 and all(m["termination/error"] == m["termination/timeout"] == 0.0 for m in metrics), metrics
+    before, after = move_logprobs(model, prompts), move_logprobs(run / "final_model", prompts)
+    assert after["Down"] > before["Down"] + 0.3 and after["Down"] == max(after.values()), (before, after, [m["reward"] for m in metrics])
+    assert_weights_changed(model, run / "final_model")
+    return metrics, episodes
+
+
 # -- v0.2.1.post1 examples/frozenlake/workflow: CumulativeWorkflow ---------------------------------------
 
 # What the example's main() gives the agent (its prompt says how many steps remain).
@@ -128,12 +139,7 @@ def test_rllm_frozenlake_workflow_example_learns_to_reach_the_goal(tmp_path, mon
         "data.max_response_length": 640, "rllm.agent.max_tokens_per_turn": 12,
         "trainer.total_training_steps": 12, "trainer.test_freq": 0, "trainer.logger": ["jsonl"], "trainer.cpu_threads": 1,
     })
-    run = tmp_path / "runs"
-    metrics, episodes = read_run(run)
-    assert len(metrics) == 12 and all(m["termination/error"] == m["termination/timeout"] == 0.0 for m in metrics), metrics
-    before, after = move_logprobs(model, prompts), move_logprobs(run / "final_model", prompts)
-    assert after["Down"] > before["Down"] + 0.3 and after["Down"] == max(after.values()), (before, after, [m["reward"] for m in metrics])
-    assert_weights_changed(model, run / "final_model")
+    metrics, episodes = assert_twelve_clean_steps_taught_down(tmp_path / "runs", model, prompts)
     # What was trained: one conversation per episode, its reward the sum of the environment's.
     for episode in episodes:
         [trajectory] = episode["trajectories"]
@@ -190,12 +196,7 @@ def test_rllm_frozenlake_cookbook_trains_unchanged_and_learns(tmp_path, monkeypa
         "rllm.agent.max_tokens_per_turn=12", "rllm.agent.trajectory_timeout=1800", "trainer.total_training_steps=12",
         "algorithm.norm_adv_by_std_in_grpo=false",
     ))
-    run = tmp_path / "runs"
-    metrics, episodes = read_run(run)
-    assert len(metrics) == 12 and all(m["termination/error"] == m["termination/timeout"] == 0.0 for m in metrics), metrics
-    before, after = move_logprobs(model, prompts), move_logprobs(run / "final_model", prompts)
-    assert after["Down"] > before["Down"] + 0.3 and after["Down"] == max(after.values()), (before, after, [m["reward"] for m in metrics])
-    assert_weights_changed(model, run / "final_model")
+    metrics, episodes = assert_twelve_clean_steps_taught_down(tmp_path / "runs", model, prompts)
     for episode in episodes:  # the warm start saw exactly what the flow asks first; the evaluator rewards a win
         [trajectory] = episode["trajectories"]
         steps = trajectory["steps"]

@@ -50,6 +50,7 @@ import training.data
 from training import AgentExecutionEngine, AgentTrainer, MCPToolAgent, SEARCH_SYSTEM_PROMPT
 from training.data import DatasetRegistry
 from training.mcp_env import MCPConnectionManager, MCPEnvironment, MCPServerError, MCPTool, MCPToolError
+
 from training.rewards import search_reward_fn
 from training.tiny import build_char_tokenizer
 
@@ -60,6 +61,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rllm_mcp_prepare_hotpotqa_data as prepare_script  # noqa: E402
 import rllm_mcp_run_tool_mcp as run_script  # noqa: E402
+from test_rllm_library_agents import play  # noqa: E402
 from warm_start import answer_logprob, warm_tiny_model  # noqa: E402
 
 # -P: the stand-in's folder also holds standins/http.py, which must not shadow the standard library's http.
@@ -203,15 +205,7 @@ def test_an_episode_of_the_agent_and_environment_scores_a_scripted_answer(search
         '<tool_call>{"name": "lookup", "arguments": {"title": "Scott Derickson"}}</tool_call>',
         "Both are American. \\boxed{yes}",
     ]
-    observation, info = env.reset()
-    agent.update_from_env(observation, 0.0, False, info)
-    results = []
-    for reply in replies:
-        action = agent.update_from_model(reply)
-        results.append(env.step(action.action))
-        agent.update_from_env(*results[-1])
-
-    (searched, *_), (looked_up, *_), (final, reward, done, info) = results
+    (searched, *_), (looked_up, *_), (final, reward, done, info) = play(agent, env, replies)
     [search_text] = searched["tool_outputs"].values()
     assert "[Scott Derrickson] Scott Derrickson is an American director" in search_text and "[Ed Wood]" in search_text
     assert list(looked_up["tool_outputs"].values())[0].startswith("Error: MCP tool 'lookup' of server")
