@@ -3,7 +3,7 @@
 FROM python:3.11-slim AS base
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 DJANGO_SETTINGS_MODULE=webapp.settings
 WORKDIR /app
-RUN apt-get update && apt-get install -y --no-install-recommends curl && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends curl bubblewrap && rm -rf /var/lib/apt/lists/*
 COPY requirements.txt .
 # The CPU build of torch (PyPI's default is the CUDA one, several GB the web server and the CPU
 # workers never use); the gpu target below replaces it with the CUDA build vLLM pins.

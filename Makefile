@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SWIFT_VENV ?= .venv-swift
 export DJANGO_SETTINGS_MODULE ?= webapp.settings
 
-.PHONY: install swift-env run demo test bench chromium clean
+.PHONY: install swift-env run demo test bench chromium jail clean
 
 install: $(VENV)/.installed
 
@@ -28,7 +28,7 @@ $(SWIFT_VENV)/.installed: requirements-swift.txt
 	touch $@
 
 ## The platform, embedded: SQLite, no servers; starts web + worker and a demo run.
-run: install
+run: install jail
 	$(PY) manage.py platform
 
 ## The library alone: train the multi-turn example in the terminal until reward passes 0.9.
@@ -39,7 +39,7 @@ demo: install
 ## The library's tests (tests/training: no database, Redis, Celery or browser; most of them train a
 ## tiny model on one thread) run in two processes (pytest-xdist), the platform's (shared Redis
 ## groups, Celery queues and workers) in one. Both always run; either failing fails the target.
-test: install swift-env chromium
+test: install swift-env chromium jail
 	bash scripts/services.sh
 	export DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
 	       REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0}; \
@@ -57,6 +57,10 @@ bench: install
 ## Headless Chromium for the browser tests, from Debian's packages.
 chromium:
 	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium chromium-driver)
+
+## bubblewrap: the jail that model-written code and the platform's run checks run in (training/jail.py).
+jail:
+	@test -x /usr/bin/bwrap || (apt-get update -q && apt-get install -y -q bubblewrap)
 
 clean:
 	rm -rf $(VENV) $(SWIFT_VENV) runs var

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from training import sandbox
+from training import jail, sandbox
 from training.utils import import_object
 
 
@@ -150,6 +150,7 @@ class PythonInterpreter(Tool):
         unknown = set(kwargs) - {"n_sandboxes", "api_key"}  # rLLM's remote backends' settings, unused locally
         if unknown:
             raise ValueError(f"PythonInterpreter: unknown argument(s) {sorted(unknown)}.")
+        jail.require()  # no jail, no tool: refused when the agent is built, not at its first call
         self.memory_mb = memory_mb
         super().__init__(name=name, description=description)
 

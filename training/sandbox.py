@@ -1,44 +1,46 @@
 """Running model-written Python in a child process that cannot harm the machine it runs on.
 
-A tool agent's ``python`` tool executes whatever the policy wrote, so the code runs in a fresh
-interpreter (``python -I``: no user site, no ``PYTHON*`` variables, not the caller's directory on
-``sys.path``) that, before the code's first line:
+A tool agent's ``python`` tool executes whatever the policy wrote, and the ``code`` reward runs the
+programs it wrote against their tests. The code runs in the platform's one jail
+(``training.jail``: a bubblewrap mount namespace as an unprivileged user, no network, an empty
+environment), where the kernel, not Python, decides what exists: the interpreter and its libraries
+read-only, and a fresh working folder of its own, nothing else. Inside, a fresh interpreter
+(``python -I``), before the code's first line:
 
-- enters a user and a network namespace of its own where the kernel allows it (no network
-  interface but a down loopback; other processes' ``/proc/<pid>/environ`` are out of reach);
-- installs a seccomp filter (where the kernel has seccomp, on x86-64 and arm64) that answers
-  EPERM to ``clone``, ``fork``, ``vfork``, ``clone3``, ``execve``, ``execveat`` and ``socket``:
-  no new process, thread or program, so a fork bomb fails at its first fork, root or not;
+- installs a seccomp filter (on x86-64 and arm64) that answers EPERM to ``clone``, ``fork``,
+  ``vfork``, ``clone3``, ``execve``, ``execveat``, ``socket``, ``unshare`` and ``setns``: no new
+  process, thread, program, socket or namespace, so a fork bomb fails at its first fork;
 - sets resource limits: CPU seconds, address space, file size, open files, no core files, and
-  ``RLIMIT_NPROC`` 0 (the same as the filter for a user other than root);
-- installs an audit hook (PEP 578) that refuses starting processes, sockets, ``ctypes``, and
-  opening files outside the allowed places: the code writes only in its own temporary working
-  directory and reads only there and in the interpreter's own library folders.
+  ``RLIMIT_NPROC`` 0.
 
-The parent gives it a wall-clock timeout and kills its whole process group then. Its environment
-holds only ``PATH``, ``HOME``/``TMPDIR`` (the working directory) and thread-count variables: no
-secret of the caller's. Output is read from files in the working directory, cut to
+The parent gives it a wall-clock timeout and kills the jail then (its pid namespace ends with
+it). Its environment holds only ``PATH``, ``HOME``/``TMPDIR`` (the working folder) and
+thread-count variables. Output is read from files in the working folder, cut to
 ``MAX_OUTPUT_CHARS`` (or the caller's ``max_output_chars``); the file-size limit keeps a printing
 loop from filling the disk.
 
 The same sandbox serves the ``python`` tool of tool agents (code in, last expression's value out)
 and the ``code`` reward (``training.rewards.code_reward_fn``), which also gives a program its
 standard input, places files beside it in its folder (a solution, a harness, a test file) and reads
-its exit status (``SystemExit`` ends the code with its status, as in a plain interpreter).
+its exit status (``SystemExit`` ends the code with its status, as in a plain interpreter). Where
+the machine cannot make the jail, ``run_python`` raises ``training.jail.JailUnavailable``: the
+code does not run at all.
 
-This is a layered sandbox for a single machine, not a virtual machine: the kernel is shared.
+This is a sandbox on a shared kernel, not a virtual machine: a kernel exploit is out of its reach.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from dataclasses import dataclass
+
+from training.jail import Jail, filter_program, install_filter
 
 DEFAULT_TIMEOUT_S = 12
 MAX_TIMEOUT_S = 60
@@ -54,49 +56,8 @@ _RUNNER = r"""
 import ast, json, os, resource, sys
 settings = json.loads(sys.argv[1])
 
-def _enter_namespaces():
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
-        return libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0
-    except Exception:
-        return False
-
-# Syscall numbers refused by the seccomp filter: new processes and threads, exec, sockets.
-_SYSCALLS = {"x86_64": (0xC000003E, (56, 57, 58, 59, 322, 435, 41)), "aarch64": (0xC00000B7, (220, 221, 281, 435, 198))}
-
-def _refuse_syscalls():
-    # A seccomp filter answering EPERM to clone, fork, vfork, clone3, execve, execveat and socket:
-    # it holds for root too, which RLIMIT_NPROC does not.
-    import ctypes, struct
-    arch = _SYSCALLS.get(os.uname().machine)
-    if arch is None:
-        return False
-    audit_arch, numbers = arch
-    def op(code, k, jt=0, jf=0):
-        return struct.pack("HBBI", code, jt, jf, k)
-    LD, JEQ, RET = 0x20, 0x15, 0x06
-    ALLOW, KILL, EPERM = 0x7FFF0000, 0x80000000, 0x00050000 | 1
-    JGE = 0x35
-    # x86-64's x32 numbers (bit 30 set) reach the same calls under other numbers: refused whole
-    program = [op(LD, 4), op(JEQ, audit_arch, 1, 0), op(RET, KILL), op(LD, 0), op(JGE, 0x40000000, len(numbers) + 1, 0)]
-    for i, number in enumerate(numbers):
-        program.append(op(JEQ, number, len(numbers) - i, 0))
-    program += [op(RET, ALLOW), op(RET, EPERM)]
-    code = b"".join(program)
-    buffer = ctypes.create_string_buffer(code, len(code))
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-    fprog = Program(len(program), ctypes.addressof(buffer))
-    libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        return False
-    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
-
-isolated = _enter_namespaces()
-filtered = _refuse_syscalls()
+%s
+filtered = install_filter(settings["filter"])
 cpu = settings["cpu_s"]
 for limit, value in (
     (resource.RLIMIT_CPU, (cpu, cpu + 1)),
@@ -108,40 +69,8 @@ for limit, value in (
 ):
     resource.setrlimit(limit, value)
 
-workdir = os.path.realpath(os.getcwd())
-readable = tuple(os.path.realpath(p) for p in settings["readable"]) + (workdir,)
 with open("code.py") as handle:
     source = handle.read()
-
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_REFUSED = ("subprocess.", "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn", "os.system",
-            "os.kill", "os.killpg", "socket.", "ctypes.", "os.chroot", "os.setuid", "os.setgid",
-            "_posixsubprocess", "pty.", "os.startfile", "sys.setprofile", "sys.settrace", "sys.addaudithook")
-_PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
-                "os.symlink", "os.truncate", "os.utime", "os.chdir", "shutil.rmtree", "shutil.copyfile",
-                "shutil.move", "os.listdir", "os.scandir"}
-
-def _inside(path, roots):
-    path = os.path.realpath(os.fsdecode(path))
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
-
-def _hook(event, args):
-    if event.startswith(_REFUSED):
-        raise PermissionError(f"the sandbox does not allow {event}")
-    if event == "open":
-        path, mode, flags = args
-        if isinstance(path, int) or path is None:
-            return
-        writes = (mode is not None and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
-        allowed = (workdir, "/dev/null") if writes else readable  # /dev/null: pytest's capture writes there
-        if not _inside(path, allowed):
-            raise PermissionError(f"the sandbox does not allow opening {os.fsdecode(path)!r}" + (" for writing" if writes else ""))
-    elif event in _PATH_EVENTS:
-        for path in args:
-            if isinstance(path, (str, bytes, os.PathLike)) and not _inside(path, (workdir,) if event not in ("os.listdir", "os.scandir") else readable):
-                raise PermissionError(f"the sandbox does not allow {event} on {os.fsdecode(path)!r}")
-
-sys.addaudithook(_hook)
 result, status = None, 0
 scope = {"__name__": "__main__"}
 try:
@@ -164,9 +93,9 @@ except BaseException:
     status = 1
 sys.stdout.flush()
 with open("result.json", "w") as handle:
-    json.dump({"result": result, "isolated": isolated, "filtered": filtered}, handle)
+    json.dump({"result": result, "filtered": filtered}, handle)
 sys.exit(status)
-"""
+""".replace("%s", inspect.getsource(install_filter))
 
 
 @dataclass(frozen=True)
@@ -192,8 +121,9 @@ class Limits:
 class PythonRun:
     """What one sandboxed run left: its printed output, its error output, the ``repr`` of the
     code's last expression (None when it had none), why it was stopped, if it was, which kernel
-    isolation the child got (read from the child itself: False where it could not tell) and the
-    child's exit status (negative: the signal that ended it; None when it was stopped)."""
+    isolation the child got (``namespaces``: it ran in the jail, always so since code never runs
+    outside it; ``syscalls_filtered``: read from the child itself) and the child's exit status
+    (negative: the signal that ended it; None when it was stopped)."""
 
     stdout: str
     stderr: str
@@ -222,7 +152,8 @@ def run_python(
 
     ``stdin`` is its standard input; ``files`` (name -> text) are written into its working
     directory beside it first (plain names only); ``file_mb`` caps each file it writes (its
-    output included) and ``max_output_chars`` what is read back of its output."""
+    output included) and ``max_output_chars`` what is read back of its output. Raises
+    ``training.jail.JailUnavailable`` where this machine cannot jail it."""
     timeout_s = min(max(float(timeout_s), 1.0), MAX_TIMEOUT_S)
     files = files or {}
     for name in files:
@@ -232,26 +163,26 @@ def run_python(
         for name, text in {**files, "code.py": code}.items():
             with open(os.path.join(workdir, name), "w", encoding="utf-8") as handle:
                 handle.write(text)
+        program = filter_program(threads=False)
         settings = {
+            "filter": program.hex() if program else "",
             "cpu_s": int(timeout_s) + 1,
             "memory_bytes": memory_mb * 1024 * 1024,
             "file_bytes": int(file_mb * 1024 * 1024),
-            "readable": _library_folders(),
         }
         env = {
             "PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-            # one thread each: BLAS and OpenMP pools would need new threads, which RLIMIT_NPROC refuses
+            # one thread each: BLAS and OpenMP pools would need new threads, which the filter refuses
             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1",
         }
+        jail = Jail(workdir=workdir, writable=(workdir,), env=env)
         # Standard input from an unlinked file outside the working directory: the code cannot rewrite it.
         with open(os.path.join(workdir, "stdout"), "wb") as out, open(os.path.join(workdir, "stderr"), "wb") as err, \
                 tempfile.TemporaryFile() as given:
             given.write(stdin.encode())
             given.seek(0)
-            process = subprocess.Popen(
-                [sys.executable, "-I", "-c", _RUNNER, json.dumps(settings)], cwd=workdir, env=env,
-                stdin=given, stdout=out, stderr=err, start_new_session=True,
-            )
+            process = jail.popen([sys.executable, "-I", "-c", _RUNNER, json.dumps(settings)],
+                                 stdin=given, stdout=out, stderr=err, start_new_session=True)
             stopped, status = None, None
             try:
                 status = process.wait(timeout=timeout_s)
@@ -259,10 +190,11 @@ def run_python(
                 stopped = f"timed out after {timeout_s:g} s"
             finally:
                 try:
-                    os.killpg(process.pid, signal.SIGKILL)  # whatever it left running too
+                    os.killpg(process.pid, signal.SIGKILL)  # the jail's pid namespace ends with it
                 except ProcessLookupError:
                     pass
                 process.wait()
+        status = _child_status(status)
         if stopped is None and status < 0:
             stopped = _signal_text(-status, timeout_s, memory_mb, settings["file_bytes"])
         stdout = _read(workdir, "stdout", max_output_chars)
@@ -278,16 +210,18 @@ def run_python(
         if isinstance(result, str) and len(result) > max_output_chars:
             result = result[:max_output_chars] + "...(cut)"
         return PythonRun(stdout, stderr, result if isinstance(result, str) else None, stopped,
-                         bool(written.get("isolated")), bool(written.get("filtered")), status)
+                         True, bool(written.get("filtered")), status)
 
 
-def _library_folders() -> list[str]:
-    """Where the interpreter's own modules live: the code may import them (and read nothing else)."""
-    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    folders.update(path for name in ("stdlib", "platstdlib", "purelib", "platlib") if (path := sysconfig.get_path(name)))
-    folders.update(p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p)
-    folders.update({"/usr/lib", "/usr/local/lib", "/lib", "/usr/share/zoneinfo", "/dev/null", "/dev/urandom", "/proc/self"})
-    return sorted(folders)
+# The signals a program in the jail is ended by (its limits, the memory limit's failed allocation):
+# bubblewrap passes a child's death by signal N on as exit status 128 + N.
+_LIMIT_SIGNALS = {signal.SIGXCPU, signal.SIGXFSZ, signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS}
+
+
+def _child_status(status: int | None) -> int | None:
+    if status is not None and status > 128 and (status - 128) in _LIMIT_SIGNALS:
+        return -(status - 128)
+    return status
 
 
 def _read(workdir: str, name: str, max_chars: int) -> str:

@@ -19,7 +19,7 @@ def fenced(code: str) -> str:
     return f"```python\n{code}\n```"
 
 
-@pytest.mark.parametrize("module", ["socket", "_socket"])  # _socket: below the audit hook, the kernel's to refuse
+@pytest.mark.parametrize("module", ["socket", "_socket"])  # _socket: the C module, the kernel's to refuse either way
 def test_a_program_cannot_reach_the_network(module):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -57,4 +57,4 @@ def test_a_program_cannot_read_a_file_outside_its_folder(tmp_path, data_source):
     assert scored.reward == 0.0
     result = scored.metadata["test_results"][0]
     assert "hunter2" not in result["output"]
-    assert f"the sandbox does not allow opening {str(secret)!r}" in result["error"], result
+    assert "FileNotFoundError" in result["error"], result  # not in the jail's mount namespace at all
