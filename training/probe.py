@@ -8,13 +8,22 @@ and calls the reward. A web server must not do that itself, so ``check_isolated(
 warm server process that has the library, torch and transformers imported, so an answer takes
 well under a second instead of the imports' several seconds.
 
+The server runs in the platform's jail (``training.jail``: a mount namespace as an unprivileged
+uid, no network, an environment of its own that holds no secret). What it sees: the interpreter,
+the code the caller can import (its ``sys.path``, and the folders of registry code named by file
+path), the local model cache read-only, and, for one check at a time, that check's data (its
+``data_paths``: dataset files, a trained model's folder) linked into an inbox folder and named
+there in the spec. Each check's child also refuses new programs and processes (threads only):
+building an environment whose servers are programs (an MCP server) is left to the run itself.
+
 The spec and the answer are JSON::
 
     spec = {"kwargs": {...AgentTrainer arguments: import paths, dataset names, config...},
             "plugins": ["examples"],           # modules imported first (they register names)
             "pinned": {"trainer.default_local_dir": None, ...},  # the final config must hold these
             "user_keys": ["data.train_batch_size", ...],         # keys the run's owner set
-            "load_model": true}                # load the model's config and tokenizer, offline
+            "load_model": true,                # load the model's config and tokenizer, offline
+            "data_paths": ["/var/uploads/train.jsonl", ...]}     # files and folders the check reads
     answer = {"ok": true, "final_config": {...}}
            | {"ok": false, "key": "config key or null", "message": "what is wrong"}
 
@@ -27,8 +36,10 @@ import importlib
 import json
 import math
 import os
+import re
 import resource
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -37,6 +48,8 @@ import tempfile
 import threading
 import time
 from typing import Any
+
+from training.jail import Jail, JailUnavailable, refuse_new_programs
 
 DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_MEMORY_MB = 2048
@@ -137,13 +150,13 @@ def _first_line(exc: BaseException) -> str:
 _HEADER = struct.Struct("!Q")
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-# What the checked code has no need to see (a platform's own secrets and databases).
-PRIVATE_ENV = {"SECRET_KEY", "DATABASE_URL", "REDIS_URL"}
 
 
 def _limit_and_check(spec: dict[str, Any], timeout_s: float, memory_mb: int, out: int) -> None:
-    """In the forked child: its own process group, CPU and memory limits, no stdin/stdout, then the check."""
+    """In the forked child: its own process group, CPU and memory limits, no stdin/stdout, no new
+    program or process (threads only), then the check."""
     os.setpgid(0, 0)  # a timeout kills whatever the checked code started, too
+    refuse_new_programs(threads=True)
     cpu = max(1, math.ceil(timeout_s))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     limit = _mapped_bytes() + memory_mb * 1024 * 1024  # torch alone maps a lot: the allowance is on top
@@ -251,35 +264,49 @@ def serve(requests: Any = None, answers: Any = None) -> None:
 
 
 class Checker:
-    """A warm checking server for this process, started on first use and again if it died.
-    One check at a time per ``Checker`` (each takes well under a second once warm)."""
+    """A warm checking server for this process, in the jail, started on first use and again if it
+    died or a check needs code it cannot see. One check at a time per ``Checker`` (each takes well
+    under a second once warm). ``inbox``: the folder where each check's data is linked (on the same
+    file system as the data, links cost nothing; elsewhere the data is copied); default: a
+    temporary folder."""
 
-    def __init__(self, startup_timeout_s: float = 180.0) -> None:
+    def __init__(self, startup_timeout_s: float = 180.0, inbox: str | os.PathLike | None = None) -> None:
         self.startup_timeout_s = startup_timeout_s
+        self.inbox = str(inbox) if inbox is not None else None
         self._process: subprocess.Popen | None = None
+        self._code: set[str] = set()
         self._lock = threading.Lock()
 
     def check(self, spec: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB) -> dict[str, Any]:
         with self._lock:
             try:
-                process = self._server()
-                request = {"spec": spec, "timeout_s": timeout_s, "memory_mb": memory_mb, "sys_path": sys.path}
-                process.stdin.write(json.dumps(request) + "\n")
-                process.stdin.flush()
-                line = self._read_line(process, timeout_s + 30)
-                return _answer(line.encode())
-            except (OSError, ValueError, TimeoutError) as exc:
+                process = self._server(code_folders(spec))
+                with _Inbox(self._inbox_root(), spec.get("data_paths", [])) as inbox:
+                    request = {"spec": inbox.inside(spec), "timeout_s": timeout_s, "memory_mb": memory_mb,
+                               "sys_path": [os.path.realpath(entry or os.getcwd()) for entry in sys.path]}
+                    process.stdin.write(json.dumps(request) + "\n")
+                    process.stdin.flush()
+                    line = self._read_line(process, timeout_s + 30)
+                    return inbox.outside(_answer(line.encode()))
+            except (OSError, ValueError, TimeoutError, JailUnavailable) as exc:
                 self.close()
                 return {"ok": False, "key": None, "message": f"The run could not be checked: {exc}"}
 
-    def _server(self) -> subprocess.Popen:
-        if self._process is not None and self._process.poll() is None:
+    def _inbox_root(self) -> str:
+        if self.inbox is None:
+            self.inbox = tempfile.mkdtemp(prefix="run-check-inbox-")
+        os.makedirs(self.inbox, mode=0o755, exist_ok=True)
+        return self.inbox
+
+    def _server(self, extra_code: set[str] = frozenset()) -> subprocess.Popen:
+        code = set(code_roots(sys.path)) | set(extra_code)
+        if self._process is not None and self._process.poll() is None and code <= self._code:
             return self._process
-        env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
-        env.update(OFFLINE, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self._process = subprocess.Popen(
+        self.close()
+        self._code = code
+        self._process = checker_jail(sorted(code), self._inbox_root(), sys.path).popen(
             [sys.executable, "-m", "training.probe", "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, env=env, text=True, start_new_session=True,
+            stderr=subprocess.DEVNULL, text=True, start_new_session=True,
         )
         if json.loads(self._read_line(self._process, self.startup_timeout_s)).get("ready") is not True:
             raise OSError("the checking server did not start")
@@ -306,6 +333,124 @@ class Checker:
             self._process = None
 
 
+def checker_jail(code: list[str], inbox: str, path: list[str]) -> Jail:
+    """The checking server's jail: the code it may import (from the folders of ``path``), the model
+    cache read-only (downloads are off), the inbox read-only, and an environment of its own: no
+    variable of the caller's."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    folders = [os.path.realpath(entry or os.getcwd()) for entry in path]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "PYTHONPATH": os.pathsep.join(folders),
+           "HF_HUB_CACHE": HF_HUB_CACHE, "HF_DATASETS_CACHE": "/tmp/datasets-cache",  # datasets writes its cache
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", **OFFLINE}
+    return Jail(workdir="/tmp", read_only=(*code, HF_HUB_CACHE, inbox), env=env)
+
+
+def code_roots(path: list[str]) -> list[str]:
+    """What of ``path`` (a ``sys.path``) is code: installed packages and the interpreter whole
+    (the jail adds them), and of any other folder (a checkout) only its Python packages and
+    modules, never its other files (a checkout's ``var/`` holds the platform's secret key)."""
+    roots = []
+    for entry in path:
+        folder = os.path.realpath(entry or os.getcwd())
+        if not os.path.isdir(folder):
+            continue
+        if "site-packages" in folder or "dist-packages" in folder or folder.startswith(os.path.realpath(sys.base_prefix)):
+            continue
+        for name in sorted(os.listdir(folder)):
+            child = os.path.join(folder, name)
+            if name.endswith(".py") or os.path.isfile(os.path.join(child, "__init__.py")):
+                roots.append(child)
+    return roots
+
+
+_CODE_FILE = re.compile(r"^(/[^:]+\.py)(:[\w.]+)?$")
+
+
+def code_folders(spec: dict[str, Any]) -> set[str]:
+    """The folders of registry code that ``spec`` names by file path (``/srv/rewards/score.py:fn``)."""
+    folders = set()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, str):
+            match = _CODE_FILE.match(value)
+            if match and os.path.isfile(match.group(1)):
+                folders.add(os.path.dirname(os.path.realpath(match.group(1))))
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+
+    visit({key: value for key, value in spec.items() if key != "data_paths"})
+    return folders
+
+
+class _Inbox:
+    """One check's data, linked (or copied) into a fresh folder of the inbox; the spec's mentions of
+    each host path are rewritten to its place there, and the answer's back. Removed afterwards."""
+
+    def __init__(self, root: str, paths: list[str]) -> None:
+        self.folder = tempfile.mkdtemp(prefix="check-", dir=root)
+        os.chmod(self.folder, 0o755)
+        self.places: dict[str, str] = {}
+        for index, path in enumerate(dict.fromkeys(os.path.realpath(p) for p in paths if p and os.path.exists(p))):
+            place = os.path.join(self.folder, str(index), os.path.basename(path))
+            os.makedirs(os.path.dirname(place), mode=0o755)
+            _link_tree(path, place)
+            self.places[path] = place
+
+    def __enter__(self) -> "_Inbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def inside(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return _rewrite({k: v for k, v in spec.items() if k != "data_paths"}, self.places)
+
+    def outside(self, answer: dict[str, Any]) -> dict[str, Any]:
+        return _rewrite(answer, {place: path for path, place in self.places.items()})
+
+
+def _link_tree(source: str, target: str) -> None:
+    """Hard links to ``source`` (a file or a folder) at ``target``; a copy where a link cannot serve
+    (another file system, or a file the jail's uid could not read through a link)."""
+    def place(src: str, dst: str) -> None:
+        readable = os.geteuid() != 0 or os.stat(src).st_mode & 0o004
+        try:
+            if not readable:
+                raise PermissionError
+            os.link(src, dst)
+        except OSError:
+            shutil.copyfile(src, dst)
+            os.chmod(dst, 0o644)
+
+    if os.path.isdir(source):
+        shutil.copytree(source, target, copy_function=place, symlinks=False)
+        for folder, _, _ in os.walk(target):
+            os.chmod(folder, 0o755)
+    else:
+        place(source, target)
+
+
+def _rewrite(value: Any, places: dict[str, str]) -> Any:
+    """``value`` with every string that is, or starts with, a key of ``places`` (then ``/`` or ``:``) moved there."""
+    if isinstance(value, str):
+        for old, new in places.items():
+            if value == old or value.startswith((old + "/", old + ":")):
+                return new + value[len(old):]
+            if old in value:  # a message quoting the path
+                value = value.replace(old, new)
+        return value
+    if isinstance(value, dict):
+        return {key: _rewrite(item, places) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_rewrite(item, places) for item in value]
+    return value
+
+
 _checker = Checker()
 
 
@@ -313,6 +458,14 @@ def check_isolated(spec: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_S, m
     """``check(spec)`` in a sandboxed child process (wall-clock and CPU limit ``timeout_s``, memory
     ``memory_mb`` beyond the warm server's): the answer, or why there is none (see the module doc)."""
     return _checker.check(spec, timeout_s, memory_mb)
+
+
+def use_inbox(folder: str | os.PathLike) -> None:
+    """Link each check's data under ``folder`` (best on the data's own file system: links, not copies)."""
+    if _checker.inbox != str(folder):
+        with _checker._lock:
+            _checker.close()  # its jail shows the old inbox
+            _checker.inbox = str(folder)
 
 
 def warm() -> None:

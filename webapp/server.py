@@ -40,11 +40,11 @@ def command(host: str, port: int, log_level: str = "info", processes: int | None
 def application():
     """The ASGI application, built in each server process (uvicorn's ``factory``)."""
     if os.environ.get("PLATFORM_WARM_CHECKER", "1") == "1":
-        # The run form's checks run in a sandboxed child of this process's warm checking server;
+        # The run form's checks run in a jailed child of this process's warm checking server;
         # start it now, so the first person to submit a run does not wait for torch's import.
-        from training import probe
+        from webapp.runs.trainer_args import warm_checker
 
-        threading.Thread(target=probe.warm, name="run-checker-warmup", daemon=True).start()
+        threading.Thread(target=warm_checker, name="run-checker-warmup", daemon=True).start()
     from webapp.asgi import application as asgi_application
 
     return asgi_application

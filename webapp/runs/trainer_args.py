@@ -8,6 +8,7 @@ Used twice with the same inputs: by the run form (validate before queueing) and 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from typing import Any
 
@@ -175,21 +176,36 @@ def trainer_kwargs(
 
 def check_spec(kwargs: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """What ``training.probe`` checks for a run with these ``AgentTrainer`` kwargs: the platform-set
-    keys must come out as set, and the owner's ``overrides`` reach nothing unchecked."""
+    keys must come out as set, and the owner's ``overrides`` reach nothing unchecked. ``data_paths``:
+    the files the check reads (the datasets, the model's folder), the only ones its jail shows it."""
+    config = kwargs["config"]
+    named = [kwargs.get("train_dataset"), kwargs.get("val_dataset"), config.get(MODEL_KEY),
+             config.get("actor_rollout_ref.model.tokenizer_path")]
     return {
         "kwargs": kwargs,
         "plugins": list(settings.TRAINING_PLUGINS),
-        "pinned": {key: kwargs["config"][key] for key in platform_set_keys()},
+        "pinned": {key: config[key] for key in platform_set_keys()},
         "user_keys": sorted(overrides),
         "load_model": True,
+        "data_paths": [path for path in named if isinstance(path, str) and os.path.isabs(path) and os.path.exists(path)],
     }
 
 
 def check_isolated(spec: dict[str, Any]) -> dict[str, Any]:
-    """``training.probe.check_isolated`` with the platform's limits: the run's code never runs here."""
-    from training.probe import check_isolated as isolated
+    """``training.probe.check_isolated`` with the platform's limits: the run's code never runs here.
+    Each check's data is linked under ``VAR_DIR/run-checks`` (beside the uploads: links, not copies)."""
+    from training import probe
 
-    return isolated(spec, timeout_s=settings.RUN_CHECK_TIMEOUT_SECONDS, memory_mb=settings.RUN_CHECK_MEMORY_MB)
+    probe.use_inbox(settings.VAR_DIR / "run-checks")
+    return probe.check_isolated(spec, timeout_s=settings.RUN_CHECK_TIMEOUT_SECONDS, memory_mb=settings.RUN_CHECK_MEMORY_MB)
+
+
+def warm_checker() -> None:
+    """Start this process's checking server now (a web server does at startup), in its jail with the inbox above."""
+    from training import probe
+
+    probe.use_inbox(settings.VAR_DIR / "run-checks")
+    probe.warm()
 
 
 def run_trainer_kwargs(run, run_path: str) -> dict[str, Any]:
