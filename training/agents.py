@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from training import secrets
 from training.types import Action, Step, Trajectory
 from training.utils import import_object
 from training.workflow import Workflow
@@ -78,12 +79,52 @@ class BaseEnv(ABC):
     @staticmethod
     @abstractmethod
     def from_dict(info: dict) -> "BaseEnv":
-        """Build an environment for one task: a dataset row merged with ``env_args``."""
+        """Build an environment for one task: a dataset row merged with ``env_args`` (an ``EnvInfo``,
+        whose ``split_settings`` tells the row's data from the settings)."""
 
     @staticmethod
     def is_multithread_safe() -> bool:
         """Whether ``step`` may run in a worker thread while other episodes run."""
         return True
+
+
+class EnvInfo(dict):
+    """What the episode loop hands an environment class's ``from_dict``: rLLM's ``{**task,
+    **env_args}``, which also remembers which keys came from ``env_args`` (the caller's code, or an
+    administrator's registry entry) rather than from the dataset row.
+
+    A row is data. An environment's settings -- its tools, reward function, server commands and
+    their environment, limits -- come only from ``env_args``; a row's key of the same name is one
+    more field of the task (``split_settings``). So a dataset someone uploaded can never choose a
+    program, a variable of its environment, or an import path."""
+
+    def __init__(self, task: dict, env_args: dict) -> None:
+        super().__init__({**task, **env_args})
+        self.row = dict(task)
+        self.setting_keys = frozenset(env_args)
+
+
+def build_env(env_class: type, task: dict, env_args: dict) -> "BaseEnv":
+    """One environment for one task, as every episode loop builds it (secrets named in ``env_args``
+    put in now: ``training.secrets``)."""
+    return env_class.from_dict(EnvInfo(task, secrets.resolve(env_args)))
+
+
+def build_agent(agent_class: type, agent_args: dict) -> Any:
+    """One agent, as every episode loop builds it (secrets named in ``agent_args`` put in now)."""
+    return agent_class(**secrets.resolve(agent_args))
+
+
+def split_settings(info: dict, names: tuple[str, ...]) -> tuple[dict, dict]:
+    """``from_dict``'s input as ``(task, settings)``: the settings are the keys of ``names`` that
+    came from ``env_args``. From an ``EnvInfo``, a row's key named like a setting stays in the task
+    as data; a plain dict (built by the caller's own code, as rLLM's scripts do) is taken whole."""
+    given = info.setting_keys if isinstance(info, EnvInfo) else frozenset(info)
+    settings = {name: info[name] for name in names if name in info and name in given}
+    rest = {key: value for key, value in info.items() if key not in settings}
+    if isinstance(info, EnvInfo):  # the row whole (a field env_args shadowed included), then env_args' other keys
+        rest = {**info.row, **{key: value for key, value in rest.items() if key in given}}
+    return rest, settings
 
 
 AgentRunFunc = Callable[..., Any]

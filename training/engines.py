@@ -25,6 +25,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from training.agents import build_agent, build_env
 from training.generation import ModelCallError, encode, render_messages, split_reasoning
 from training.log import logger
 from training.types import Action, Episode, ModelOutput, TerminationReason, Trajectory
@@ -390,9 +391,9 @@ class AgentExecutionEngine:
     async def run_agent_trajectory(self, index: int, task: dict) -> Trajectory:
         """One episode, rLLM's turn loop ("Text" mode)."""
         loop = asyncio.get_running_loop()
-        env = self.env_class.from_dict({**task, **self.env_args})
+        env = build_env(self.env_class, task, self.env_args)
         env.idx = index
-        agent = self.agent_class(**self.agent_args)
+        agent = build_agent(self.agent_class, self.agent_args)
         agent.trajectory.task = task
         started = time.monotonic()
         try:

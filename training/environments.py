@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from training.agents import BaseEnv
+from training.agents import BaseEnv, split_settings
 from training.rewards import RewardFunction, load_reward
 
 
@@ -79,8 +79,8 @@ class SingleTurnEnvironment(MultiTurnEnvironment):
 
     @staticmethod
     def from_dict(info: dict) -> "SingleTurnEnvironment":
-        """``info`` is the dataset row merged with ``env_args``: ``reward_fn`` comes out of it, and the
-        rest (or its ``task`` entry, where there is one) is the task."""
-        info = dict(info)
-        reward_fn = info.pop("reward_fn", None)
-        return SingleTurnEnvironment(task=info.get("task", info), reward_fn=reward_fn)
+        """``info`` is the dataset row merged with ``env_args``: ``reward_fn`` comes out of
+        ``env_args`` (never the row: ``split_settings``), and the rest (or its ``task`` entry, where
+        there is one) is the task."""
+        task, settings = split_settings(info, ("reward_fn",))
+        return SingleTurnEnvironment(task=task.get("task", task), **settings)

@@ -19,7 +19,8 @@ import time
 import traceback
 from typing import Any, Callable
 
-from training.agents import AgentSpec
+from training import secrets
+from training.agents import AgentSpec, build_agent, build_env
 from training.config import Config
 from training.generation import GenerationOutput, ModelCallError, ModelClient, TokenGenerator, continuation, encode, render_messages
 from training.log import logger
@@ -238,14 +239,14 @@ class EpisodeRunner:
         """The turn loop. Generation continues from the episode's own token ids rather than a
         re-tokenised conversation, so each turn's logprobs hold for exactly the tokens trained on."""
         spec, cfg, data = self.spec, self.loop_config, self.config.data
-        env = spec.env_class.from_dict({**task, **spec.env_args})
+        env = build_env(spec.env_class, task, spec.env_args)
         threaded = spec.env_class.is_multithread_safe()
 
         async def call_env(fn: Callable, *args: Any) -> Any:
             return await self._in_thread(fn, *args) if threaded else fn(*args)
 
         try:
-            agent = spec.agent_class(**spec.agent_args)
+            agent = build_agent(spec.agent_class, spec.agent_args)
             agent.reset()
             episode.trajectories = [agent.trajectory]
             observation, info = await call_env(env.reset)
@@ -322,7 +323,7 @@ class EpisodeRunner:
         """rLLM's workflow life: built with ``(rollout_engine=, executor=, **workflow_args)``, run with
         its termination handling. An error episode is raised as ``_WorkflowFailed`` so that it is
         retried and reported like any other failed episode."""
-        workflow = self.spec.workflow_class(rollout_engine=client, executor=self._executor, **self.spec.workflow_args)
+        workflow = self.spec.workflow_class(rollout_engine=client, executor=self._executor, **secrets.resolve(self.spec.workflow_args))
         result = await workflow.run_with_termination_handling(task, episode.id)
         reason = result.termination_reason
         if reason == TerminationReason.ERROR:

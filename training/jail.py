@@ -44,6 +44,14 @@ class JailUnavailable(RuntimeError):
     """This machine cannot jail untrusted code (no bubblewrap, or no namespaces)."""
 
 
+class ProgramsRefused(RuntimeError):
+    """This process refuses to start programs (``refuse_new_programs``): what needs one, such as an
+    environment's MCP server, is built when the run starts, not while the run is checked."""
+
+
+_refusing_programs = False
+
+
 @dataclass(frozen=True)
 class Jail:
     """What one jailed program sees. Paths appear at the same place as on the host.
@@ -172,8 +180,15 @@ def install_filter(hex_program: str) -> bool:
 def refuse_new_programs(threads: bool = True) -> bool:
     """Install the filter in this process (and every thread and child it makes from now on):
     True when the kernel took it."""
+    global _refusing_programs
     program = filter_program(threads)
-    return install_filter(program.hex() if program else "")
+    _refusing_programs = install_filter(program.hex() if program else "")
+    return _refusing_programs
+
+
+def refusing_programs() -> bool:
+    """Whether this process has refused itself new programs (a run check's child)."""
+    return _refusing_programs
 
 
 def interpreter_paths() -> list[str]:

@@ -41,6 +41,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("training.mcp_env needs the MCP SDK: pip install 'agent-trainer[mcp]' (or pip install mcp).") from exc
 
+from training.agents import split_settings
+from training.jail import ProgramsRefused, refusing_programs
 from training.tool_env import ToolEnvironment
 from training.log import logger
 from training.rewards import load_reward, search_reward_fn
@@ -372,6 +374,9 @@ class _SharedServers:
         with self.lock:
             manager = self.current.get(spec)
             if manager is None or not manager.running:  # none yet, or the last one went away
+                if refusing_programs():
+                    raise ProgramsRefused(f"MCP server `{spec.command}` is a program: it starts when the run starts, "
+                                          "not while the run is checked")
                 manager = MCPConnectionManager(spec.command, list(spec.args), dict(spec.env) if spec.env is not None else None,
                                                cwd=spec.cwd, startup_timeout=startup_timeout)
                 manager.start()
@@ -483,11 +488,11 @@ class MCPEnvironment(ToolEnvironment):
     @staticmethod
     def from_dict(env_args: dict) -> "MCPEnvironment":
         """``env_args`` is the dataset row merged with the environment's arguments: the server
-        settings, ``reward_fn``, ``max_steps`` and the timeouts come out of it; the rest is the task."""
-        task = dict(env_args)
+        settings, ``reward_fn``, ``max_steps`` and the timeouts come out of the arguments (never the
+        row: ``split_settings``); the rest is the task."""
         names = ("mcp_server_command", "mcp_server_args", "mcp_server_env", "mcp_servers", "reward_fn", "max_steps",
                  "tool_timeout", "startup_timeout")
-        settings = {name: task.pop(name) for name in names if name in task}
+        task, settings = split_settings(env_args, names)
         return MCPEnvironment(task=task, **settings)
 
 
@@ -501,13 +506,14 @@ def _server_specs(command: str | None, args: list[str] | None, env: dict[str, st
                              "'mcp_server_args': [...], 'mcp_server_env': {...}} (or mcp_servers={name: {...}}).")
         servers = {command: {"command": command, "args": args, "env": env}}
     if not isinstance(servers, dict) or not servers:
-        raise ValueError(f"mcp_servers must map server names to {{'command', 'args', 'env', 'cwd'}}, got {servers!r}.")
+        raise ValueError(f"mcp_servers must map server names to {{'command', 'args', 'env', 'cwd'}}, got a {type(servers).__name__}.")
     specs = []
     for name, settings in servers.items():
         unknown = set(settings) - {"command", "args", "env", "cwd"} if isinstance(settings, dict) else None
         if unknown is None or unknown or not isinstance(settings.get("command"), str):
+            given = sorted(settings) if isinstance(settings, dict) else type(settings).__name__
             raise ValueError(f"mcp_servers[{name!r}] must be {{'command': str, 'args': [...], 'env': {{...}}, 'cwd': str}}, "
-                             f"got {settings!r}.")
+                             f"got {given}.")
         server_env = settings.get("env")
         specs.append(_ServerSpec(settings["command"], tuple(settings.get("args") or ()),
                                  tuple(sorted(server_env.items())) if server_env is not None else None, settings.get("cwd")))

@@ -49,6 +49,7 @@ import threading
 import time
 from typing import Any
 
+from training import secrets
 from training.jail import Jail, JailUnavailable, refuse_new_programs
 
 DEFAULT_TIMEOUT_S = 20.0
@@ -157,6 +158,7 @@ def _limit_and_check(spec: dict[str, Any], timeout_s: float, memory_mb: int, out
     program or process (threads only), then the check."""
     os.setpgid(0, 0)  # a timeout kills whatever the checked code started, too
     refuse_new_programs(threads=True)
+    secrets.use_placeholders()  # the jail holds no secret; nothing built here sends one anywhere
     cpu = max(1, math.ceil(timeout_s))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     limit = _mapped_bytes() + memory_mb * 1024 * 1024  # torch alone maps a lot: the allowance is on top

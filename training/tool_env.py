@@ -16,7 +16,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from training.agents import BaseEnv
+from training.agents import BaseEnv, split_settings
 from training.rewards import load_reward
 from training.rllm_tools import MultiTool, Tool, ToolOutput
 
@@ -85,9 +85,9 @@ class ToolEnvironment(BaseEnv):
     @staticmethod
     def from_dict(env_args: dict) -> "ToolEnvironment":
         """``env_args`` is the dataset row merged with the environment's arguments: ``tools``,
-        ``tool_map``, ``reward_fn`` and ``max_steps`` come out of it; the rest is the task."""
-        task = dict(env_args)
-        settings = {name: task.pop(name) for name in ("tools", "tool_map", "reward_fn", "max_steps") if name in task}
+        ``tool_map``, ``reward_fn`` and ``max_steps`` come out of the arguments (never the row:
+        ``split_settings``); the rest is the task."""
+        task, settings = split_settings(env_args, ("tools", "tool_map", "reward_fn", "max_steps"))
         return ToolEnvironment(task=task, **settings)
 
 

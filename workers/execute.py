@@ -36,7 +36,7 @@ from webapp.dashboard.recording import DashboardSink
 from webapp.integrations.tracking import prepare_run
 from webapp.registry.models import Backend
 from webapp.runs.models import Run, RunLog
-from webapp.runs.trainer_args import check_spec, load_training_plugins, run_trainer_kwargs
+from webapp.runs.trainer_args import check_spec, load_training_plugins, private_values, redact, run_trainer_kwargs
 from webapp.runs.recording import DatabaseSink, RunLogHandler, RunRecorder
 from webapp.runs import artifacts
 
@@ -413,6 +413,8 @@ def train_run(run_id: int) -> str:
     try:
         load_training_plugins()
         kwargs = run_trainer_kwargs(run, run_path)
+        hidden = private_values(kwargs)
+        handler.redact = lambda text: redact(text, hidden)  # what the run's viewers read
         uploader = artifacts.start_uploads(run, Path(run_path))  # a shared store: what earlier attempts stored
         artifacts.fetch_trained_model(run.model)  # a model another run trained, from the store
         sinks = [DatabaseSink(recorder), DashboardSink(run.pk, spool_dir=run_path), *prepare_run(run, kwargs)]  # the project's trackers, alerts
@@ -441,8 +443,8 @@ def train_run(run_id: int) -> str:
             return _with_database(lambda: run.recover(reason) or run.status, "re-queue the run")
         status = _with_database(run.stopped_status, "read why the run stopped") if should_stop.cancelled else Run.Status.FAILED
         # The library's own outcome failures carry their cause and the user code's traceback.
-        error = getattr(exc, "summary", None) or f"{exc.__class__.__name__}: {exc}"
-        trace = getattr(exc, "user_traceback", None) or traceback_module.format_exc()
+        error = handler.redact(getattr(exc, "summary", None) or f"{exc.__class__.__name__}: {exc}")
+        trace = handler.redact(getattr(exc, "user_traceback", None) or traceback_module.format_exc())
         _with_database(lambda: run.finish(status, error=error, traceback=trace), "record the run's end")
         if not isinstance(exc, Exception):
             raise

@@ -95,7 +95,7 @@ def test_env_that_cannot_be_built_from_the_dataset(tmp_path):
 
 
 def test_misspelt_agent_args_key_fails_at_construction(tmp_path):
-    with pytest.raises(ValueError, match=r"agent_class FrozenLakeAgent could not be built with agent_args \{'max_stepz': 3\} "
+    with pytest.raises(ValueError, match=r"agent_class FrozenLakeAgent could not be built with agent_args \(max_stepz\) "
                                          r"and reset: TypeError: .*unexpected keyword argument 'max_stepz'"):
         build(tmp_path, **FROZENLAKE, agent_args={"max_stepz": 3}, train_dataset="frozenlake:train")
 
@@ -106,9 +106,9 @@ class EnvWhoseServerIsDown(FrozenLakeEnv):
         raise ConnectionError("the search server did not start")
 
 
-def test_construction_errors_do_not_print_credentials_given_in_env_args(tmp_path):
+def test_construction_errors_name_the_arguments_never_their_values(tmp_path):
     # rLLM's MCP example passes its search API key in env_args; the error is shown on the run page.
-    with pytest.raises(ValueError, match=r"env_args \{'mcp_server_env': \{'TAVILY_API_KEY': '<redacted>'\}\}: "
+    with pytest.raises(ValueError, match=r"env_args \(mcp_server_env\): "
                                          r"ConnectionError: the search server did not start") as error:
         build(tmp_path, agent_class=FROZENLAKE["agent_class"], env_class=EnvWhoseServerIsDown,
               env_args={"mcp_server_env": {"TAVILY_API_KEY": "tvly-secret"}}, train_dataset="frozenlake:train")

@@ -13,11 +13,12 @@ from typing import Any
 
 import yaml
 
-from training.agents import AgentSpec, by_import_path
+from training.agents import AgentSpec, build_agent, build_env
 from training.chat_agent import Agent as ChatAgent
 from training.chat_agent import chat_agent_from
 from training.config import Config
 from training.data import dataset_to_tasks, load_dataset, require_columns, require_rows
+from training.jail import ProgramsRefused
 from training.processor import TrainerProcessor
 from training.rewards import RewardFunction, load_reward
 from training.sdk.run_func import check_task_fields
@@ -206,19 +207,24 @@ class BuiltinProcessor(TrainerProcessor):
 
     def _probe_agent_and_env(self, task: dict) -> None:
         """Build and reset one agent and one environment from the first row, as the rollouts will,
-        so that a misspelt ``agent_args`` key or a broken env fails before training."""
+        so that a misspelt ``agent_args`` key or a broken env fails before training. An environment
+        that starts programs (an MCP server) where this process refuses them (a run's check) is
+        built when the run starts instead. Errors name the arguments, never their values (an
+        administrator's server arguments; they may hold what the person checking must not see)."""
         spec = self.agent_spec
         try:
-            spec.agent_class(**spec.agent_args).reset()
+            build_agent(spec.agent_class, spec.agent_args).reset()
         except Exception as exc:
             raise ValueError(
-                f"agent_class {spec.agent_class.__name__} could not be built with agent_args {by_import_path(spec.agent_args)} "
-                f"and reset: {type(exc).__name__}: {exc}"
+                f"agent_class {spec.agent_class.__name__} could not be built with agent_args "
+                f"{_names(spec.agent_args)} and reset: {type(exc).__name__}: {exc}"
             ) from exc
         try:
-            env = spec.env_class.from_dict({**task, **spec.env_args})
+            env = build_env(spec.env_class, task, spec.env_args)
             env.reset()
             env.close()
+        except ProgramsRefused as exc:
+            logger.info("env_class %s not built here: %s", spec.env_class.__name__, exc)
         except KeyError as exc:
             missing = exc.args[0] if exc.args else None
             if isinstance(missing, str) and missing not in task and missing not in spec.env_args:
@@ -235,9 +241,13 @@ class BuiltinProcessor(TrainerProcessor):
         spec = self.agent_spec
         return ValueError(
             f"env_class {spec.env_class.__name__} could not be built and reset from the first row of "
-            f"train_dataset (fields {', '.join(map(str, task))}) with env_args {by_import_path(spec.env_args)}: "
+            f"train_dataset (fields {', '.join(map(str, task))}) with env_args {_names(spec.env_args)}: "
             f"{type(exc).__name__}: {exc}"
         )
+
+
+def _names(args: dict) -> str:
+    return "(" + ", ".join(map(str, args)) + ")" if args else "(none)"
 
 
 def _describe(source: Any) -> str:

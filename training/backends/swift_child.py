@@ -158,7 +158,7 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict], trajectory_t
     """
     from swift.rollout.multi_turn import MultiTurnScheduler
 
-    from training.agents import AgentSpec
+    from training.agents import AgentSpec, build_agent, build_env
     from training.threads import DaemonThreadExecutor
     from training.types import Action, Episode, TerminationReason
 
@@ -176,8 +176,8 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict], trajectory_t
             self.error: str | None = None
             self.traceback = ""
             try:
-                self.env = spec.env_class.from_dict({**task, **spec.env_args})
-                self.agent = spec.agent_class(**spec.agent_args)
+                self.env = build_env(spec.env_class, task, spec.env_args)
+                self.agent = build_agent(spec.agent_class, spec.agent_args)
                 self.agent.reset()
                 observation, self.info = self.env.reset()
                 self.agent.update_from_env(observation, 0.0, False, self.info)

@@ -12,7 +12,7 @@ import logging
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from django.conf import settings
 from django.utils import timezone
@@ -103,17 +103,19 @@ class DatabaseSink:
 
 
 class RunLogHandler(logging.Handler):
-    """Sends log records (of the ``training`` logger) to the run's log lines."""
+    """Sends log records (of the ``training`` logger) to the run's log lines, through ``redact``
+    (the registry's arguments taken out: ``trainer_args.redact``) once the run's are known."""
 
     def __init__(self, recorder: RunRecorder, level: int = logging.INFO) -> None:
         super().__init__(level)
         self.recorder = recorder
+        self.redact: Callable[[str], str] = lambda text: text
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             message = record.getMessage()
             if record.exc_info:
                 message += "\n" + logging.Formatter().formatException(record.exc_info)
-            self.recorder.add_log(record.levelname, message)
+            self.recorder.add_log(record.levelname, self.redact(message))
         except Exception:
             self.handleError(record)

@@ -193,11 +193,56 @@ def check_spec(kwargs: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
 
 def check_isolated(spec: dict[str, Any]) -> dict[str, Any]:
     """``training.probe.check_isolated`` with the platform's limits: the run's code never runs here.
-    Each check's data is linked under ``VAR_DIR/run-checks`` (beside the uploads: links, not copies)."""
+    Each check's data is linked under ``VAR_DIR/run-checks`` (beside the uploads: links, not copies).
+    The answer's message reaches the run's owner: the registry's arguments are taken out of it."""
     from training import probe
 
     probe.use_inbox(settings.VAR_DIR / "run-checks")
-    return probe.check_isolated(spec, timeout_s=settings.RUN_CHECK_TIMEOUT_SECONDS, memory_mb=settings.RUN_CHECK_MEMORY_MB)
+    answer = probe.check_isolated(spec, timeout_s=settings.RUN_CHECK_TIMEOUT_SECONDS, memory_mb=settings.RUN_CHECK_MEMORY_MB)
+    if isinstance(answer.get("message"), str):
+        answer["message"] = redact(answer["message"], private_values(spec.get("kwargs", {})))
+    return answer
+
+
+# -- what members read of registry arguments ---------------------------------------------------
+
+ARGUMENT_KWARGS = ("agent_args", "env_args", "workflow_args")
+HIDDEN = "<set by the administrator>"
+_SHORTEST_HIDDEN = 8  # shorter values (a flag, a word such as "python") would blot out ordinary words
+
+
+def private_values(kwargs: dict[str, Any]) -> list[str]:
+    """The strings an administrator gave the run's agent, environment or workflow (a server's
+    arguments and environment, paths, names), and the secrets they name, as set here: text a member
+    reads (a validation error, the run's error and log) never shows them, whatever code quoted them."""
+    from training import secrets
+
+    found: set[str] = set()
+
+    def visit(value: Any) -> None:
+        name = secrets.reference(value)
+        if name is not None:
+            if os.environ.get(name):
+                found.add(os.environ[name])
+        elif isinstance(value, str):
+            found.add(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+
+    for name in ARGUMENT_KWARGS:
+        visit(kwargs.get(name) or {})
+    return sorted((v for v in found if len(v) >= _SHORTEST_HIDDEN), key=len, reverse=True)  # longest first
+
+
+def redact(text: str, values: list[str]) -> str:
+    """``text`` with each of ``values`` (``private_values``) replaced by a mark that says who set it."""
+    for value in values:
+        text = text.replace(value, HIDDEN)
+    return text
 
 
 def warm_checker() -> None:
