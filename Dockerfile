@@ -10,10 +10,17 @@ COPY requirements.txt .
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install -r requirements.txt
 COPY . .
 RUN SECRET_KEY=build-only DEBUG=0 python manage.py collectstatic --noinput
+# The platform never runs as root (webapp/privileges.py): its own user owns /data, where run
+# folders, the secret key and uploads live.
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin agenttrainer \
+    && mkdir -p /data && chown agenttrainer:agenttrainer /data
+USER agenttrainer
 EXPOSE 8000
 CMD ["python", "-m", "webapp.server", "--host", "0.0.0.0", "--port", "8000"]
 
 # GPU workers: verl's vLLM extra brings the vLLM build (and the torch it pins) that verl's
 # rollouts run on. Ray comes with verl; see docs/verl.md to join a Ray cluster.
 FROM base AS gpu
+USER root
 RUN pip install "verl[vllm]==0.9.1"
+USER agenttrainer

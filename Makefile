@@ -27,8 +27,10 @@ $(SWIFT_VENV)/.installed: requirements-swift.txt
 	$(SWIFT_VENV)/bin/python -m pip install -q -r requirements-swift.txt
 	touch $@
 
-## The platform, embedded: SQLite, no servers; starts web + worker and a demo run.
+## The platform, embedded: SQLite, no servers; starts web + worker and a demo run. Never as root:
+## run by root, it first makes the unprivileged user the platform's processes become.
 run: install jail
+	bash scripts/service_user.sh $(PY)
 	$(PY) manage.py platform
 
 ## The library alone: train the multi-turn example in the terminal until reward passes 0.9.

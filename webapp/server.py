@@ -39,14 +39,14 @@ def command(host: str, port: int, log_level: str = "info", processes: int | None
 
 def application():
     """The ASGI application, built in each server process (uvicorn's ``factory``)."""
+    from webapp.asgi import application as asgi_application  # sets Django up
+
     if os.environ.get("PLATFORM_WARM_CHECKER", "1") == "1":
         # The run form's checks run in a jailed child of this process's warm checking server;
         # start it now, so the first person to submit a run does not wait for torch's import.
         from webapp.runs.trainer_args import warm_checker
 
         threading.Thread(target=warm_checker, name="run-checker-warmup", daemon=True).start()
-    from webapp.asgi import application as asgi_application
-
     return asgi_application
 
 
@@ -66,11 +66,12 @@ def main(argv: list[str] | None = None) -> None:
     # Each process keeps its database connections open in a pool (webapp.settings.DATABASE_POOL_SIZE):
     # opening one per request or websocket read was most of a websocket's connect time.
     os.environ.setdefault("DATABASE_POOL_SIZE", str(DATABASE_POOL_SIZE))
-    processes = args.processes
-    if processes is None:
-        from django.conf import settings
+    from django.conf import settings
 
-        processes = settings.WEB_PROCESSES
+    from webapp.privileges import drop_root
+
+    drop_root(settings.VAR_DIR)
+    processes = args.processes if args.processes is not None else settings.WEB_PROCESSES
     if processes < 1:
         parser.error(f"--processes must be at least 1, not {processes}")
     # Read by application() in each process, which uvicorn starts apart from this one.

@@ -4,7 +4,7 @@
 
 import os
 
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 from celery.worker.control import inspect_command
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
@@ -25,6 +25,16 @@ def gpus(state) -> list[dict]:
 from workers import housekeeping  # noqa: E402 (also connects the graceful stop on SIGTERM)
 
 app.steps["worker"].add(housekeeping.HousekeepingStep)
+
+
+@worker_init.connect
+def _not_as_root(**kwargs) -> None:
+    """A worker started as root becomes the platform's user before it takes any task."""
+    from django.conf import settings
+
+    from webapp.privileges import drop_root
+
+    drop_root(settings.VAR_DIR)
 
 
 @worker_process_init.connect

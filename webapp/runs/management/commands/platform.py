@@ -22,6 +22,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from webapp import server
+from webapp.privileges import drop_root
 from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
 from webapp.registry.seed import demo_run
 from webapp.runs.forms import RunForm
@@ -41,6 +42,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-worker", action="store_true", help="Start no worker (start your own).")
 
     def handle(self, *args, **options):
+        drop_root(settings.VAR_DIR)  # before anything is written: what it makes belongs to the platform's user
         for folder in (settings.VAR_DIR, settings.RUNS_DIR, settings.BROKER_DIR / "messages", settings.BROKER_DIR / "control"):
             os.makedirs(folder, exist_ok=True)
         call_command("migrate", interactive=False, verbosity=0)
