@@ -4,8 +4,6 @@ keeps an owner."""
 
 from __future__ import annotations
 
-import pytest
-
 from webapp.teams.models import Membership, Project, Team
 
 Role = Membership.Role

@@ -16,7 +16,6 @@ Parquet only.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import resource
@@ -97,10 +96,10 @@ def cell_text(value: Any) -> str:
 
 
 class _Refused(Exception):
-    pass
+    """The child's refusal of the file, answered as {"error": ...}."""
 
 
-def check_header(columns: list[str], max_columns: int, where: str) -> None:
+def _check_header(columns: list[str], max_columns: int, where: str) -> None:
     if len(columns) > max_columns:
         raise _Refused(f"{where}: {len(columns)} columns, more than the limit of {max_columns}.")
     seen: set[str] = set()
@@ -123,7 +122,7 @@ def _csv_rows(source: Path, limits: ReadLimits) -> Iterator[tuple[str, dict]]:
             header = next(reader, None)
             if not header:
                 raise _Refused("The CSV file is empty; its first line must name the columns.")
-            check_header(header, limits.max_columns, "The header (line 1)")
+            _check_header(header, limits.max_columns, "The header (line 1)")
             number = 0
             for fields in reader:
                 if not fields:
@@ -176,7 +175,7 @@ def _parquet_rows(source: Path, limits: ReadLimits) -> Iterator[tuple[str, dict]
         raise _Refused(f"Not a readable Parquet file ({exc}).") from None
     if parquet.metadata.num_rows > limits.max_rows:
         raise _Refused(f"{parquet.metadata.num_rows:,} rows, more than the limit of {limits.max_rows:,}; split the file.")
-    check_header(list(parquet.schema_arrow.names), limits.max_columns, "The schema")
+    _check_header(list(parquet.schema_arrow.names), limits.max_columns, "The schema")
     number = 0
     try:
         for batch in parquet.iter_batches(batch_size=64):
@@ -232,7 +231,7 @@ def _write_rows(kind: str, source: Path, rows_out: Path, limits: ReadLimits) -> 
     if not count:
         raise _Refused("The file has no rows.")
     if kind == "jsonl":
-        check_header(list(columns), limits.max_columns, "The keys")
+        _check_header(list(columns), limits.max_columns, "The keys")
     return {
         "columns": list(columns), "rows": count, "first_empty": first_empty,
         "preview": [[cell_text(row.get(column))[:limits.preview_chars] for column in columns] for row in preview],
