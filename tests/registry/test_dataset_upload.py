@@ -7,13 +7,15 @@ from __future__ import annotations
 import html
 import io
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
+from django.utils import timezone
 
-from webapp.registry.models import Dataset
+from webapp.registry.models import Dataset, PendingUpload
 
 CSV = "question,answer,source\n" + "".join(f"what is {i}+{i}?,{2 * i},book\n" for i in range(20))
 
@@ -173,32 +175,32 @@ def test_a_parquet_file_that_unpacks_far_beyond_its_bytes_is_refused(page_client
     client = page_client(owner)
     settings.DATASET_UPLOAD_MAX_BYTES = 10_000  # rows may unpack to 5x: 50,000 bytes
     buffer = io.BytesIO()
-    pq.write_table(pa.table({"q": ["a" * (1 << 20)]}), buffer, compression="zstd")
-    assert len(buffer.getvalue()) < 2_000
+    pq.write_table(pa.table({"q": ["a" * 1000] * 100}), buffer, compression="zstd")  # 1,010 bytes a row as JSON
+    assert len(buffer.getvalue()) < 10_000
     response = upload(client, project, "bomb", "bomb.parquet", buffer.getvalue())
-    assert "Row 1: the rows so far unpack to more than 50,000 bytes" in text(response)
+    assert "Row 50: the rows so far unpack to more than 50,000 bytes of text (the limit)" in text(response)
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"q": ["a" * (1 << 20)]}), buffer, compression="zstd")
+    response = upload(client, project, "bomb", "bomb.parquet", buffer.getvalue())
+    assert "Row 1, column 'q': the value has more than 100,000 characters (the limit)" in text(response)
 
     settings.DATASET_UPLOAD_MAX_BYTES = 20 * 1024 * 1024
     settings.DATASET_PARSE_MEMORY_MB = 64  # one 150 MB value does not fit
     buffer = io.BytesIO()
     pq.write_table(pa.table({"q": ["a" * (150 << 20)]}), buffer, compression="zstd")
     response = upload(client, project, "bomb", "bomb.parquet", buffer.getvalue())
-    assert "The Parquet file cannot be used: Row 1: cannot be read" in text(response)
+    assert "Row 1: reading it needs more than 64 MB of memory (the limit)" in text(response)
     assert not Dataset.objects.filter(name="bomb").exists()
 
 
 def test_abandoned_uploads_are_pruned_and_a_deleted_dataset_takes_its_files(page_client, owner, project, settings):
-    import os
-    import time
-
     client = page_client(owner)
     upload(client, project, "abandoned", "a.csv", CSV.encode())  # never mapped
     pending = Path(settings.MEDIA_ROOT) / "datasets" / "pending"
     (left,) = pending.iterdir()
-    day_ago = time.time() - 25 * 3600
-    os.utime(left, (day_ago, day_ago))
+    PendingUpload.objects.update(created_at=timezone.now() - timedelta(hours=25))
     upload_and_map(client, project)
-    assert not left.exists()  # the next upload pruned it
+    assert not left.exists() and not PendingUpload.objects.filter(name="abandoned").exists()  # the next upload pruned it
 
     dataset = Dataset.objects.get(name="sums")
     files = [Path(dataset.file.path), Path(dataset.test_file.path)]

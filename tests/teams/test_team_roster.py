@@ -1,9 +1,8 @@
-"""Teams managed from their pages: start a team, add members by username, change roles, remove,
-leave, add projects. Owners and admins manage; only owners touch owners; a team keeps an owner."""
+"""Teams managed from their pages: start a team, invite people by username (who accept), change
+roles, remove, leave, add projects. Owners and admins manage; only owners touch owners; a team
+keeps an owner."""
 
 from __future__ import annotations
-
-import pytest
 
 from webapp.teams.models import Membership, Project, Team
 
@@ -29,26 +28,35 @@ def test_anyone_signed_in_starts_a_team_and_owns_it(stranger, page_client):
     assert page_client(None).post("/teams/new/", {"name": "x"}).status_code == 302  # to the login
 
 
-def test_an_owner_adds_a_member_and_changes_their_role(team, owner, stranger, page_client):
+def _invite(client, team, invitee: str, role: str = "member"):
+    return client.post(f"/teams/{team.slug}/invitations/", {"invitee": invitee, "role": role}, follow=True)
+
+
+def _accept_on_teams_page(client) -> None:
+    (invitation,) = client.get("/teams/").context["invitations"]
+    client.post(f"/invitations/{invitation.pk}/answer/")
+
+
+def test_an_owner_invites_by_username_the_person_accepts_and_gets_a_role(team, owner, stranger, page_client):
     client = page_client(owner)
-    response = client.post(f"/teams/{team.slug}/members/", {"username": "stranger", "role": "viewer"}, follow=True)
-    assert _role(team, stranger) == Role.VIEWER and "stranger joined" in _messages(response)
+    _invite(client, team, "stranger", "viewer")
+    assert _role(team, stranger) is None  # nobody is in a team without accepting
+    _accept_on_teams_page(page_client(stranger))
+    assert _role(team, stranger) == Role.VIEWER
     client.post(f"/teams/{team.slug}/members/{stranger.pk}/role/", {"role": "admin"})
     assert _role(team, stranger) == Role.ADMIN
     page = client.get(f"/teams/{team.slug}/").content.decode()
-    assert 'id="member-stranger"' in page and 'id="member-add"' in page and 'id="project-add"' in page
+    assert 'id="member-stranger"' in page and 'id="invitation-create"' in page and 'id="project-add"' in page
 
 
-@pytest.mark.parametrize("data,problem", [
-    ({"username": "nobody", "role": "member"}, "There is no user named 'nobody'"),
-    ({"username": "owner", "role": "member"}, "already in"),
-    ({"username": "stranger", "role": "boss"}, "role: Select a valid choice"),
-])
-def test_bad_member_input_is_said_and_changes_nothing(team, owner, stranger, page_client, data, problem):
-    before = list(Membership.objects.values_list("team", "user", "role"))
-    response = page_client(owner).post(f"/teams/{team.slug}/members/", data, follow=True)
-    assert problem in _messages(response)
-    assert list(Membership.objects.values_list("team", "user", "role")) == before
+def test_bad_invitation_input_is_said_and_changes_nothing(team, owner, page_client):
+    from webapp.teams.models import Invitation
+
+    response = _invite(page_client(owner), team, "stranger", "boss")
+    assert "role: Select a valid choice" in _messages(response)
+    response = _invite(page_client(owner), team, "x" * 255)
+    assert "invitee: Ensure this value has at most 254 characters" in _messages(response)
+    assert not Invitation.objects.exists()
 
 
 def test_an_admin_manages_members_but_not_owners(team, owner, teammate, stranger, page_client):
@@ -69,14 +77,14 @@ def test_members_and_viewers_see_the_team_but_cannot_change_it(team, teammate, v
     for user in (teammate, viewer):
         client = page_client(user)
         page = client.get(f"/teams/{team.slug}/").content.decode()
-        assert 'id="team-members"' in page and 'id="member-add"' not in page
-        assert client.post(f"/teams/{team.slug}/members/", {"username": "stranger", "role": "member"}).status_code == 403
+        assert 'id="team-members"' in page and 'id="invitation-create"' not in page
+        assert client.post(f"/teams/{team.slug}/invitations/", {"invitee": "stranger", "role": "member"}).status_code == 403
         assert client.post(f"/teams/{team.slug}/members/{viewer.pk if user == teammate else teammate.pk}/remove/").status_code == 403
         assert client.post(f"/teams/{team.slug}/projects/", {"name": "mine"}).status_code == 403
     assert _role(team, stranger) is None and not Project.objects.filter(name="mine").exists()
     # Outsiders learn nothing about the team, not even that it exists.
     assert page_client(stranger).get(f"/teams/{team.slug}/").status_code == 404
-    assert page_client(stranger).post(f"/teams/{team.slug}/members/", {"username": "stranger", "role": "owner"}).status_code == 404
+    assert page_client(stranger).post(f"/teams/{team.slug}/invitations/", {"invitee": "stranger", "role": "owner"}).status_code == 404
 
 
 def test_a_team_keeps_an_owner(team, owner, teammate, page_client):
@@ -106,8 +114,10 @@ def test_projects_are_added_by_managers_and_named_once(team, owner, page_client)
     assert "name:" in _messages(response) and Project.objects.filter(team=team).count() == 2
 
 
-def test_a_member_added_on_the_page_sees_the_teams_runs(team, project, owner, stranger, make_run, page_client):
+def test_someone_who_accepts_an_invitation_sees_the_teams_runs(team, project, owner, stranger, make_run, page_client):
     run = make_run(name="team run", project=project, visibility="team")
     assert page_client(stranger).get(f"/runs/{run.pk}/").status_code == 404
-    page_client(owner).post(f"/teams/{team.slug}/members/", {"username": "stranger", "role": "viewer"})
+    _invite(page_client(owner), team, "stranger", "viewer")
+    assert page_client(stranger).get(f"/runs/{run.pk}/").status_code == 404
+    _accept_on_teams_page(page_client(stranger))
     assert page_client(stranger).get(f"/runs/{run.pk}/").status_code == 200

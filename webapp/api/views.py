@@ -249,6 +249,8 @@ def _create_platform(user, data: dict) -> Run:
     }, user=user)
     for name in ("agent", "dataset", "reward", "backend"):
         form.fields[name].to_field_name = "name"
+    for name in ("agent", "dataset"):  # a name means one entry among the run's project's and the shared ones
+        form.fields[name].queryset = form.fields[name].queryset.usable_in(data["project"])
     if not form.is_valid():
         raise ValidationError(form.errors)
     return form.save(owner=user)

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from webapp.registry import uploads
-from webapp.registry.models import Agent, Dataset, Model, Tool
+from webapp.registry.models import Agent, Dataset, Model, PendingUpload, Tool
 
 # Column names that usually hold each role, to start the mapping with a good guess.
 GUESSES = {
@@ -20,43 +20,65 @@ GUESSES = {
 }
 
 
-def _free_name(name: str, model) -> str:
-    if model.objects.filter(name=name).exists():
-        raise ValidationError(f"The name {name!r} is taken on this platform; choose another.")
-    return name
+# A chat agent's text is sent with every episode and shown on pages: bounded like a run's notes.
+MAX_SYSTEM_PROMPT_CHARS = 20_000
+MAX_DESCRIPTION_CHARS = 2_000
+
+
+def _free_name(name: str, model, project) -> str:
+    """``name`` unless an entry of ``project`` or a shared one has it (entries of other projects
+    do not count, and are never mentioned)."""
+    clash = model.objects.usable_in(project).filter(name=name).first()
+    if clash is None:
+        return name
+    raise ValidationError(f"The name {name!r} is taken {'in this project' if clash.project_id else 'by a shared entry'}; "
+                          "choose another.")
 
 
 class DatasetUploadForm(forms.Form):
     name = forms.SlugField(max_length=100, help_text="Letters, digits, hyphens and underscores; how runs name it.")
-    description = forms.CharField(max_length=2000, required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    description = forms.CharField(max_length=MAX_DESCRIPTION_CHARS, required=False, widget=forms.Textarea(attrs={"rows": 2}))
     file = forms.FileField(help_text="A .csv (first line: column names), .jsonl (one JSON object per line) or .parquet file.")
 
-    def __init__(self, *args: Any, too_large: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, project, owner, too_large: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.too_large = too_large
+        self.project, self.owner, self.too_large = project, owner, too_large
         self.fields["file"].help_text += f" At most {settings.DATASET_UPLOAD_MAX_BYTES / 1024 / 1024:.0f} MB " \
                                          f"and {settings.DATASET_UPLOAD_MAX_ROWS:,} rows."
-        self.table: uploads.Table | None = None
         self.kind = ""
 
     def clean_name(self) -> str:
-        return _free_name(self.cleaned_data["name"], Dataset)
+        return _free_name(self.cleaned_data["name"], Dataset, self.project)
 
-    def clean(self) -> dict[str, Any]:
-        if self.too_large:
-            self.errors.pop("file", None)
-            self.add_error("file", f"The file is larger than the limit of {settings.DATASET_UPLOAD_MAX_BYTES:,} bytes.")
-            return self.cleaned_data
-        upload = self.cleaned_data.get("file")
-        if upload is None:
-            return self.cleaned_data
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
         try:
             self.kind = uploads.format_of(upload.name)
-            upload.seek(0)
-            self.table = uploads.parse(upload, self.kind, uploads.Limits.from_settings())
+        except uploads.UploadError as exc:
+            raise ValidationError(str(exc)) from None
+        return upload
+
+    def clean(self) -> dict[str, Any]:
+        if self.too_large:  # the handler stopped reading it: the field saw no file
+            self.errors.pop("file", None)
+            self.add_error("file", f"The file is larger than the limit of {settings.DATASET_UPLOAD_MAX_BYTES:,} bytes.")
+        waiting = uploads.pending_count(self.owner)
+        if waiting >= uploads.PENDING_PER_PERSON:
+            raise ValidationError(
+                f"You have {waiting} uploads waiting for their columns, the limit of {uploads.PENDING_PER_PERSON}: "
+                "map or discard one of them (listed below) first; they are deleted after a day.")
+        return self.cleaned_data
+
+    def receive(self) -> PendingUpload | None:
+        """The upload, read and kept until its columns are mapped (``PendingUpload``); None, with
+        the error under the file field, when the file is refused."""
+        data = self.cleaned_data
+        try:
+            return uploads.receive(data["file"], self.kind, owner=self.owner, project=self.project,
+                                   name=data["name"], description=data["description"])
         except uploads.UploadError as exc:
             self.add_error("file", str(exc))
-        return self.cleaned_data
+            return None
 
 
 class ColumnMappingForm(forms.Form):
@@ -70,18 +92,17 @@ class ColumnMappingForm(forms.Form):
         help_text="Rows held out (at random, the same every time) to score the model on; 0: no test set.",
     )
 
-    def __init__(self, *args: Any, table: uploads.Table, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, pending: PendingUpload, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.table = table
-        choices = [(column, column) for column in table.columns]
+        self.pending = pending
+        choices = [(column, column) for column in pending.columns]
         self.fields["prompt"].choices = choices
         self.fields["ground_truth"].choices = [("", "— none —")] + choices
         for role, names in GUESSES.items():
-            guess = next((c for name in names for c in table.columns if c.lower() == name), None)
+            guess = next((c for name in names for c in pending.columns if c.lower() == name), None)
             if guess is not None:
                 self.fields[role].initial = guess
-        self.train: list[dict] = []
-        self.test: list[dict] = []
+        self.test: set[int] = set()
 
     def mapping(self) -> dict[str, str]:
         return {role: self.cleaned_data[role] for role in ("prompt", "ground_truth") if self.cleaned_data.get(role)}
@@ -94,8 +115,12 @@ class ColumnMappingForm(forms.Form):
             self.add_error("ground_truth", "The answer column must differ from the prompt column.")
             return cleaned
         try:
-            uploads.check_mapping(self.table, self.mapping())
-            self.train, self.test = uploads.split(self.table.rows, cleaned["test_percent"] / 100)
+            _free_name(self.pending.name, Dataset, self.pending.project)
+        except ValidationError:
+            raise ValidationError(f"The name {self.pending.name!r} was taken meanwhile; upload again with another name.") from None
+        try:
+            uploads.check_mapping(self.pending, self.mapping())
+            self.test = uploads.test_rows(self.pending.row_count, cleaned["test_percent"] / 100)
         except uploads.UploadError as exc:
             raise ValidationError(str(exc)) from None
         return cleaned
@@ -119,27 +144,32 @@ class ChatAgentForm(forms.ModelForm):
         help_text="llm_temperature: sampling temperature while training.",
     )
 
+    system_prompt = forms.CharField(
+        max_length=MAX_SYSTEM_PROMPT_CHARS, widget=forms.Textarea(attrs={"rows": 6}),
+        help_text=f"system_prompt: the agent's instructions, sent first in every episode (at most {MAX_SYSTEM_PROMPT_CHARS:,} characters).",
+    )
+    description = forms.CharField(max_length=MAX_DESCRIPTION_CHARS, required=False, widget=forms.Textarea(attrs={"rows": 2}))
+
     class Meta:
         model = Agent
         fields = ["name", "description", "system_prompt", "model", "temperature", "tools"]
-        widgets = {"system_prompt": forms.Textarea(attrs={"rows": 6}), "description": forms.Textarea(attrs={"rows": 2}),
-                   "tools": forms.CheckboxSelectMultiple}
+        widgets = {"tools": forms.CheckboxSelectMultiple}
         help_texts = {"tools": "tool_names: functions the agent may call, as administrators registered them."}
 
-    def __init__(self, *args: Any, user=None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user=None, project=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["system_prompt"].required = True
+        self.project = project
         self.fields["model"].queryset = Model.objects.visible_to(user)
         self.fields["tools"].queryset = Tool.objects.all()
         self.fields["tools"].label_from_instance = lambda tool: f"{tool.name}: {tool.description or tool.path}"
 
     def clean_name(self) -> str:
-        return _free_name(self.cleaned_data["name"], Agent)
+        return _free_name(self.cleaned_data["name"], Agent, self.project)
 
-    def save_for(self, project) -> Agent:
-        """The agent in ``project``: its model config in AWorld's names."""
+    def save_for_project(self) -> Agent:
+        """The agent in the form's project: its model config in AWorld's names."""
         agent = self.save(commit=False)
-        agent.project = project
+        agent.project = self.project
         agent.llm_config = {"llm_model_name": self.cleaned_data["model"].name,
                             "llm_temperature": self.cleaned_data["temperature"]}
         agent.full_clean()

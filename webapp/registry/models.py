@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,11 @@ class RegistryQuerySet(models.QuerySet):
             return self
         return self.filter(models.Q(project__isnull=True) | models.Q(project__team__in=teams_of(user)))
 
+    def usable_in(self, project: Any) -> "RegistryQuerySet":
+        """The shared entries and those of ``project`` (a Project, its pk, or None: shared ones only):
+        among these a dataset's or agent's name means one entry."""
+        return self.filter(models.Q(project__isnull=True) | models.Q(project=project or None))
+
 
 class RegistryEntry(models.Model):
     """What agents, datasets and rewards share: a unique name, and the project that owns the
@@ -75,6 +81,36 @@ class RegistryEntry(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ProjectEntry(RegistryEntry):
+    """An entry a project's members add themselves (datasets, chat agents). Its name is unique within
+    its project and among the shared entries, not platform-wide, so a taken name says nothing about
+    other projects; nor may a project's entry take a shared entry's name, so that a name means one
+    entry among those a run in the project may use."""
+
+    name = models.SlugField(max_length=100)
+
+    class Meta(RegistryEntry.Meta):
+        abstract = True
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="%(app_label)s_%(class)s_name_in_project",
+                                    violation_error_message="The project has an entry of this name already."),
+            models.UniqueConstraint(fields=["name"], condition=models.Q(project__isnull=True),
+                                    name="%(app_label)s_%(class)s_shared_name",
+                                    violation_error_message="A shared entry of this name exists already."),
+        ]
+
+    def validate_unique(self, exclude: Any = None) -> None:
+        super().validate_unique(exclude)
+        if exclude and ({"name", "project"} & set(exclude)):  # a form that sets the project itself checks the name
+            return
+        others = type(self)._default_manager.filter(name=self.name).exclude(pk=self.pk)
+        if self.project_id is not None and others.filter(project__isnull=True).exists():
+            raise ValidationError({"name": f"A shared {self._meta.verbose_name} is named {self.name!r}; choose another name."})
+        if self.project_id is None and others.filter(project__isnull=False).exists():  # only administrators share entries
+            raise ValidationError({"name": f"A project's {self._meta.verbose_name} is named {self.name!r}; a shared "
+                                           "one of that name would make the name ambiguous there."})
 
 
 class Tool(models.Model):
@@ -102,7 +138,7 @@ class Tool(models.Model):
             raise ValidationError({"path": answer["message"]})
 
 
-class Agent(RegistryEntry):
+class Agent(ProjectEntry):
     """An agent given as a workflow class, or as an agent class plus an environment class, by
     dotted import path; or, written without code, as a chat agent (AWorld's agent YAML fields):
     a system prompt, a model config and tools chosen among the admin-registered ones. All empty
@@ -174,7 +210,7 @@ class Agent(RegistryEntry):
         }
 
 
-class Dataset(RegistryEntry):
+class Dataset(ProjectEntry):
     """A dataset registered with the training library by name (``frozenlake``), a Hugging Face hub
     id, an uploaded file, or a path on the workers' disk."""
 
@@ -229,12 +265,44 @@ class Dataset(RegistryEntry):
         return {self.COLUMN_ROLES[role]: column for role, column in (self.column_mapping or {}).items()}
 
 
+def _new_token() -> str:
+    return secrets.token_urlsafe(16)
+
+
+class PendingUpload(models.Model):
+    """An uploaded table, read and checked, waiting for its columns to be mapped (step 2 of an
+    upload). Its rows are the JSON-lines file the child reader wrote (``webapp.registry.uploads``);
+    the mapping page shows what is kept here (the columns, the first rows, cut) and never reads the
+    rows. Deleted, file and all, once its dataset is saved, when discarded, or after a day."""
+
+    token = models.CharField(max_length=32, unique=True, default=_new_token, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    project = models.ForeignKey("teams.Project", on_delete=models.CASCADE, related_name="+")
+    name = models.SlugField(max_length=100)
+    description = models.TextField(blank=True)
+    filename = models.CharField(max_length=200, help_text="The browser's name of the file: shown, never a path.")
+    rows = models.FileField(upload_to="datasets/pending/")
+    row_count = models.PositiveIntegerField()
+    columns = models.JSONField(default=list)
+    preview = models.JSONField(default=list, help_text="The first rows, in the columns' order, each cell cut for display.")
+    first_empty = models.JSONField(default=dict, help_text="Column -> where the first row without a value in it is.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.filename}), waiting for its columns"
+
+
+@receiver(post_delete, sender=PendingUpload)
 @receiver(post_delete, sender=Dataset)
-def _delete_dataset_files(sender, instance: Dataset, **kwargs: Any) -> None:
-    """An uploaded dataset's files go with its row (runs that used it keep the row: it is protected)."""
-    for stored in (instance.file, instance.test_file):
-        if stored:
-            stored.delete(save=False)
+def _delete_stored_files(sender, instance: Dataset | PendingUpload, **kwargs: Any) -> None:
+    """An uploaded dataset's files go with its row (runs that used it keep the row: it is protected),
+    as a pending upload's rows go with it."""
+    for field in instance._meta.fields:
+        if isinstance(field, models.FileField) and getattr(instance, field.name):
+            getattr(instance, field.name).delete(save=False)
 
 
 def local_path(stored) -> str:

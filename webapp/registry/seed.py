@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction, Tool
+from webapp.registry.models import Agent, Backend, Dataset, Model, ProjectEntry, RewardFunction, Tool
 
 TOOLS = [
     {"name": "add", "path": "examples.arithmetic.add", "description": "Add two numbers."},
@@ -87,7 +87,8 @@ def seed_registry(enable_gpu_backends: bool = False) -> dict[str, int]:
     for model, rows in ((Tool, TOOLS), (Agent, AGENTS), (Dataset, DATASETS), (Model, MODELS), (RewardFunction, REWARDS)):
         for row in rows:
             defaults = {k: v for k, v in row.items() if k not in ("name", "tools")}
-            entry, _ = model.objects.update_or_create(name=row["name"], defaults=defaults)
+            shared = {"project": None} if issubclass(model, ProjectEntry) else {}  # never a project's entry of that name
+            entry, _ = model.objects.update_or_create(name=row["name"], **shared, defaults=defaults)
             if "tools" in row:
                 entry.tools.set(Tool.objects.filter(name__in=row["tools"]))
         counts[model.__name__] = len(rows)

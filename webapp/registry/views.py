@@ -7,7 +7,6 @@ the workers, never served as they are.
 
 from __future__ import annotations
 
-import secrets
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -21,11 +20,9 @@ from django.views.decorators.http import require_POST
 
 from webapp.registry import uploads
 from webapp.registry.forms import ChatAgentForm, ColumnMappingForm, DatasetUploadForm
-from webapp.registry.models import Agent, Dataset
+from webapp.registry.models import Agent, Dataset, PendingUpload
 from webapp.runs.access import can_in_project
 from webapp.teams.models import Project
-
-PENDING = "pending_uploads"
 
 
 def _project(user, pk: int, action: str = "view") -> Project:
@@ -49,7 +46,7 @@ def project_registry(request, pk: int):
 @csrf_exempt  # the upload handler must be in place before the body is read; CSRF is checked below
 @login_required
 def dataset_upload(request, pk: int):
-    """Step 1: the file, checked whole; kept aside (under a name made up here) until step 2 maps its columns."""
+    """Step 1: the file, read whole (by the child reader) and kept aside, rows and all, until step 2 maps its columns."""
     handler = uploads.LimitedUploadHandler(request)
     request.upload_handlers.insert(0, handler)
     return _dataset_upload(request, pk, handler)
@@ -58,67 +55,51 @@ def dataset_upload(request, pk: int):
 @csrf_protect
 def _dataset_upload(request, pk: int, handler: uploads.LimitedUploadHandler):
     project = _project(request.user, pk, "run")
-    if request.method == "POST":
-        form = DatasetUploadForm(request.POST, request.FILES, too_large=handler.too_large)
-        if form.is_valid():
-            token = secrets.token_urlsafe(12)
-            upload = form.cleaned_data["file"]
-            upload.seek(0)
-            stored = uploads.save_pending(upload, form.kind)
-            pending = request.session.get(PENDING, {})
-            pending[token] = {
-                "stored": stored, "kind": form.kind, "filename": upload.name[:200], "project": project.pk,
-                "name": form.cleaned_data["name"], "description": form.cleaned_data["description"],
-            }
-            request.session[PENDING] = pending
-            return redirect("registry:dataset_map", pk=project.pk, token=token)
-    else:
-        form = DatasetUploadForm()
-    return render(request, "registry/dataset_upload.html", {"project": project, "form": form})
+    form = DatasetUploadForm(request.POST or None, request.FILES or None, project=project, owner=request.user,
+                             too_large=handler.too_large)
+    if request.method == "POST" and form.is_valid():
+        pending = form.receive()
+        if pending is not None:
+            return redirect("registry:dataset_map", pk=project.pk, token=pending.token)
+    return render(request, "registry/dataset_upload.html", {
+        "project": project, "form": form, "pending_limit": uploads.PENDING_PER_PERSON,
+        "waiting": PendingUpload.objects.filter(owner=request.user).select_related("project__team"),
+    })
+
+
+def _pending(request, pk: int, token: str) -> PendingUpload:
+    """The upload of ``token``, for the person who made it (404 for everyone else)."""
+    pending = PendingUpload.objects.filter(token=token, owner=request.user, project_id=pk).select_related("project").first()
+    if pending is None:
+        raise Http404("This upload is not waiting for its columns (it was finished, discarded, deleted after a day, "
+                      "or is someone else's).")
+    return pending
 
 
 @login_required
 def dataset_map(request, pk: int, token: str):
-    """Step 2: a preview of the first rows, the column mapping and the test share; then the dataset."""
-    project = _project(request.user, pk, "run")
-    pending = request.session.get(PENDING, {}).get(token)
-    if pending is None or pending["project"] != project.pk:
-        raise Http404("This upload is not waiting for its columns (it was finished, or belongs to another session).")
-    if not uploads.default_storage.exists(pending["stored"]):  # left for more than a day, and pruned
-        _forget(request, token)
-        messages.error(request, "That upload waited too long for its columns and was deleted; upload the file again.")
-        return redirect("registry:dataset_upload", pk=project.pk)
-    with uploads.open_stored(pending["stored"]) as handle:
-        table = uploads.parse(handle, pending["kind"], uploads.Limits.from_settings())
-    form = ColumnMappingForm(request.POST or None, table=table)
+    """Step 2: the first rows (kept from step 1: nothing is read again), the column mapping and the test share; then the dataset."""
+    _project(request.user, pk, "run")
+    pending = _pending(request, pk, token)
+    form = ColumnMappingForm(request.POST or None, pending=pending)
     if request.method == "POST" and form.is_valid():
-        if Dataset.objects.filter(name=pending["name"]).exists():
-            form.add_error(None, f"The name {pending['name']!r} was taken meanwhile; upload again with another name.")
-        else:
-            dataset = Dataset(
-                name=pending["name"], description=pending["description"] or f"Uploaded from {pending['filename']}.",
-                project=project, source=Dataset.Source.UPLOAD, train_split="train",
-                val_split="test" if form.test else "", column_mapping=form.mapping(),
-            )
-            uploads.save_split(dataset, form.train, form.test)
-            dataset.full_clean()
-            dataset.save()
-            _forget(request, token)
-            messages.success(request, f"Dataset {dataset.name}: {len(form.train)} training rows"
-                                      f"{f', {len(form.test)} test rows' if form.test else ''}. Start a run with it below.")
-            return redirect(reverse("runs:create") + "?" + urlencode({"dataset": dataset.pk, "project": project.pk}))
-    return render(request, "registry/dataset_map.html", {
-        "project": project, "form": form, "pending": pending, "columns": table.columns,
-        "preview": table.preview(), "rows": len(table.rows),
-    })
+        dataset = uploads.create_dataset(pending, form.mapping(), form.test)
+        test_count = len(form.test)
+        messages.success(request, f"Dataset {dataset.name}: {pending.row_count - test_count} training rows"
+                                  f"{f', {test_count} test rows' if test_count else ''}. Start a run with it below.")
+        return redirect(reverse("runs:create") + "?" + urlencode({"dataset": dataset.pk, "project": pending.project_id}))
+    return render(request, "registry/dataset_map.html", {"project": pending.project, "form": form, "pending": pending})
 
 
-def _forget(request, token: str) -> None:
-    pending = request.session.get(PENDING, {})
-    entry = pending.pop(token, None)
-    request.session[PENDING] = pending
-    if entry:
-        uploads.delete_stored(entry["stored"])
+@login_required
+@require_POST
+def dataset_discard(request, pk: int, token: str):
+    """An upload waiting for its columns, deleted with its rows by the person who made it (even
+    one whose project they may no longer add to: it counts against their limit until then)."""
+    pending = _pending(request, pk, token)
+    pending.delete()
+    messages.info(request, f"Upload {pending.name} ({pending.filename}) discarded.")
+    return redirect("registry:dataset_upload", pk=pk)
 
 
 @login_required
@@ -128,8 +109,7 @@ def dataset_detail(request, pk: int):
     preview, columns = [], []
     if dataset.source == Dataset.Source.UPLOAD and dataset.file:
         with dataset.file.open("rb") as handle:
-            table = uploads.parse(handle, "jsonl", uploads.Limits.from_settings())
-        preview, columns = table.preview(), table.columns
+            columns, preview = uploads.preview(handle)
     return render(request, "registry/dataset_detail.html", {"dataset": dataset, "preview": preview, "columns": columns})
 
 
@@ -137,9 +117,9 @@ def dataset_detail(request, pk: int):
 def agent_create(request, pk: int):
     """A chat agent written without code, in the project."""
     project = _project(request.user, pk, "run")
-    form = ChatAgentForm(request.POST or None, user=request.user)
+    form = ChatAgentForm(request.POST or None, user=request.user, project=project)
     if request.method == "POST" and form.is_valid():
-        agent = form.save_for(project)
+        agent = form.save_for_project()
         messages.success(request, f"Chat agent {agent.name} saved. Start a run with it below.")
         query = urlencode({"agent": agent.pk, "project": project.pk, "model": agent.llm_config["llm_model_name"]})
         return redirect(reverse("runs:create") + "?" + query)

@@ -38,6 +38,6 @@ class ShareLinkAdmin(admin.ModelAdmin):
 
 @admin.register(Invitation)
 class InvitationAdmin(admin.ModelAdmin):
-    list_display = ("team", "role", "created_by", "created_at", "expires_at", "used_by", "used_at", "revoked_at")
+    list_display = ("team", "role", "invitee", "created_by", "created_at", "expires_at", "used_by", "used_at", "revoked_at")
     list_filter = ("role",)
     readonly_fields = ("token_hash", "used_at", "used_by")

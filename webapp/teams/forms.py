@@ -11,11 +11,6 @@ class TeamForm(forms.Form):
     name = forms.CharField(max_length=100)
 
 
-class MemberForm(forms.Form):
-    username = forms.CharField(max_length=150)
-    role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)
-
-
 class RoleForm(forms.Form):
     role = forms.ChoiceField(choices=Membership.Role.choices)
 
@@ -28,4 +23,8 @@ class ProjectForm(forms.ModelForm):
 
 
 class InvitationForm(forms.Form):
+    invitee = forms.CharField(
+        max_length=254, required=False, label="For (username or email)",
+        help_text="Only this person may use the link (and finds it on their Teams page); empty: whoever has the link.",
+    )
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)

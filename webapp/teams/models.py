@@ -125,12 +125,30 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+class InvitationQuerySet(models.QuerySet):
+    def open(self) -> "InvitationQuerySet":
+        """Those that can still be used: not used, revoked or expired."""
+        return self.filter(used_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now())
+
+    def addressed_to(self, user) -> "InvitationQuerySet":
+        """Those that name ``user``: by username, or by the email address of their account."""
+        named = models.Q(invitee=user.username)
+        if user.email:
+            named |= models.Q(invitee__iexact=user.email)
+        return self.filter(named)
+
+
 class Invitation(models.Model):
     """A link that lets one person join a team in a role: single-use, expiring, revocable. Only the
-    token's SHA-256 is kept; the link is shown once, to whoever made it."""
+    token's SHA-256 is kept; the link is shown once, to whoever made it. One that names an invitee
+    (a username or an email address) is for that person only, who also finds it on their Teams page."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
     role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    invitee = models.CharField(
+        max_length=254, blank=True,
+        help_text="The username or email address of the one person who may use it; empty: whoever has the link.",
+    )
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -139,18 +157,22 @@ class Invitation(models.Model):
     used_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    objects = InvitationQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"invitation to {self.team} as {self.role}"
 
+    @property
+    def for_email(self) -> bool:
+        return "@" in self.invitee
+
     @classmethod
     def usable(cls, token: str) -> "Invitation | None":
         """The invitation of ``token`` if it can still be used (not used, revoked or expired)."""
-        return cls.objects.select_related("team").filter(
-            token_hash=token_digest(token), used_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now(),
-        ).first()
+        return cls.objects.open().select_related("team", "created_by").filter(token_hash=token_digest(token)).first()
 
     def claim(self, user) -> bool:
         """Mark used by ``user``; False when someone else used it (or it expired) first."""

@@ -1,16 +1,19 @@
 """Changing who belongs to a team, and its projects.
 
-The rules: anyone signed in may start a team (and owns it); a team's owners and admins add and
-remove members, change roles and add projects; only an owner makes, unmakes or removes an owner;
-a team always keeps one owner. A refused change raises ``RosterError`` with what to do instead;
+The rules: anyone signed in may start a team (and owns it); a team's owners and admins invite
+people, remove members, change roles and add projects; only an owner makes, unmakes or removes an
+owner; a team always keeps one owner. Nobody joins without consenting: people join by accepting an
+invitation (a link, or one that names them), never by being added. An invitation grants only what
+its maker may still grant: it is checked again when accepted, and revoked when its maker leaves the
+team or loses the role it needed. A refused change raises ``RosterError`` with what to do instead;
 someone outside the team, or without the right role, gets ``PermissionDenied``.
 """
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.utils import timezone
 from django.utils.text import slugify
 
 from webapp.teams.models import Invitation, Membership, Project, Team, role_in, token_digest
@@ -39,17 +42,6 @@ def may_manage(user, team: Team) -> bool:
     return role_in(user, team.pk) in MANAGERS
 
 
-def add_member(actor, team: Team, username: str, role: str) -> Membership:
-    _require_manager(actor, team)
-    _require_owner_for(actor, team, role)
-    user = get_user_model().objects.filter(username=username).first()
-    if user is None:
-        raise RosterError(f"There is no user named {username!r}; they need an account first.")
-    if Membership.objects.filter(team=team, user=user).exists():
-        raise RosterError(f"{username} is already in {team}; change their role in the list instead.")
-    return Membership.objects.create(team=team, user=user, role=role)
-
-
 def set_role(actor, team: Team, user_id: int, role: str) -> Membership:
     _require_manager(actor, team)
     membership = _membership(team, user_id)
@@ -59,6 +51,7 @@ def set_role(actor, team: Team, user_id: int, role: str) -> Membership:
             _keep_an_owner(team, membership)
         membership.role = role
         membership.save(update_fields=["role"])
+        _revoke_what_they_may_no_longer_grant(team, membership.user_id, role)
     return membership
 
 
@@ -71,6 +64,7 @@ def remove_member(actor, team: Team, user_id: int) -> None:
         if membership.role == Role.OWNER:
             _keep_an_owner(team, membership)
         membership.delete()
+        _revoke_what_they_may_no_longer_grant(team, membership.user_id, None)
 
 
 def add_project(actor, team: Team, name: str, description: str = "") -> Project:
@@ -80,41 +74,68 @@ def add_project(actor, team: Team, name: str, description: str = "") -> Project:
     return Project.objects.create(team=team, name=name, description=description)
 
 
-def invite(actor, team: Team, role: str) -> tuple[Invitation, str]:
-    """A single-use link to join ``team`` as ``role`` (same rules as adding a member), valid for
-    ``INVITATION_DAYS``; returns the invitation and its token, which is not stored."""
+def invite(actor, team: Team, role: str, invitee: str = "") -> tuple[Invitation, str]:
+    """A single-use link to join ``team`` as ``role``, valid for ``INVITATION_DAYS``; returns the
+    invitation and its token, which is not stored. With ``invitee`` (a username or an email address)
+    only that person may use it; whether such an account exists is neither checked nor said."""
     import secrets
     from datetime import timedelta
 
     from django.conf import settings
-    from django.utils import timezone
 
     _require_manager(actor, team)
     _require_owner_for(actor, team, role)
     token = secrets.token_urlsafe(32)
     invitation = Invitation.objects.create(
-        team=team, role=role, token_hash=token_digest(token), created_by=actor,
+        team=team, role=role, invitee=invitee.strip(), token_hash=token_digest(token), created_by=actor,
         expires_at=timezone.now() + timedelta(days=settings.INVITATION_DAYS),
     )
     return invitation, token
 
 
 def revoke_invitation(actor, invitation: Invitation) -> None:
-    from django.utils import timezone
-
     _require_manager(actor, invitation.team)
     Invitation.objects.filter(pk=invitation.pk, used_at__isnull=True).update(revoked_at=timezone.now())
 
 
+def decline(invitation: Invitation, user) -> None:
+    """``user`` turns down an invitation that names them; its link stops working."""
+    Invitation.objects.addressed_to(user).filter(pk=invitation.pk, used_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def check_invitation(invitation: Invitation, user=None) -> None:
+    """RosterError unless ``invitation`` still grants its role: its maker may still grant it, and,
+    when it names someone and ``user`` is known, ``user`` is that person."""
+    if not _may_grant(role_in(invitation.created_by, invitation.team_id), invitation.role):
+        raise RosterError(f"This invitation no longer works: whoever made it may no longer invite people to "
+                          f"{invitation.team} as {invitation.role}. Ask the team for a new one.")
+    if user is not None and invitation.invitee and not Invitation.objects.addressed_to(user).filter(pk=invitation.pk).exists():
+        raise RosterError(f"This invitation is for {invitation.invitee}, not for you: sign in as them, or ask the team "
+                          "for an invitation of your own.")
+
+
 def accept(invitation: Invitation, user) -> Membership:
-    """``user`` joins through ``invitation`` (once: a second use, or one after expiry, is refused)."""
+    """``user`` joins through ``invitation`` (once: a second use, one after expiry, one whose maker
+    may no longer grant its role, or one that names someone else is refused)."""
     with transaction.atomic():
+        check_invitation(invitation, user)
         if not invitation.claim(user):
             raise RosterError("This invitation was already used, revoked or has expired; ask for a new one.")
         membership, created = Membership.objects.get_or_create(team=invitation.team, user=user, defaults={"role": invitation.role})
         if not created:
             raise RosterError(f"You are already in {invitation.team}; the invitation was not used.")
     return membership
+
+
+def _may_grant(granter_role: str | None, role: str) -> bool:
+    return granter_role in MANAGERS and (role != Role.OWNER or granter_role == Role.OWNER)
+
+
+def _revoke_what_they_may_no_longer_grant(team: Team, user_id: int, role: str | None) -> None:
+    """Revoke the open invitations to ``team`` that ``user_id``, now in ``role`` (None: out of the
+    team), may no longer grant."""
+    still = [granted for granted in Role.values if _may_grant(role, granted)]
+    Invitation.objects.open().filter(team=team, created_by_id=user_id).exclude(role__in=still).update(revoked_at=timezone.now())
 
 
 def _require_manager(actor, team: Team) -> None:

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_POST
 
 from webapp.runs.access import get_run_for_user
 from webapp.teams import roster
-from webapp.teams.forms import InvitationForm, MemberForm, ProjectForm, RoleForm, TeamForm
+from webapp.teams.forms import InvitationForm, ProjectForm, RoleForm, TeamForm
 from webapp.teams.models import Invitation, Membership, ShareLink, Team, role_in
 
 NEW_INVITATION = "new_invitation_link"
@@ -59,7 +59,28 @@ def revoke_share(request, pk: int):
 @login_required
 def my_teams(request):
     memberships = Membership.objects.filter(user=request.user).select_related("team").prefetch_related("team__projects")
-    return render(request, "teams/my_teams.html", {"memberships": memberships, "form": TeamForm()})
+    invitations = Invitation.objects.open().addressed_to(request.user).select_related("team", "created_by")
+    return render(request, "teams/my_teams.html", {"memberships": memberships, "form": TeamForm(), "invitations": invitations})
+
+
+@login_required
+@require_POST
+def answer_invitation(request, pk: int):
+    """Accept (or, with ``decline``, turn down) an invitation that names the person signed in."""
+    invitation = Invitation.objects.open().addressed_to(request.user).select_related("team").filter(pk=pk).first()
+    if invitation is None:
+        raise Http404("No such invitation for you (it may have been used, revoked or expired).")
+    if "decline" in request.POST:
+        roster.decline(invitation, request.user)
+        messages.info(request, f"You turned down the invitation to {invitation.team}.")
+        return redirect("teams:mine")
+    try:
+        roster.accept(invitation, request.user)
+    except roster.RosterError as error:
+        messages.error(request, str(error))
+        return redirect("teams:mine")
+    messages.success(request, f"Welcome to {invitation.team}: you joined as {invitation.role}.")
+    return redirect("teams:detail", slug=invitation.team.slug)
 
 
 @login_required
@@ -83,8 +104,8 @@ def team_detail(request, slug: str):
         "team": team, "role": role_in(request.user, team.pk), "may_manage": may_manage,
         "memberships": team.memberships.select_related("user").order_by("user__username"),
         "projects": team.projects.all(), "roles": Membership.Role.choices,
-        "member_form": MemberForm(), "project_form": ProjectForm(), "invitation_form": InvitationForm(),
-        "invitations": team.invitations.filter(used_at__isnull=True, revoked_at__isnull=True) if may_manage else [],
+        "project_form": ProjectForm(), "invitation_form": InvitationForm(),
+        "invitations": team.invitations.open().select_related("created_by") if may_manage else [],
         "new_invitation": request.session.pop(NEW_INVITATION, None) if may_manage else None,
     })
 
@@ -99,13 +120,14 @@ def create_invitation(request, slug: str):
         messages.error(request, _errors(form))
         return redirect("teams:detail", slug=slug)
     try:
-        invitation, token = roster.invite(request.user, team, form.cleaned_data["role"])
+        invitation, token = roster.invite(request.user, team, form.cleaned_data["role"], form.cleaned_data["invitee"])
     except roster.RosterError as error:
         messages.error(request, str(error))
         return redirect("teams:detail", slug=slug)
     request.session[NEW_INVITATION] = {
         "url": request.build_absolute_uri(reverse("teams:accept_invitation", args=[token])),
-        "role": invitation.role, "expires_at": invitation.expires_at.isoformat(timespec="minutes"),
+        "role": invitation.role, "invitee": invitation.invitee,
+        "expires_at": invitation.expires_at.isoformat(timespec="minutes"),
     }
     return redirect("teams:detail", slug=slug)
 
@@ -125,11 +147,18 @@ def accept_invitation(request, token: str):
     invitation = Invitation.usable(token)
     if invitation is None:
         return render(request, "teams/invitation.html", {"invalid": True}, status=404)
-    form = None if request.user.is_authenticated else UserCreationForm(request.POST or None)
+    try:
+        roster.check_invitation(invitation, request.user if request.user.is_authenticated else None)
+    except roster.RosterError as error:
+        return render(request, "teams/invitation.html", {"invalid": True, "reason": str(error)}, status=403)
+    form = None
+    if not request.user.is_authenticated:
+        named = {"username": invitation.invitee} if invitation.invitee and not invitation.for_email else {}
+        form = UserCreationForm(request.POST or None, initial=named)
     if request.method == "POST" and (form is None or form.is_valid()):
         try:
             with transaction.atomic():  # no account is left behind when the link was used meanwhile
-                user = request.user if form is None else form.save()
+                user = request.user if form is None else _new_account(form, invitation)
                 roster.accept(invitation, user)
         except roster.RosterError as error:
             messages.error(request, str(error))
@@ -139,6 +168,16 @@ def accept_invitation(request, token: str):
         messages.success(request, f"Welcome to {invitation.team}: you joined as {invitation.role}.")
         return redirect("teams:detail", slug=invitation.team.slug)
     return render(request, "teams/invitation.html", {"invitation": invitation, "form": form})
+
+
+def _new_account(form: UserCreationForm, invitation: Invitation):
+    """The account a newcomer makes through ``invitation``: one sent to an email address gives the
+    account that address (whoever has the link received it there)."""
+    user = form.save(commit=False)
+    if invitation.for_email:
+        user.email = invitation.invitee
+    user.save()
+    return user
 
 
 class LoginView(auth_views.LoginView):
@@ -161,16 +200,6 @@ def signup(request):
         messages.success(request, f"Welcome, {user.username}. Start a team, or ask one for an invitation.")
         return redirect("teams:mine")
     return render(request, "registration/signup.html", {"form": form})
-
-
-@login_required
-@require_POST
-def add_member(request, slug: str):
-    team = _team_of_member(request.user, slug)
-    form = MemberForm(request.POST)
-    _apply(request, form, lambda data: roster.add_member(request.user, team, data["username"], data["role"]),
-           lambda m: f"{m.user} joined {team} as {m.role}.")
-    return redirect("teams:detail", slug=slug)
 
 
 @login_required
