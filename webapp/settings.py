@@ -298,6 +298,11 @@ RUN_CANCEL_GRACE_SECONDS = envint("RUN_CANCEL_GRACE_SECONDS", "30", minimum=0)
 COMPARE_MAX_RUNS = envint("COMPARE_MAX_RUNS", "1000", minimum=1)
 # Log lines kept per run in the database (the full log stays in the run directory).
 RUN_LOG_MAX_LINES = envint("RUN_LOG_MAX_LINES", "5000", minimum=10)
+# Platform runs one person, and one project, may have queued or running at once (sweep trials
+# included); the next is refused until one ends. Platform admins are not limited (their runs still
+# count in their project's total).
+RUN_QUOTA_PER_PERSON = envint("RUN_QUOTA_PER_PERSON", "20", minimum=1)
+RUN_QUOTA_PER_PROJECT = envint("RUN_QUOTA_PER_PROJECT", "50", minimum=1)
 # Checking a run before it is queued runs its registry code in a child process with these limits
 # (seconds of wall-clock and CPU time; megabytes of memory beyond the warm checker's).
 RUN_CHECK_TIMEOUT_SECONDS = envint("RUN_CHECK_TIMEOUT_SECONDS", "20", minimum=1)

@@ -108,7 +108,7 @@ def test_the_api_starts_a_sweep_and_refuses_bad_spaces(api_client, make_run, own
     assert response.json()["trials"][0]["run"] == queued[0] and len(queued) == 1
 
     for space, message in [
-        ({"trainer.python": "choice /bin/sh"}, "trainer.python cannot be swept"),
+        ({"trainer.python": "choice /bin/sh"}, "trainer.python cannot be set per run"),
         ({"data.train_batch_sizee": "choice 2"}, "data.train_batch_sizee: not a config key"),
         ({"data.train_batch_size": "choice 0, 2"}, "data.train_batch_size=0 would fail every trial"),
         ({"data.train_batch_size": "between 1 and 2"}, "expected 'choice a, b, c'"),

@@ -10,7 +10,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from training.config import flatten
@@ -26,6 +26,7 @@ from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunctio
 from webapp.runs.access import can_in_project, get_run_for_user, projects_for
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.runs.models import Run
+from webapp.runs.submission import QuotaExceeded
 
 
 # Ids in paths are numbers: anything else is a 404 from the router, never a lookup.
@@ -239,6 +240,13 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         return run
 
 
+class QuotaFull(APIException):
+    """429: the owner's or the project's quota of queued and running runs is full (``webapp.runs.submission``)."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_code = "quota"
+
+
 def _create_platform(user, data: dict) -> Run:
     """Exactly the run form's validation (registry rows by name instead of id)."""
     form = RunForm({
@@ -252,8 +260,13 @@ def _create_platform(user, data: dict) -> Run:
     for name in ("agent", "dataset"):  # a name means one entry among the run's project's and the shared ones
         form.fields[name].queryset = form.fields[name].queryset.usable_in(data["project"])
     if not form.is_valid():
+        if form.quota_full is not None:
+            raise QuotaFull(form.quota_full)
         raise ValidationError(form.errors)
-    return form.save(owner=user)
+    try:
+        return form.save(owner=user)
+    except QuotaExceeded as exc:
+        raise QuotaFull(str(exc)) from None
 
 
 def _create_external(user, data: dict) -> Run:

@@ -25,7 +25,7 @@ MAX_BODY_BYTES = 64_000
 def playground(request, pk: int):
     run = get_run_for_user(request.user, pk, "view")
     return render(request, "playground/playground.html", {
-        "run": run, "form": AskForm(run=run), "models": model_choices(run),
+        "run": run, "form": AskForm(run=run), "models": model_choices(run), "may_ask": can(request.user, run, "run"),
         "rows": run.kind == run.Kind.PLATFORM and run.agent_id is not None,
         "limits": {"queue_seconds": settings.PLAYGROUND_QUEUE_SECONDS, "reply_seconds": settings.PLAYGROUND_REPLY_SECONDS,
                    "max_new_tokens": settings.PLAYGROUND_MAX_NEW_TOKENS},
@@ -37,8 +37,12 @@ def playground(request, pk: int):
 def ask(request, pk: int) -> JsonResponse:
     """A JSON body ``{"kind": "chat", "model": "final_model", "messages": [...], "max_new_tokens": 64,
     "temperature": 0}`` (or ``"kind": "row", "split": "test", "row": 3``): 201 with the request's
-    id and poll URL, 400 naming each bad field, 429 when this person already waits for answers."""
+    id and poll URL, 400 naming each bad field, 403 for who may see the run but not run it (a
+    viewer: a question takes a worker), 429 when this person already waits for answers."""
     run = get_run_for_user(request.user, pk, "view")
+    if not can(request.user, run, "run"):
+        return JsonResponse({"error": "Only people who may start runs in this run's project may ask its models: "
+                                      "a question takes a worker."}, status=403)
     if len(request.body) > MAX_BODY_BYTES:
         return JsonResponse({"error": f"A request is at most {MAX_BODY_BYTES} bytes."}, status=400)
     try:

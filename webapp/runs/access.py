@@ -4,7 +4,8 @@ Every page, API endpoint and websocket asks ``can`` (or ``get_run_for_user``, wh
 
 - Platform admins (superusers) may do everything; anonymous users nothing, except viewing a run
   through an active share link.
-- A run's owner may do everything with it.
+- A run's owner may do everything with it; running it again (clone, sweep, playground) in a
+  project also needs the right to start runs there, which an owner who left the team has lost.
 - A run without a project, or with ``private`` visibility, is its owner's alone.
 - A ``team``-visible run in a project: the team's owners and admins may do everything, members may
   view it and run it again (clone), viewers may view it.
@@ -45,11 +46,14 @@ def can(user, run: Run, action: str, share_token: str | None = None) -> bool:
         return True
     if user is None or not user.is_authenticated:
         return False
-    if user.is_superuser or run.owner_id == user.pk:
+    mine = run.owner_id == user.pk
+    if user.is_superuser or (mine and (action != "run" or run.project_id is None)):
         return True
-    if run.project_id is None or run.visibility != Run.Visibility.TEAM:
+    if run.project_id is None or (run.visibility != Run.Visibility.TEAM and not mine):
         return False
     role = role_in(user, Project.objects.filter(pk=run.project_id).values_list("team_id", flat=True).first())
+    if mine:  # running puts new work on the project's workers: an owner who left its team, or a viewer there now, may not
+        return role is not None and "run" in PROJECT_ACTIONS_BY_ROLE[role]
     return role is not None and action in RUN_ACTIONS_BY_ROLE[role]
 
 

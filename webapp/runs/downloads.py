@@ -29,6 +29,14 @@ from webapp.runs.models import Run
 
 # Steps of the metrics CSV read from the metric store at a time.
 CSV_STEPS = 2000
+# A cell starting with one of these is a formula to a spreadsheet (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(cell: str) -> str:
+    """A text cell of a CSV export, which a spreadsheet shows as text, never runs: metric names are
+    whatever a run's code (or an external run's reporter) chose, ``=HYPERLINK(...)`` included."""
+    return "'" + cell if cell.startswith(FORMULA_STARTS) else cell
 
 
 def total_steps(run: Run) -> int | None:
@@ -115,7 +123,8 @@ def config_download(request, pk: int) -> HttpResponse:
 @login_required
 @require_GET
 def metrics_csv(request, pk: int) -> StreamingHttpResponse:
-    """One row per step, one column per metric key (empty where a step did not log that key)."""
+    """One row per step, one column per metric key (empty where a step did not log that key). The
+    keys are text (``csv_text``); the rest are numbers: steps, and values as Python writes floats."""
     run = get_run_for_user(request.user, pk, "view")
     from webapp.dashboard import series
 
@@ -136,7 +145,7 @@ def metrics_csv(request, pk: int) -> StreamingHttpResponse:
     async def lines():  # an async iterator: the ASGI server streams it without a thread per response
         buffer = io.StringIO()
         writer = csv.writer(buffer)
-        writer.writerow(["step", *keys])
+        writer.writerow(["step", *map(csv_text, keys)])
         while rows := await sync_to_async(page, thread_sensitive=True)():
             writer.writerows(rows)
             yield buffer.getvalue()

@@ -12,8 +12,9 @@ from django import forms
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs import limits
 from webapp.runs.models import Run
+from webapp.runs.submission import quota_problem, submit
 from webapp.runs.trainer_args import (
-    check_isolated, check_spec, field_for_error, model_config, refused_override, trainer_kwargs,
+    check_isolated, check_spec, field_for_error, model_config, refused_overrides, trainer_kwargs,
 )
 from webapp.teams.models import Project
 
@@ -157,6 +158,7 @@ class RunForm(forms.Form):
     def __init__(self, *args: Any, user=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.final_config: dict[str, Any] | None = None
+        self.quota_full: str | None = None  # why the owner's or the project's quota refuses the run (``clean``)
         self.user = user
         from webapp.runs.config_fields import config_fields
 
@@ -241,10 +243,9 @@ class RunForm(forms.Form):
                 raise forms.ValidationError(f"{key} is set both in '{self.fields[name].label}' and here; keep one.")
             if value is not None:
                 overrides[key] = value
-        for key in overrides:
-            why = refused_override(key)
-            if why is not None:
-                raise forms.ValidationError(f"{key} cannot be set per run: {why}.")
+        refused = refused_overrides(overrides)
+        if refused:
+            raise forms.ValidationError(list(refused.values()))
         limits.check_config_bounds(overrides, self.cleaned_data.get("backend"))
         # Every bad key at once, each with its line; the good ones still go through the trainer's checks.
         self.checked_overrides, problems = check_each_key(overrides, text)
@@ -256,7 +257,10 @@ class RunForm(forms.Form):
         cleaned = super().clean()
         if cleaned.get("visibility") == Run.Visibility.TEAM and not cleaned.get("project"):
             self.add_error("visibility", "A run without a project has no team to share it with; choose a project.")
-        if not self.errors:
+        self.quota_full = quota_problem(self.user, cleaned.get("project")) if self.user is not None else None
+        if self.quota_full is not None:  # said before the run's check, which would cost a child process for nothing
+            self.add_error(None, self.quota_full)
+        elif not self.errors:
             self._validate_with_trainer(cleaned)
         elif set(self.errors) == {"overrides"} and hasattr(self, "checked_overrides"):
             # Say what else is wrong (a wrong agent/dataset pair, ...) in the same answer.
@@ -265,16 +269,14 @@ class RunForm(forms.Form):
         return cleaned
 
     def save(self, owner) -> Run:
-        """Create the validated run for ``owner`` and queue it."""
+        """Create the validated run for ``owner`` and queue it (``submission.submit``: within the
+        quota, which may have filled since ``clean``; ``QuotaExceeded`` then, nothing created)."""
         data = self.cleaned_data
-        run = Run.objects.create(
+        return submit(
             owner=owner, name=data["name"], project=data.get("project"), visibility=data["visibility"],
             agent=data["agent"], dataset=data["dataset"], reward=data["reward"], backend=data["backend"],
             model=data["model"], config_overrides=data["overrides"], tags=data["tags"], notes=data["notes"],
-            status=Run.Status.QUEUED,
         )
-        run.enqueue()
-        return run
 
     def _validate_with_trainer(self, cleaned: dict[str, Any]) -> None:
         """Build the AgentTrainer exactly as the worker will, in a sandboxed child process (the

@@ -164,18 +164,47 @@ def check_json_overrides(value: dict) -> None:
         raise ValidationError(f"Overrides are at most {MAX_OVERRIDES_CHARS} characters of JSON (got {size}).")
 
 
+def config_leaves(overrides: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """Every config key that ``overrides`` set, named as the trainer reads it -> (the key as
+    written, the value). What a member's config sets is judged on these, never on the keys as typed.
+
+    A mapping value is the keys under it, flattened with the library's own ``training.config.flatten``
+    (``rllm.workflow={"workflow_args": {"f": 1}}`` sets ``rllm.workflow.workflow_args.f``); Hydra's
+    ``+`` is dropped; rLLM's unified names are read as the keys they set (``rllm.trainer.python`` is
+    ``trainer.python``, ``model.name`` is ``actor_rollout_ref.model.path``). A key ``Config.build``
+    would refuse as unknown may be named here too: refusing it twice costs nothing."""
+    from training.config import flatten
+
+    leaves: dict[str, tuple[str, Any]] = {}
+    for written, value in overrides.items():
+        for leaf, leaf_value in flatten({str(written): value}).items():
+            leaves[_as_read(leaf)] = (written, leaf_value)
+    return leaves
+
+
+def _as_read(key: str) -> str:
+    from training.config import UNIFIED_NAMES, UNIFIED_SECTIONS
+
+    key = ".".join(part.strip().lstrip("+") for part in key.split("."))
+    if key in UNIFIED_NAMES:
+        return UNIFIED_NAMES[key]
+    return key.removeprefix("rllm.") if key.startswith(UNIFIED_SECTIONS) else key
+
+
 def check_config_bounds(overrides: dict[str, Any], backend) -> None:
     """Refuse a run whose overrides set a numeric key above its bound (the backend's, else the
-    platform's), or too many or too long keys. ``overrides`` are flat dotted keys; TRL's
-    ``GRPOConfig`` names are checked under the keys they set."""
-    if len(overrides) > MAX_OVERRIDE_KEYS:
-        raise ValidationError(f"At most {MAX_OVERRIDE_KEYS} override keys (got {len(overrides)}).")
+    platform's), or too many or too long keys. Judged on the keys the overrides set
+    (``config_leaves``: a section's mapping is its keys); TRL's ``GRPOConfig`` names are checked
+    under the keys they set."""
     for key in overrides:
-        if len(key) > MAX_KEY_CHARS:
-            raise ValidationError(f"Config keys are at most {MAX_KEY_CHARS} characters ({capped(key, 60)!r}...).")
+        if len(str(key)) > MAX_KEY_CHARS:
+            raise ValidationError(f"Config keys are at most {MAX_KEY_CHARS} characters ({capped(str(key), 60)!r}...).")
+    leaves = {key: value for key, (_, value) in config_leaves(overrides).items()}
+    if len(leaves) > MAX_OVERRIDE_KEYS:
+        raise ValidationError(f"At most {MAX_OVERRIDE_KEYS} override keys (got {len(leaves)}).")
     bounds = limits_for(backend)
     where = f"backend {backend.name}" if backend is not None else "this platform"
-    for key, value in _our_keys(overrides).items():
+    for key, value in _our_keys(leaves).items():
         bound = bounds.get(key)
         if key in NULL_IS_UNBOUNDED and (value is None or str(value).strip().lower() in ("null", "~", "none")):
             raise ValidationError(f"{key}: must be a number on {where} (at most {_format(bound)}); null would mean no limit.")

@@ -15,7 +15,9 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from training.config import flatten
 from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.runs import limits
 
 MODEL_KEY = "actor_rollout_ref.model.path"
 TRUST_KEY = "actor_rollout_ref.model.trust_remote_code"
@@ -50,17 +52,55 @@ def platform_set_keys() -> dict[str, str]:
 
 # Dict-valued keys (rLLM's) whose entries become arguments of registry code: set by the agent's entry.
 _ARGUMENT_PREFIXES = ("rllm.agent.agent_args", "rllm.agent.engine_args", "rllm.env.env_args", "rllm.workflow.workflow_args")
+_WHY_ARGUMENTS = "the arguments of the agent, environment or workflow come from the agent's registry entry"
 
 
 def refused_override(key: str) -> str | None:
-    """Why a run's overrides may not set ``key`` (None: they may). Hydra's ``+key`` is ``key``."""
+    """Why a run's overrides may not set the one dotted ``key`` (None: they may). Hydra's ``+key`` is
+    ``key``. A whole config goes through ``refused_overrides``, which judges each key it sets."""
     bare = key.lstrip("+")
     why = platform_set_keys().get(bare)
     if why is not None:
         return why
     if any(bare == prefix or bare.startswith(prefix + ".") for prefix in _ARGUMENT_PREFIXES):
-        return "the arguments of the agent, environment or workflow come from the agent's registry entry"
+        return _WHY_ARGUMENTS
     return None
+
+
+def refused_overrides(overrides: dict[str, Any]) -> dict[str, str]:
+    """The rule of what a member's config may set, for every place that takes one (run form, API,
+    sweeps, clones, the worker's merge): each key it sets that a run may not -> a message naming it.
+
+    Judged on the keys the trainer reads (``limits.config_leaves``: ``rllm.workflow={"workflow_args":
+    {...}}`` is the keys under ``rllm.workflow.workflow_args``), and on what lies under or above
+    them: a value under a platform-set key (``trainer.python.x``), and a section that holds one
+    (``actor_rollout_ref.model=null`` or ``{}`` stands for the keys under it)."""
+    return {leaf: message for leaf, _, message in _refusals(overrides)}
+
+
+def permitted_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` without each key (as written, whole) that sets something ``refused_overrides`` refuses."""
+    refused = {written for _, written, _ in _refusals(overrides)}
+    return {key: value for key, value in overrides.items() if key not in refused}
+
+
+def _refusals(overrides: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    """(leaf key, the key as written, message) for each key of ``overrides`` a run may not set."""
+    walled = {**platform_set_keys(), **dict.fromkeys(_ARGUMENT_PREFIXES, _WHY_ARGUMENTS)}
+    refusals = []
+    for leaf, (written, _) in limits.config_leaves(overrides).items():
+        why = None
+        for wall, reason in walled.items():
+            if leaf == wall or leaf.startswith(wall + "."):
+                why = reason
+                break
+            if wall.startswith(leaf + "."):  # a section given whole: it stands for every key under it
+                why = f"it holds {wall}, which cannot be set per run ({reason}); set the keys under it one by one"
+                break
+        if why is not None:
+            how = "" if written == leaf else f" (set by {written})"
+            refusals.append((leaf, written, f"{leaf}{how} cannot be set per run: {why}."))
+    return refusals
 
 
 def load_training_plugins() -> None:
@@ -144,9 +184,9 @@ def merged_config(backend: Backend, dataset: Dataset, overrides: dict[str, Any],
     config: dict[str, Any] = {}
     config.update(backend.default_config or {})
     for defaults in (model or {}, (agent.default_config if agent is not None else None) or {}):
-        config.update({k: v for k, v in defaults.items() if refused_override(k) is None})
+        config.update(permitted_overrides(defaults))
     config.update(dataset.config_overrides())
-    config.update({k: v for k, v in overrides.items() if refused_override(k) is None})  # the form refuses them too
+    config.update(permitted_overrides(overrides))  # the form refuses them too
     config.update(fixed)
     return config
 
@@ -185,7 +225,7 @@ def check_spec(kwargs: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
         "kwargs": kwargs,
         "plugins": list(settings.TRAINING_PLUGINS),
         "pinned": {key: config[key] for key in platform_set_keys()},
-        "user_keys": sorted(overrides),
+        "user_keys": sorted({*flatten(overrides), *limits.config_leaves(overrides)}),
         "load_model": True,
         "data_paths": [path for path in named if isinstance(path, str) and os.path.isabs(path) and os.path.exists(path)],
     }

@@ -14,6 +14,7 @@ from webapp.runs.access import can, get_run_for_user
 from webapp.runs.config_fields import config_fields
 from webapp.runs.forms import RunEditForm, RunForm
 from webapp.runs.models import Run
+from webapp.runs.submission import QuotaExceeded
 
 
 @login_required
@@ -45,9 +46,13 @@ def run_create(request):
     if request.method == "POST":
         form = RunForm(request.POST, user=request.user)
         if form.is_valid():
-            run = form.save(owner=request.user)
-            messages.success(request, f"Run {run.pk} is queued on the '{run.backend.queue}' queue.")
-            return redirect(run)
+            try:
+                run = form.save(owner=request.user)
+            except QuotaExceeded as exc:  # another submission took the last place since the form's check
+                form.add_error(None, str(exc))
+            else:
+                messages.success(request, f"Run {run.pk} is queued on the '{run.backend.queue}' queue.")
+                return redirect(run)
     else:
         clone = _int(request.GET.get("clone"))
         initial = RunForm.initial_from(get_run_for_user(request.user, clone, "run")) if clone else _chosen(request.GET)

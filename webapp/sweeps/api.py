@@ -10,6 +10,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from webapp.api.views import QuotaFull
 from webapp.runs.access import get_run_for_user
 from webapp.sweeps import engine
 from webapp.sweeps.engine import MAX_PARALLEL, MAX_TRIALS
@@ -33,8 +34,8 @@ class SweepSerializer(serializers.ModelSerializer):
     class Meta:
         model = Sweep
         fields = ["id", "name", "base_run", "space", "sampler", "objective", "direction", "max_trials", "parallel",
-                  "prune", "seed", "status", "created_at", "trials"]
-        read_only_fields = ["status", "created_at"]
+                  "prune", "seed", "status", "stop_reason", "created_at", "trials"]
+        read_only_fields = ["status", "stop_reason", "created_at"]
         extra_kwargs = {"max_trials": {"min_value": 1, "max_value": MAX_TRIALS}, "parallel": {"min_value": 1, "max_value": MAX_PARALLEL},
                         "seed": {"min_value": 0, "max_value": 2**31 - 1}}
 
@@ -50,9 +51,11 @@ class SweepSerializer(serializers.ModelSerializer):
             validated_data["space"] = check_space(validated_data["space"], validated_data.get("sampler", "tpe"), base.config_overrides, base.backend)
         except forms.ValidationError as exc:
             raise ValidationError({"space": exc.messages}) from None
-        sweep = Sweep.objects.create(owner=request.user, base_run=base, **validated_data)
-        engine.launch(sweep.pk)
-        return sweep
+        try:
+            return engine.create(owner=request.user, base_run=base, **validated_data)
+        except engine.TrialRefused as exc:
+            message = f"No trial could start, so the sweep was not created: {exc}"
+            raise QuotaFull(message) if exc.quota else ValidationError({"non_field_errors": [message]}) from None
 
 
 class SweepViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

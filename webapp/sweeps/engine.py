@@ -1,8 +1,14 @@
 """Running a sweep on the platform: trials are ordinary runs; Optuna picks each next point and
 decides pruning from what the trials recorded (``training.sweep``).
 
+- ``create(...)`` makes a sweep and starts its first trials, or refuses it (nothing kept) when
+  they cannot start.
 - ``launch(sweep)`` starts trials until ``parallel`` run at once or ``max_trials`` exist; the
-  sweep row is locked meanwhile, so two callers never start the same trial twice.
+  sweep row is locked meanwhile, so two callers never start the same trial twice. Each trial is
+  submitted as the run form submits a run (``submit_trial``: the same checks, the owner's and the
+  project's quota). A sweep whose owner may no longer start runs from its base run (they left the
+  team), or whose next trial is refused, is stopped with the reason; a full quota only waits while
+  the sweep's own trials run (the next trial's end tries again).
 - A trial's run ending (``run_status_changed``) records its objective and launches the next.
 - In the trial's training process, ``PruningSink`` reports the objective each step and, when
   Optuna's median pruner says so, marks the trial pruned and asks the run to stop.
@@ -14,10 +20,15 @@ import logging
 import math
 from typing import Any
 
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.db import transaction
 
 from training.sweep import TrialRecord, ask_next, grid_size, parse_space, should_prune
+from webapp.runs.access import can
+from webapp.runs.forms import RunForm, overrides_text
+from webapp.runs.limits import MAX_NOTES_CHARS
 from webapp.runs.models import Run
+from webapp.runs.submission import QuotaExceeded
 from webapp.sweeps.models import Sweep, Trial
 
 logger = logging.getLogger(__name__)
@@ -43,11 +54,33 @@ def _records(sweep: Sweep, with_intermediate: bool = False) -> list[TrialRecord]
                         system_attrs=t.system_attrs) for t in trials]
 
 
+class TrialRefused(Exception):
+    """A trial's run was not created: the message says why. ``quota``: only because the owner's or
+    the project's quota is full, which frees up as runs end."""
+
+    def __init__(self, message: str, quota: bool = False) -> None:
+        super().__init__(message)
+        self.quota = quota
+
+
+def create(owner, **fields: Any) -> Sweep:
+    """A new sweep with its first trials queued. Raises ``TrialRefused`` (nothing is kept: no
+    sweep, no run) when they cannot start: the quota is full, or the first trial fails the run's checks."""
+    with transaction.atomic():
+        sweep = Sweep.objects.create(owner=owner, **fields)
+        _launch(sweep.pk, refuse=True)
+    return sweep
+
+
 def launch(sweep_id: int) -> list[Run]:
     """Start as many trials as the sweep allows now. Returns the new runs (queued)."""
+    return _launch(sweep_id, refuse=False)
+
+
+def _launch(sweep_id: int, refuse: bool) -> list[Run]:
     started: list[Run] = []
     with transaction.atomic():
-        sweep = Sweep.objects.select_for_update().select_related("base_run").get(pk=sweep_id)
+        sweep = Sweep.objects.select_for_update(of=("self",)).select_related("base_run__project", "owner").get(pk=sweep_id)
         if sweep.status != Sweep.Status.RUNNING:
             return started
         space = parse_space(sweep.space)
@@ -55,28 +88,59 @@ def launch(sweep_id: int) -> list[Run]:
         trials = _records(sweep)
         running = sum(1 for t in trials if t.state == Trial.State.RUNNING)
         while running < sweep.parallel and len(trials) < limit:
+            if not can(sweep.owner, sweep.base_run, "run"):
+                base = sweep.base_run
+                where = f" in project {base.project.name}" if base.project_id else ""
+                _stop(sweep, f"Stopped before trial {len(trials)}: {sweep.owner} may no longer start runs from run "
+                             f"{base.pk}{where} (they left its team, or their role there changed).")
+                break
             record = ask_next(space, sweep.sampler, sweep.seed, sweep.direction, trials)
-            run = _trial_run(sweep, len(trials), record.params)
+            try:
+                run = submit_trial(sweep, len(trials), record.params)
+            except TrialRefused as exc:
+                if refuse and not (exc.quota and started):
+                    raise
+                if exc.quota and running:
+                    break  # a trial's end launches again
+                _stop(sweep, f"Stopped: trial {len(trials)} ({_params_text(record.params)}) could not start. {exc}")
+                break
             Trial.objects.create(sweep=sweep, number=len(trials), run=run, params=record.params, system_attrs=record.system_attrs)
             trials.append(record)
             running += 1
             started.append(run)
         if running == 0 and len(trials) >= limit:
             Sweep.objects.filter(pk=sweep.pk).update(status=Sweep.Status.FINISHED)
-    for run in started:
-        run.enqueue()
     return started
 
 
-def _trial_run(sweep: Sweep, number: int, params: dict[str, Any]) -> Run:
+def _stop(sweep: Sweep, reason: str) -> None:
+    Sweep.objects.filter(pk=sweep.pk, status=Sweep.Status.RUNNING).update(status=Sweep.Status.STOPPED, stop_reason=reason)
+    logger.info("sweep %s: %s", sweep.pk, reason)
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in params.items())
+
+
+def submit_trial(sweep: Sweep, number: int, params: dict[str, Any]) -> Run:
+    """The trial's run, submitted through the run form as its owner would submit it (the same
+    checks of the choices and overrides, the run's sandboxed check, the quota): the base run's
+    choices and overrides with ``params`` over them. Raises ``TrialRefused`` saying why not."""
     base = sweep.base_run
-    return Run.objects.create(
-        owner=sweep.owner, name=f"{sweep.name} #{number}", project=base.project, visibility=base.visibility,
-        agent=base.agent, dataset=base.dataset, reward=base.reward, backend=base.backend, model=base.model,
-        config_overrides={**base.config_overrides, **params}, tags=[f"sweep-{sweep.pk}"],
-        notes=f"Trial {number} of sweep {sweep.name!r}: " + ", ".join(f"{k}={v}" for k, v in params.items()),
-        status=Run.Status.QUEUED,
-    )
+    form = RunForm({
+        "name": f"{sweep.name[:180]} #{number}", "project": base.project_id or "", "visibility": base.visibility,
+        "agent": base.agent_id or "", "dataset": base.dataset_id or "", "reward": base.reward_id or "",
+        "backend": base.backend_id or "", "model": base.model,
+        "overrides": overrides_text({**base.config_overrides, **params}), "tags": f"sweep-{sweep.pk}",
+        "notes": f"Trial {number} of sweep {sweep.name!r}: {_params_text(params)}"[:MAX_NOTES_CHARS],
+    }, user=sweep.owner)
+    if not form.is_valid():
+        raise TrialRefused(" ".join(f"{'' if field == NON_FIELD_ERRORS else field + ': '}{' '.join(errors)}"
+                                    for field, errors in form.errors.items()), quota=form.quota_full is not None)
+    try:
+        return form.save(owner=sweep.owner)
+    except QuotaExceeded as exc:
+        raise TrialRefused(str(exc), quota=True) from None
 
 
 def objective_value(run: Run, key: str) -> float | None:
@@ -102,7 +166,8 @@ def on_status_changed(sender, run: Run, **kwargs) -> None:
         state = Trial.State.FAILED
     Trial.objects.filter(pk=trial.pk).update(state=state, value=value)
     sweep_id = trial.sweep_id
-    transaction.on_commit(lambda: launch(sweep_id))
+    # Robust: the next trial's checks (a child process) failing must not undo recording this one's end.
+    transaction.on_commit(lambda: launch(sweep_id), robust=True)
 
 
 def cancel(sweep: Sweep) -> int:

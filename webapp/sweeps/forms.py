@@ -1,6 +1,8 @@
-"""Turning a sweep request (form or API) into a validated ``Sweep``: the space parses, every key
-may be set by a run's owner, and each value of each key passes the config's own checks on top of
-the base run's overrides, before any trial is queued."""
+"""Turning a sweep request (form or API) into a validated ``Sweep``: the space parses and is small,
+every key may be set by a run's owner (the same rule as the run form's, ``refused_overrides``, on
+the base run's overrides too), and each value of each key passes the config's own checks on top of
+the base run's overrides, before any trial is queued. Each trial is then checked again as a run
+(``engine.submit_trial``)."""
 
 from __future__ import annotations
 
@@ -11,25 +13,36 @@ from django import forms
 from training.config import Config, ConfigError
 from training.sweep import SAMPLERS, grid_size, parse_space
 from webapp.runs import limits
-from webapp.runs.trainer_args import platform_set_keys
+from webapp.runs.trainer_args import refused_overrides
+from webapp.sweeps import engine
 from webapp.sweeps.engine import MAX_PARALLEL, MAX_TRIALS
 from webapp.sweeps.models import Sweep
+
+# Each value of a space is checked by building a config (a few milliseconds): a space of 1,500
+# choices held the web process for seconds. A hundred trials at most draw from it anyway.
+MAX_SPACE_KEYS = 10
+MAX_SPACE_VALUES = 100
 
 
 def check_space(space: Any, sampler: str, base_overrides: dict[str, Any], backend=None) -> dict[str, Any]:
     """The space as stored (key -> spec). Raises ``forms.ValidationError`` naming the key at fault."""
+    entries = space
+    if isinstance(space, str):
+        entries = {line.partition(":")[0].strip(): line.partition(":")[2].strip()
+                   for line in space.splitlines() if line.strip() and not line.strip().startswith("#")}
+    _check_size(entries)
     try:
         distributions = parse_space(space)
     except ConfigError as exc:
         raise forms.ValidationError(str(exc)) from None
-    if isinstance(space, str):
-        space = {line.partition(":")[0].strip(): line.partition(":")[2].strip()
-                 for line in space.splitlines() if line.strip() and not line.strip().startswith("#")}
-    fixed = platform_set_keys()
+    refused = refused_overrides(base_overrides)
+    if refused:
+        raise forms.ValidationError(["The base run's overrides cannot be run again: " + message for message in refused.values()])
     for key, distribution in distributions.items():
-        if key in fixed:
-            raise forms.ValidationError(f"{key} cannot be swept: {fixed[key]}.")
         values = list(distribution.choices) if hasattr(distribution, "choices") else [distribution.low, distribution.high]
+        refused = refused_overrides({key: values[0]})
+        if refused:
+            raise forms.ValidationError(list(refused.values()))
         for value in values:
             try:
                 limits.check_config_bounds({**base_overrides, key: value}, backend)
@@ -39,13 +52,36 @@ def check_space(space: Any, sampler: str, base_overrides: dict[str, Any], backen
                 raise forms.ValidationError(f"{key}={value!r} would fail every trial that draws it: {message}") from None
     if sampler == "grid" and grid_size(distributions) is None:
         raise forms.ValidationError("A grid needs 'choice' or 'int' ranges; use random or Bayesian for float ranges.")
-    return dict(space)
+    return dict(entries)
+
+
+def _check_size(space: Any) -> None:
+    """Refuse a space with too many keys or values before anything in it is parsed."""
+    if not isinstance(space, dict):
+        return  # parse_space says what a space is
+    if len(space) > MAX_SPACE_KEYS:
+        raise forms.ValidationError(f"A sweep searches at most {MAX_SPACE_KEYS} config keys (got {len(space)}).")
+    total = 0
+    for spec in space.values():
+        if isinstance(spec, list):
+            total += len(spec)
+        elif isinstance(spec, dict):
+            values = spec.get("values")
+            total += len(values) if isinstance(values, (list, tuple)) else 2
+        else:
+            text = str(spec).strip()
+            total += text.count(",") + 1 if text.startswith("choice") else 2
+    if total > MAX_SPACE_VALUES:
+        raise forms.ValidationError(
+            f"A sweep's space holds at most {MAX_SPACE_VALUES} values in all (each choice, and each range's two ends; "
+            f"got {total}); a sweep runs at most {MAX_TRIALS} trials."
+        )
 
 
 class SweepForm(forms.Form):
     name = forms.CharField(max_length=200)
     space = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 5, "placeholder": "actor_rollout_ref.actor.optim.lr: float 1e-4..1e-2 log\ndata.train_batch_size: choice 2, 4"}),
+        max_length=limits.MAX_OVERRIDES_CHARS, widget=forms.Textarea(attrs={"rows": 5, "placeholder": "actor_rollout_ref.actor.optim.lr: float 1e-4..1e-2 log\ndata.train_batch_size: choice 2, 4"}),
         help_text="One config key a line: 'choice a, b, c', 'float low..high [log]' or 'int low..high'.",
     )
     sampler = forms.ChoiceField(choices=Sweep.Sampler.choices, initial=Sweep.Sampler.TPE)
@@ -70,8 +106,9 @@ class SweepForm(forms.Form):
         return data
 
     def save(self, owner) -> Sweep:
+        """The sweep with its first trials queued (``engine.create``): ``TrialRefused`` when they cannot start."""
         data = self.cleaned_data
-        return Sweep.objects.create(
+        return engine.create(
             owner=owner, name=data["name"], base_run=self.base_run, space=data["space"], sampler=data["sampler"],
             objective=data["objective"], direction=data["direction"], max_trials=data["max_trials"],
             parallel=data["parallel"], prune=data["prune"], seed=data.get("seed") or 0,

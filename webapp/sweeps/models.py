@@ -20,7 +20,8 @@ class Sweep(models.Model):
     class Status(models.TextChoices):
         RUNNING = "running"
         FINISHED = "finished"
-        CANCELLED = "cancelled"
+        CANCELLED = "cancelled"  # its owner cancelled it
+        STOPPED = "stopped"  # the platform stopped it: its next trial could not start (``stop_reason`` says why)
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sweeps")
     name = models.CharField(max_length=200)
@@ -34,6 +35,7 @@ class Sweep(models.Model):
     prune = models.BooleanField(default=True, help_text="Stop hopeless trials early (Optuna's median pruner).")
     seed = models.IntegerField(default=0)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.RUNNING)
+    stop_reason = models.TextField(blank=True, help_text="Why the platform stopped it (status stopped).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

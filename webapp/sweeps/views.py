@@ -7,7 +7,7 @@ import json
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from webapp.runs.access import can, get_run_for_user
@@ -40,10 +40,13 @@ def sweep_create(request):
         raise Http404("Start a sweep from a run: its page has a Sweep button.")
     form = SweepForm(request.POST or None, base_run=base, initial={"name": f"{base.name or f'run {base.pk}'} sweep"})
     if request.method == "POST" and form.is_valid():
-        sweep = form.save(request.user)
-        engine.launch(sweep.pk)
-        messages.success(request, f"Sweep started: {sweep.parallel} trial(s) at a time, {engine.trial_limit(sweep)} at most.")
-        return redirect(sweep)
+        try:
+            sweep = form.save(request.user)
+        except engine.TrialRefused as exc:
+            form.add_error(None, f"No trial could start, so the sweep was not created: {exc}")
+        else:
+            messages.success(request, f"Sweep started: {sweep.parallel} trial(s) at a time, {engine.trial_limit(sweep)} at most.")
+            return redirect(sweep)
     return render(request, "sweeps/sweep_form.html", {"form": form, "base": base})
 
 

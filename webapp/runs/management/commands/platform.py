@@ -27,6 +27,7 @@ from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
 from webapp.registry.seed import demo_run
 from webapp.runs.forms import RunForm
 from webapp.runs.models import Run
+from webapp.runs.submission import submit
 
 
 class Command(BaseCommand):
@@ -111,12 +112,10 @@ class Command(BaseCommand):
             self.stderr.write(f"The demo run is not valid, so it is not queued: {problems}")
             return None
         data = form.cleaned_data
-        run = Run.objects.create(
+        return submit(
             owner=user, name="demo: FrozenLake", agent=data["agent"], dataset=data["dataset"], reward=data["reward"],
             backend=data["backend"], model=data["model"], config_overrides=data["overrides"],
         )
-        run.enqueue()
-        return run
 
     def _stop(self, children: list[subprocess.Popen]) -> None:
         for child in children:
