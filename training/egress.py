@@ -116,7 +116,7 @@ def why_not_public(address: str) -> str | None:
             return why_not_public(str(embedded))
     for kind, hit in (("an unspecified", ip.is_unspecified), ("a loopback", ip.is_loopback),
                       ("a link-local", ip.is_link_local), ("a multicast", ip.is_multicast),
-                      ("a private", ip.is_private), ("a reserved", ip.is_reserved),
+                      ("a reserved", ip.is_reserved), ("a private", ip.is_private),
                       ("a shared (carrier-grade NAT)", ip.version == 4 and ip in _SHARED)):
         if hit:
             return kind

@@ -203,15 +203,19 @@ class WandbSink:
             logger.info("wandb: no WANDB_API_KEY, so the run is written offline under %s (wandb sync uploads it)", wandb_dir(config, run_path))
         directory = wandb_dir(config, run_path)
         directory.mkdir(parents=True, exist_ok=True)
-        self.server = origin(os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL)
-        self.proxy = _guarded_proxy("W&B", self.server) if mode == "online" else None
-        proxies = {"http_proxy": self.proxy.url, "https_proxy": self.proxy.url} if self.proxy else {}
+        base_url = os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL
+        self.server = origin(base_url)
+        self.proxy = _guarded_proxy("W&B", base_url) if mode == "online" else None
+        # Online, the server, key and proxy are this run's own settings: wandb would otherwise keep
+        # the first run's server and key for every later run in the process.
+        online = {"base_url": base_url, "api_key": os.environ.get("WANDB_API_KEY"),
+                  "http_proxy": self.proxy.url, "https_proxy": self.proxy.url} if self.proxy else {}
         with _closing_on_error(self.proxy), self._sending("starting the run"):
             self.run = wandb.init(
                 dir=str(directory), project=config.trainer.project_name, name=config.trainer.experiment_name,
                 entity=config.trainer.wandb_entity or os.environ.get("WANDB_ENTITY"), config=hyperparameters(config),
                 id=previous["id"] if previous else None, resume="allow" if previous else None, mode=mode,
-                reinit="create_new", settings=wandb.Settings(silent=True, console="off", **proxies),
+                reinit="create_new", settings=wandb.Settings(silent=True, console="off", **online),
             )
             url = self.run.get_url() if mode == "online" else None
         _write_ids(run_path, "wandb", {"id": self.run.id, "project": self.run.project, "entity": self.run.entity,
@@ -230,8 +234,7 @@ class WandbSink:
             if self.proxy.refusals:
                 reason = self.proxy.refusals[-1]
             else:
-                status = re.search(r"\bHTTP (\d{3})\b", str(exc))
-                reason = f"the server answered HTTP {status.group(1)}" if status else f"it failed ({type(exc).__name__})"
+                reason = f"it failed ({type(exc).__name__}; the server's answer is not shown here)"
             raise TrackerError(f"W&B at {self.server}, {what}: {reason}") from None
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:

@@ -117,3 +117,20 @@ def test_webhooks_to_private_addresses_and_other_schemes_are_refused(settings):
         assert not form.is_valid() and message in str(form.errors["target"]), target
     form = AlertRuleForm({"target": "me@example.org", "events": ["quiet"]})
     assert not form.is_valid() and "how many minutes" in str(form.errors["quiet_minutes"])
+
+
+def test_a_project_rule_covers_team_visible_runs_only_and_a_persons_rule_their_own(
+        receiver, project_rule, make_run, project, teammate):
+    project_rule(receiver.target, ["failed"])  # chosen by the team's owner
+    mine = AlertRule(user=teammate, created_by=teammate, events=["failed"])
+    mine.target = "teammate@example.org"
+    mine.save()
+    private = running(make_run, project=project, owner=teammate, name="my secret experiment")
+    private.finish("failed", error="KeyError: my-private-dataset-column")
+    shared = running(make_run, project=project, owner=teammate, name="shared", visibility="team")
+    shared.finish("failed", error="boom")
+
+    assert deliver_due()["sent"] == 3  # the project's target gets the shared run; the teammate both of theirs
+    assert [body["title"] for body in receiver.bodies] == [f"[failed] run #{shared.pk} shared"]
+    assert sorted(message.subject for message in mail.outbox) == sorted(
+        [f"[failed] run #{private.pk} my secret experiment", f"[failed] run #{shared.pk} shared"])
