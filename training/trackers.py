@@ -12,6 +12,11 @@ the folder is complete on its own; a key (``trainer.wandb_dir``, ``trainer.tenso
 ``trainer.mlflow_tracking_uri``) or the tool's usual environment variable (``WANDB_DIR``,
 ``TENSORBOARD_DIR``, ``MLFLOW_TRACKING_URI``) points elsewhere. The external run's id is kept
 in ``trackers.json`` in the run folder, so a resumed run continues the same external run.
+
+A tracker that sends over the network (W&B online, an MLflow server) sends only through the
+egress guard (``training.egress``): its server is judged before the tracker starts and every
+connection is judged again as it is made. What fails is told in our words (``TrackerError``:
+the guard's refusal, the status code, a timeout), never with the server's own text.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ import math
 import os
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+from urllib.parse import urlsplit
 
 from training.config import Config, flatten
+from training.egress import EgressProxy, EgressRefused, Guard
 
 logger = logging.getLogger("training")
 
@@ -43,6 +51,15 @@ UNSUPPORTED = {
 PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "swanlab": "swanlab"}
 IDS_FILE = "trackers.json"
 EPISODES_PER_TABLE = 4
+WANDB_DEFAULT_URL = "https://api.wandb.ai"
+# Where an MLflow server may keep a run's artifacts for this process to write them: through the
+# server itself, or an http(s) URL (both through the egress guard). Not file:, s3: and the like,
+# which a server could use to make this process write into its own disk or a cloud account.
+MLFLOW_ARTIFACT_SCHEMES = ("mlflow-artifacts", "http", "https")
+
+
+class TrackerError(RuntimeError):
+    """A tracker could not send; the message is ours (no server's text), safe to show."""
 
 
 def check_logger_names(names: list[str]) -> str | None:
@@ -132,11 +149,50 @@ def _finite(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if not (math.isnan(v) or math.isinf(v))}
 
 
+def origin(url: str) -> str:
+    """``scheme://host[:port]`` of a URL: what a message may name (never a path or credentials)."""
+    parts = urlsplit(url)
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname or ""
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}"
+
+
+@contextmanager
+def _closing_on_error(proxy: EgressProxy | None) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        if proxy is not None:
+            proxy.close()
+        raise
+
+
+def _judged(tool: str, url: str) -> Guard:
+    """The guard, once it has judged ``tool``'s server ``url``. Raises TrackerError."""
+    guard = Guard()
+    try:
+        guard.check_url(url)
+    except EgressRefused as exc:
+        raise TrackerError(f"{tool} at {origin(url)}: {exc}") from None
+    return guard
+
+
+def _guarded_proxy(tool: str, url: str) -> EgressProxy:
+    """A proxy for ``tool``'s sends to ``url``, once the guard has judged ``url``."""
+    return EgressProxy(_judged(tool, url))
+
+
 # -- the trackers ---------------------------------------------------------------------------------
 
 class WandbSink:
     """Weights & Biases through ``wandb.init``: online with an API key, offline otherwise (``WANDB_MODE``
-    wins). The config goes in as the run's config, sampled conversations as a ``wandb.Table``."""
+    wins). The config goes in as the run's config, sampled conversations as a ``wandb.Table``.
+
+    Online, the server (``WANDB_BASE_URL``, else wandb.ai) is judged by the egress guard first, and
+    wandb-core (W&B's Go service, which makes the network calls) sends through the guard's proxy."""
 
     def __init__(self, config: Config, run_path: Path) -> None:
         import wandb
@@ -147,18 +203,43 @@ class WandbSink:
             logger.info("wandb: no WANDB_API_KEY, so the run is written offline under %s (wandb sync uploads it)", wandb_dir(config, run_path))
         directory = wandb_dir(config, run_path)
         directory.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            dir=str(directory), project=config.trainer.project_name, name=config.trainer.experiment_name,
-            entity=config.trainer.wandb_entity or os.environ.get("WANDB_ENTITY"), config=hyperparameters(config),
-            id=previous["id"] if previous else None, resume="allow" if previous else None, mode=mode,
-            reinit="create_new", settings=wandb.Settings(silent=True, console="off"),
-        )
-        url = self.run.get_url() if mode == "online" else None
+        base_url = os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL
+        self.server = origin(base_url)
+        self.proxy = _guarded_proxy("W&B", base_url) if mode == "online" else None
+        # Online, the server, key and proxy are this run's own settings: wandb would otherwise keep
+        # the first run's server and key for every later run in the process.
+        online = {"base_url": base_url, "api_key": os.environ.get("WANDB_API_KEY"),
+                  "http_proxy": self.proxy.url, "https_proxy": self.proxy.url} if self.proxy else {}
+        with _closing_on_error(self.proxy), self._sending("starting the run"):
+            self.run = wandb.init(
+                dir=str(directory), project=config.trainer.project_name, name=config.trainer.experiment_name,
+                entity=config.trainer.wandb_entity or os.environ.get("WANDB_ENTITY"), config=hyperparameters(config),
+                id=previous["id"] if previous else None, resume="allow" if previous else None, mode=mode,
+                reinit="create_new", settings=wandb.Settings(silent=True, console="off", **online),
+            )
+            url = self.run.get_url() if mode == "online" else None
         _write_ids(run_path, "wandb", {"id": self.run.id, "project": self.run.project, "entity": self.run.entity,
                                        "mode": mode, "dir": self.run.dir, "url": url})
 
+    @contextmanager
+    def _sending(self, what: str) -> Iterator[None]:
+        """W&B's errors quote its server; online, what failed is told in our words instead."""
+        if self.proxy is None:
+            yield
+            return
+        try:
+            with self.proxy.route():  # wandb's Python side, where it sends itself
+                yield
+        except Exception as exc:
+            if self.proxy.refusals:
+                reason = self.proxy.refusals[-1]
+            else:
+                reason = f"it failed ({type(exc).__name__}; the server's answer is not shown here)"
+            raise TrackerError(f"W&B at {self.server}, {what}: {reason}") from None
+
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.run.log(metrics, step=step)
+        with self._sending("logging a step"):
+            self.run.log(metrics, step=step)
 
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
         import wandb
@@ -168,10 +249,16 @@ class WandbSink:
             task = episode.get("task") if isinstance(episode.get("task"), dict) else {}
             table.add_data(step, str(task.get("data_source", "")), conversation(episode),
                            float(episode.get("reward") or 0.0), str(episode.get("termination_reason") or ""))
-        self.run.log({"episodes": table}, step=step)
+        with self._sending("logging episodes"):
+            self.run.log({"episodes": table}, step=step)
 
     def close(self) -> None:
-        self.run.finish()
+        try:
+            with self._sending("finishing the run"):
+                self.run.finish()
+        finally:
+            if self.proxy is not None:
+                self.proxy.close()
 
 
 class TensorboardSink:
@@ -206,7 +293,10 @@ class MlflowSink:
     """MLflow through ``MlflowClient`` (no global active run, so several runs in one process are fine).
 
     The experiment is ``trainer.project_name``, the run name ``trainer.experiment_name`` (verl's
-    mapping); the config is logged as params, sampled episodes as JSON artifacts per step.
+    mapping); the config is logged as params, sampled episodes as JSON artifacts per step. A
+    server (an http(s) URI) is judged by the egress guard first and every request goes through
+    the guard's proxy; episodes are sent only where the server keeps artifacts through itself or
+    an http(s) URL (``MLFLOW_ARTIFACT_SCHEMES``).
     """
 
     def __init__(self, config: Config, run_path: Path) -> None:
@@ -214,40 +304,72 @@ class MlflowSink:
         from mlflow.entities import Param
 
         self.uri = mlflow_tracking_uri(config, run_path)
-        self.client = MlflowClient(self.uri)
-        previous = _previous(config, run_path, "mlflow")
-        if previous and previous.get("uri") == self.uri:
-            self.run_id = previous["run_id"]
-            self.client.update_run(self.run_id, status="RUNNING")
-        else:
-            experiment = self.client.get_experiment_by_name(config.trainer.project_name)
-            if experiment is not None:
-                experiment_id = experiment.experiment_id
-            elif self.uri.startswith("sqlite:///") and str(run_path.resolve()) in self.uri:
-                artifacts = (run_path / "mlruns" / "artifacts").resolve().as_uri()
-                experiment_id = self.client.create_experiment(config.trainer.project_name, artifact_location=artifacts)
+        self.server = origin(self.uri) if self.uri.startswith(("http://", "https://")) else None
+        self.proxy = _guarded_proxy("MLflow", self.uri) if self.server else None
+        self.episodes = True
+        with _closing_on_error(self.proxy), self._sending("starting the run"):
+            self.client = MlflowClient(self.uri)
+            previous = _previous(config, run_path, "mlflow")
+            if previous and previous.get("uri") == self.uri:
+                self.run_id = previous["run_id"]
+                self.client.update_run(self.run_id, status="RUNNING")
             else:
-                experiment_id = self.client.create_experiment(config.trainer.project_name)
-            run = self.client.create_run(experiment_id, run_name=config.trainer.experiment_name)
-            self.run_id = run.info.run_id
-            params = [Param(_mlflow_name(k), str(v)[:6000]) for k, v in hyperparameters(config).items()]
-            for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-                self.client.log_batch(self.run_id, params=params[start:start + 100])
-        _write_ids(run_path, "mlflow", {"uri": self.uri, "run_id": self.run_id, "url": _mlflow_url(self.uri, self.client, self.run_id)})
+                experiment = self.client.get_experiment_by_name(config.trainer.project_name)
+                if experiment is not None:
+                    experiment_id = experiment.experiment_id
+                elif self.uri.startswith("sqlite:///") and str(run_path.resolve()) in self.uri:
+                    artifacts = (run_path / "mlruns" / "artifacts").resolve().as_uri()
+                    experiment_id = self.client.create_experiment(config.trainer.project_name, artifact_location=artifacts)
+                else:
+                    experiment_id = self.client.create_experiment(config.trainer.project_name)
+                run = self.client.create_run(experiment_id, run_name=config.trainer.experiment_name)
+                self.run_id = run.info.run_id
+                params = [Param(_mlflow_name(k), str(v)[:6000]) for k, v in hyperparameters(config).items()]
+                for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+                    self.client.log_batch(self.run_id, params=params[start:start + 100], synchronous=True)
+            info = self.client.get_run(self.run_id).info
+            url = f"{self.uri.rstrip('/')}/#/experiments/{info.experiment_id}/runs/{self.run_id}" if self.server else None
+        if self.server and urlsplit(info.artifact_uri or "").scheme not in MLFLOW_ARTIFACT_SCHEMES:
+            self.episodes = False
+            logger.warning("MLflow at %s keeps this run's artifacts at a %s: location, which this process does not write to; "
+                           "sampled episodes are not sent there.", self.server, urlsplit(info.artifact_uri or "").scheme or "(no)")
+        _write_ids(run_path, "mlflow", {"uri": self.uri, "run_id": self.run_id, "url": url})
+
+    @contextmanager
+    def _sending(self, what: str) -> Iterator[None]:
+        """MLflow's errors quote its server's answer; for a server, what failed is told in our words."""
+        if self.proxy is None:
+            yield
+            return
+        try:
+            with self.proxy.route() as route:
+                yield
+        except Exception:
+            raise TrackerError(route.failure(f"MLflow at {self.server}, {what}")) from None
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(_mlflow_name(k), v, now, step) for k, v in _finite(metrics).items()])
+        with self._sending("logging a step"):
+            self.client.log_batch(self.run_id, metrics=[Metric(_mlflow_name(k), v, now, step) for k, v in _finite(metrics).items()],
+                                  synchronous=True)
 
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        if not self.episodes:
+            return
         rows = [{"conversation": conversation(e), "reward": e.get("reward"), "termination": e.get("termination_reason")}
                 for e in episodes[:EPISODES_PER_TABLE]]
-        self.client.log_dict(self.run_id, rows, f"episodes/step_{step:06d}.json")
+        with self._sending("logging episodes"):
+            self.client.log_dict(self.run_id, rows, f"episodes/step_{step:06d}.json")
 
     def close(self) -> None:
-        self.client.set_terminated(self.run_id, "FINISHED")
+        try:
+            with self._sending("finishing the run"):
+                self.client.set_terminated(self.run_id, "FINISHED")
+        finally:
+            if self.proxy is not None:
+                self.proxy.close()
 
 
 class SwanlabSink:
@@ -290,17 +412,10 @@ def _mlflow_name(name: str) -> str:
     return re.sub(r"[^\w\-. /]", "_", name.replace("@", "_at_"))
 
 
-def _mlflow_url(uri: str, client: Any, run_id: str) -> str | None:
-    """The run's page on an MLflow server (None for a local store)."""
-    if not uri.startswith(("http://", "https://")):
-        return None
-    experiment_id = client.get_run(run_id).info.experiment_id
-    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-
-
 # -- verl: its own Tracking class writes the trackers; this says where --------------------------
 
 VERL_TRACKERS = ("wandb", "tensorboard", "mlflow", "swanlab")
+_verl_proxy: EgressProxy | None = None  # W&B's sends from verl's processes, for this process's life
 
 
 def verl_tracker_names(config: Config) -> list[str]:
@@ -310,7 +425,13 @@ def verl_tracker_names(config: Config) -> list[str]:
 
 def verl_tracking_environment(config: Config, run_path: str | Path) -> dict[str, str]:
     """Environment variables verl's ``Tracking`` reads, so it writes where our trackers would
-    (under the run folder by default) and a resumed run continues the same W&B and MLflow runs."""
+    (under the run folder by default) and a resumed run continues the same W&B and MLflow runs.
+
+    The egress guard holds there too: W&B online sends through this process's guard proxy
+    (``WANDB_HTTP_PROXY``/``WANDB_HTTPS_PROXY``, which wandb takes as its proxy settings). verl's
+    MLflow client runs in verl's processes, where no route through the guard can be set for it,
+    so an MLflow server is accepted there only when an admin allowed its host."""
+    global _verl_proxy
     run_path = Path(run_path)
     names = verl_tracker_names(config)
     env: dict[str, str] = {}
@@ -323,12 +444,23 @@ def verl_tracking_environment(config: Config, run_path: str | Path) -> dict[str,
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         env.update({"WANDB_DIR": str(wandb_dir(config, run_path).resolve()), "WANDB_RUN_ID": run_id,
                     "WANDB_RESUME": "allow", "WANDB_MODE": mode})
+        if mode == "online":
+            guard = _judged("W&B", os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL)
+            _verl_proxy = _verl_proxy or EgressProxy(guard)
+            env.update({"WANDB_HTTP_PROXY": _verl_proxy.url, "WANDB_HTTPS_PROXY": _verl_proxy.url})
         entity = config.trainer.wandb_entity or os.environ.get("WANDB_ENTITY")
         if entity:
             env["WANDB_ENTITY"] = entity
         _write_ids(run_path, "wandb", {"id": run_id, "project": config.trainer.project_name, "entity": entity, "mode": mode})
     if "mlflow" in names:
         env["MLFLOW_TRACKING_URI"] = mlflow_tracking_uri(config, run_path)
+        parts = urlsplit(env["MLFLOW_TRACKING_URI"])
+        if parts.scheme in ("http", "https") and not Guard().allows_host(
+                parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)):
+            raise TrackerError(f"MLflow at {origin(env['MLFLOW_TRACKING_URI'])}: on the verl backend verl's own processes "
+                               "send to MLflow, outside the egress guard's reach, so only a server whose host an admin "
+                               "allowed (EGRESS_ALLOWED_HOSTS) is used there; leave trainer.mlflow_tracking_uri unset "
+                               "for a store in the run folder.")
         previous = _previous(config, run_path, "mlflow")
         if previous and previous.get("uri") == env["MLFLOW_TRACKING_URI"]:
             env["MLFLOW_RUN_ID"] = previous["run_id"]  # verl attaches to it instead of starting another

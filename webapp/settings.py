@@ -43,6 +43,15 @@ def envlist(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+def envhosts(name: str) -> tuple[str, ...]:
+    from training.egress import parse_allowed_hosts
+
+    try:
+        return parse_allowed_hosts(os.environ.get(name, ""))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+
+
 def envdatabase(name: str, default: str) -> dict:
     value = os.environ.get(name, "").strip() or default
     try:
@@ -324,9 +333,10 @@ ALERT_MAX_ATTEMPTS = envint("ALERT_MAX_ATTEMPTS", "8", minimum=1)
 ALERT_RETRY_BASE_SECONDS = envint("ALERT_RETRY_BASE_SECONDS", "10", minimum=1)
 ALERT_RETRY_MAX_SECONDS = envint("ALERT_RETRY_MAX_SECONDS", "3600", minimum=1)
 ALERT_QUEUE = os.environ.get("ALERT_QUEUE", "cpu")
-# Webhooks to private or loopback addresses are refused (a member's rule must not reach the
-# platform's own network) unless this is set, e.g. on a closed network.
-ALERT_WEBHOOKS_MAY_BE_PRIVATE = envbool("ALERT_WEBHOOKS_MAY_BE_PRIVATE", "false")
+# The egress guard (training/egress.py) refuses outbound URLs a person chose (webhooks, tracking
+# servers) at loopback, private, link-local and other non-public addresses, except these hosts:
+# comma-separated "host" or "host:port" entries, e.g. "mlflow.internal,10.0.0.5:5000".
+EGRESS_ALLOWED_HOSTS = envhosts("EGRESS_ALLOWED_HOSTS")
 PLATFORM_URL = os.environ.get("PLATFORM_URL", "http://127.0.0.1:8000")
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")

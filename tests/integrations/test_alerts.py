@@ -22,7 +22,7 @@ def running(make_run, **fields):
 
 def test_a_failed_run_is_posted_once_and_retried_after_a_500(receiver, project_rule, make_run, project):
     rule = project_rule(receiver.target, ["failed"])
-    run = running(make_run, project=project, name="lake")
+    run = running(make_run, project=project, name="lake", visibility="team")
     run.finish("failed", error="ValueError: reward raised at row 3")
     assert not run.finish("failed", error="again")  # a second end changes nothing and tells nobody
 
@@ -62,7 +62,7 @@ def test_a_delivery_that_keeps_failing_is_marked_failed_and_shown_on_the_project
         receiver, project_rule, make_run, project, settings, owner, client):
     settings.ALERT_MAX_ATTEMPTS = 2
     project_rule(receiver.target, ["failed"])
-    run = running(make_run, project=project)
+    run = running(make_run, project=project, visibility="team")
     run.finish("failed", error="boom")
     receiver.statuses = [500, 503]
     deliver_due()
@@ -77,7 +77,7 @@ def test_a_delivery_that_keeps_failing_is_marked_failed_and_shown_on_the_project
 def test_threshold_and_nan_alerts_fire_once_from_the_training_process(project_rule, make_run, project, receiver):
     low = project_rule(receiver.target, ["threshold"], metric="reward", op="<", threshold=0.1, after_step=2)
     nan = project_rule(receiver.target, ["threshold"], metric="loss", op="nan")
-    run = running(make_run, project=project)
+    run = running(make_run, project=project, visibility="team")
     sink = ThresholdSink(run)
     sink.log_metrics(1, {"reward": 0.0, "loss": 1.0})  # below, but before step 2
     sink.log_metrics(2, {"reward": 0.5, "loss": math.nan})
@@ -94,7 +94,7 @@ def test_a_run_that_goes_quiet_is_reported_once(project_rule, make_run, project,
     from webapp.runs.models import Run
 
     project_rule(receiver.target, ["quiet"], quiet_minutes=10)
-    run = running(make_run, project=project)
+    run = running(make_run, project=project, visibility="team")
     SeriesWriter(run.pk).write([("reward", 1, 0.5)])
     Run.objects.filter(pk=run.pk).update(metrics_at=timezone.now() - timedelta(minutes=4))  # the step came 4 minutes ago
     assert find_quiet_runs() == 0
@@ -106,10 +106,10 @@ def test_a_run_that_goes_quiet_is_reported_once(project_rule, make_run, project,
 def test_webhooks_to_private_addresses_and_other_schemes_are_refused(settings):
     from webapp.integrations.forms import AlertRuleForm
 
-    settings.ALERT_WEBHOOKS_MAY_BE_PRIVATE = False
+    settings.EGRESS_ALLOWED_HOSTS = ()
     for target, message in [
-        ("json://127.0.0.1:6379/x", "private network"),
-        ("json://169.254.169.254/latest", "private network"),
+        ("json://127.0.0.1:6379/x", "refused by the egress guard: 127.0.0.1 is a loopback address"),
+        ("json://169.254.169.254/latest", "refused by the egress guard: 169.254.169.254 is a link-local address"),
         ("windows://", "not a webhook this platform sends to"),
         ("not-an-address", "neither an email address nor a webhook URL"),
     ]:
@@ -117,3 +117,20 @@ def test_webhooks_to_private_addresses_and_other_schemes_are_refused(settings):
         assert not form.is_valid() and message in str(form.errors["target"]), target
     form = AlertRuleForm({"target": "me@example.org", "events": ["quiet"]})
     assert not form.is_valid() and "how many minutes" in str(form.errors["quiet_minutes"])
+
+
+def test_a_project_rule_covers_team_visible_runs_only_and_a_persons_rule_their_own(
+        receiver, project_rule, make_run, project, teammate):
+    project_rule(receiver.target, ["failed"])  # chosen by the team's owner
+    mine = AlertRule(user=teammate, created_by=teammate, events=["failed"])
+    mine.target = "teammate@example.org"
+    mine.save()
+    private = running(make_run, project=project, owner=teammate, name="my secret experiment")
+    private.finish("failed", error="KeyError: my-private-dataset-column")
+    shared = running(make_run, project=project, owner=teammate, name="shared", visibility="team")
+    shared.finish("failed", error="boom")
+
+    assert deliver_due()["sent"] == 3  # the project's target gets the shared run; the teammate both of theirs
+    assert [body["title"] for body in receiver.bodies] == [f"[failed] run #{shared.pk} shared"]
+    assert sorted(message.subject for message in mail.outbox) == sorted(
+        [f"[failed] run #{private.pk} my secret experiment", f"[failed] run #{shared.pk} shared"])

@@ -5,7 +5,7 @@ from webapp.integrations.models import AlertDelivery, AlertRule, TrackingTarget
 
 @admin.register(TrackingTarget)
 class TrackingTargetAdmin(admin.ModelAdmin):
-    list_display = ["project", "wandb_project", "wandb_entity", "mlflow_tracking_uri", "updated_at"]
+    list_display = ["project", "wandb_project", "wandb_entity", "mlflow_server", "updated_at"]
     exclude = ["wandb_api_key_sealed", "mlflow_password_sealed"]  # secrets are set on the project page
 
 

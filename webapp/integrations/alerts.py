@@ -12,13 +12,11 @@ again: at least once.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
-import socket
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote
 
 from django.conf import settings
 from django.core.mail import send_mail
@@ -26,18 +24,50 @@ from django.core.validators import validate_email
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
+from training.egress import EgressProxy, EgressRefused, Guard
+
 logger = logging.getLogger(__name__)
 
 # apprise schemes a rule may name: webhooks only (no local files, no shell, no SMTP of the user's).
 WEBHOOK_SCHEMES = {"json", "jsons", "form", "forms", "slack", "discord"}
+# Of those, the ones whose URL names the server posted to (Slack and Discord post to their own).
+SERVER_SCHEMES = {"json", "jsons", "form", "forms"}
 LEASE_SECONDS = 60
 FINAL_EVENTS = {"failed", "succeeded", "cancelled"}
 
 
+class DeliveryFailed(Exception):
+    """A delivery failed; the message is ours (the guard's refusal, a status code), safe to show."""
+
+
 # -- targets ------------------------------------------------------------------------------------
 
+def _guard() -> Guard:
+    return Guard(allowed=tuple(settings.EGRESS_ALLOWED_HOSTS))
+
+
+def _plugin(target: str):
+    """apprise's own reading of a webhook URL (its plugin), or None when apprise cannot use it.
+    Its asset sends in the calling thread (not apprise's thread pool), where the egress route is."""
+    import apprise
+
+    return apprise.Apprise.instantiate(target, asset=apprise.AppriseAsset(async_mode=False))
+
+
+def _server_url(plugin) -> str:
+    """The http(s) origin a json:// or form:// plugin posts to, as apprise reads it."""
+    port = f":{plugin.port}" if plugin.port else ""
+    return f"{'https' if plugin.secure else 'http'}://{plugin.host}{port}/"
+
+
 def check_target(target: str) -> str:
-    """A rule's target as stored: an email address, or an apprise webhook URL. Raises ValueError."""
+    """A rule's target as stored: an email address, or a webhook URL rebuilt from apprise's reading
+    of it (json:// and form://: only the user, password, host, port and path). Raises ValueError.
+
+    Options after ``?`` are refused: they choose the HTTP method, extra headers (``+Header=``),
+    query and payload keys, timeouts and certificate checks, none of which a member sets. The
+    server is the one apprise will post to (its plugin's host and port), judged by the egress guard
+    now and again at every delivery."""
     target = target.strip()
     if "://" not in target:
         try:
@@ -48,45 +78,55 @@ def check_target(target: str) -> str:
     scheme = target.split("://", 1)[0].lower()
     if scheme not in WEBHOOK_SCHEMES:
         raise ValueError(f"{scheme}:// is not a webhook this platform sends to; use one of {', '.join(sorted(WEBHOOK_SCHEMES))}, or an email address.")
-    import apprise
-
-    if apprise.Apprise.instantiate(target) is None:
-        raise ValueError(f"apprise cannot use {target_label(target)!r}; check the URL's format.")
-    if scheme in ("json", "jsons", "form", "forms"):
-        _refuse_private_host(urlsplit(target).hostname or "")
-    return target
-
-
-def _refuse_private_host(host: str) -> None:
-    """A member's webhook must not reach the platform's own network (Redis, the database, metadata
-    services) unless ``ALERT_WEBHOOKS_MAY_BE_PRIVATE`` says it may (tests, a closed network)."""
-    if settings.ALERT_WEBHOOKS_MAY_BE_PRIVATE:
-        return
+    if "?" in target:
+        raise ValueError("Options after '?' are not accepted (they choose the method, headers, timeouts and certificate "
+                         "checks, which the platform sets); remove everything from the '?' on.")
+    plugin = _plugin(target)
+    if plugin is None:
+        raise ValueError(f"apprise cannot use this {scheme}:// URL; check its format.")
+    if scheme not in SERVER_SCHEMES:
+        return target
+    canonical = _canonical(scheme, plugin)
+    again = _plugin(canonical)
+    if again is None or (again.host, again.port, again.fullpath, again.user) != (plugin.host, plugin.port, plugin.fullpath, plugin.user):
+        raise ValueError(f"this {scheme}:// URL cannot be read one way only; write it as {scheme}://host[:port]/path.")
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except OSError:
-        raise ValueError(f"the webhook's host {host!r} does not resolve.") from None
-    for address in addresses:
-        ip = ipaddress.ip_address(address.split("%")[0])
-        if ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_multicast:
-            raise ValueError(f"the webhook's host {host!r} is on a private network ({ip}); the platform does not post there.")
+        _guard().check_url(_server_url(plugin), unresolved_ok=True)
+    except EgressRefused as exc:
+        raise ValueError(f"The webhook's server {plugin.host}: {exc}") from None
+    return canonical
+
+
+def _canonical(scheme: str, plugin) -> str:
+    auth = ""
+    if plugin.user:
+        auth = quote(plugin.user, safe="") + (f":{quote(plugin.password, safe='')}" if plugin.password else "") + "@"
+    port = f":{plugin.port}" if plugin.port else ""
+    return f"{scheme}://{auth}{plugin.host}{port}{quote(plugin.fullpath or '/', safe='/')}"
 
 
 def target_label(target: str) -> str:
-    """The target without its secret parts (webhook tokens, passwords, paths): shown on pages."""
+    """The target without its secret parts (webhook tokens, passwords, paths): shown on pages. A
+    server's host is the one apprise posts to."""
     if "://" not in target:
         return target
-    parts = urlsplit(target)
-    return f"{parts.scheme}://{parts.hostname or ''}{':%d' % parts.port if parts.port else ''}/…"
+    scheme = target.split("://", 1)[0].lower()
+    plugin = _plugin(target) if scheme in SERVER_SCHEMES else None
+    if plugin is None:
+        return f"{scheme}://…"
+    return f"{scheme}://{plugin.host}{':%d' % plugin.port if plugin.port else ''}/…"
 
 
 # -- events ---------------------------------------------------------------------------------------
 
 def rules_for(run) -> models.QuerySet:
+    """The rules that cover ``run``: its owner's own rules, and its project's rules when the run is
+    team-visible (a project's rule goes where a team admin chose; a private run is the owner's)."""
     from webapp.integrations.models import AlertRule
+    from webapp.runs.models import Run
 
     mine = models.Q(user_id=run.owner_id)
-    if run.project_id:
+    if run.project_id and run.visibility == Run.Visibility.TEAM:
         mine |= models.Q(project_id=run.project_id)
     return AlertRule.objects.filter(mine, enabled=True)
 
@@ -205,19 +245,31 @@ def backoff(attempts: int) -> timedelta:
 
 
 def send(target: str, title: str, body: str) -> None:
-    """One attempt. Raises with the reason on failure."""
+    """One attempt. Raises DeliveryFailed (or the mail backend's error) on failure.
+
+    A webhook is posted by apprise through the egress guard's proxy: its server is judged before
+    anything is sent, and the address each connection is made to is judged as it is made."""
     if "://" not in target:
         send_mail(title, body, settings.DEFAULT_FROM_EMAIL, [target], fail_silently=False)
         return
     import apprise
 
+    scheme = target.split("://", 1)[0].lower()
+    plugin = _plugin(target)
+    if scheme not in WEBHOOK_SCHEMES or plugin is None:
+        raise DeliveryFailed(f"the target {target_label(target)} is not a webhook this platform sends to.")
+    guard = _guard()
+    if scheme in SERVER_SCHEMES:
+        try:
+            guard.check_url(_server_url(plugin))
+        except EgressRefused as exc:
+            raise DeliveryFailed(f"the webhook's server {plugin.host}: {exc}") from None
     notifier = apprise.Apprise()
-    notifier.add(target)
-    with apprise.LogCapture(level=apprise.logging.WARNING) as captured:
+    notifier.add(plugin)
+    with EgressProxy(guard) as proxy, proxy.route() as route:
         ok = notifier.notify(title=title, body=body)
     if not ok:
-        reason = captured.getvalue().strip().splitlines()
-        raise RuntimeError(reason[-1] if reason else "the webhook refused the message")
+        raise DeliveryFailed(route.failure(f"the webhook {target_label(target)}"))
 
 
 def deliver_due(now=None, limit: int = 50) -> dict[str, int]:
@@ -238,7 +290,10 @@ def deliver_due(now=None, limit: int = 50) -> dict[str, int]:
         try:
             send(delivery.rule.target, delivery.title, delivery.body)
         except Exception as exc:
-            error = f"attempt {attempts}: {type(exc).__name__}: {exc}"[:2000]
+            logger.info("alert %s, attempt %s: %r", delivery.pk, attempts, exc)  # the whole error, for admins
+            # Members read last_error on the project page: our words only, never a remote's text.
+            reason = str(exc) if isinstance(exc, DeliveryFailed) else f"{type(exc).__name__} (details in the worker's log)"
+            error = f"attempt {attempts}: {reason}"[:2000]
             if attempts >= settings.ALERT_MAX_ATTEMPTS:
                 AlertDelivery.objects.filter(pk=delivery.pk).update(status=AlertDelivery.Status.FAILED, attempts=attempts, last_error=error)
                 counts["failed"] += 1

@@ -7,11 +7,20 @@ Secrets (API keys, passwords, webhook URLs, which carry tokens) are stored seale
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit, urlunsplit
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from webapp.integrations.secrets import seal, unseal
+
+
+def without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 class TrackingTarget(models.Model):
@@ -46,6 +55,16 @@ class TrackingTarget(models.Model):
     @mlflow_password.setter
     def mlflow_password(self, value: str) -> None:
         self.mlflow_password_sealed = seal(value)
+
+    @property
+    def mlflow_server(self) -> str:
+        """The MLflow tracking URI without credentials (a URI with them is refused on save; one
+        stored before that never reaches a page, a run's config or the tracker)."""
+        return without_credentials(self.mlflow_tracking_uri)
+
+    @property
+    def wandb_server(self) -> str:
+        return without_credentials(self.wandb_base_url)
 
     def loggers(self) -> list[str]:
         return [name for name, on in (("wandb", bool(self.wandb_project)), ("mlflow", bool(self.mlflow_tracking_uri))) if on]

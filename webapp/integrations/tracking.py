@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from django.conf import settings
+
+from training.egress import ALLOWED_HOSTS_ENV
 from training.trackers import IDS_FILE, read_ids
 
 
@@ -38,14 +41,21 @@ def tracking_config(run, config: dict[str, Any]) -> dict[str, Any]:
         if target.wandb_entity:
             config["trainer.wandb_entity"] = target.wandb_entity
     if target.mlflow_tracking_uri:
-        config["trainer.mlflow_tracking_uri"] = target.mlflow_tracking_uri
+        config["trainer.mlflow_tracking_uri"] = target.mlflow_server
         if not target.wandb_project:
             config["trainer.project_name"] = str(run.project)
     return config
 
 
+# What the training process's trackers take from its environment as a destination or its secret:
+# only a project's target sets them (a key the worker was started with must not follow a member's URL).
+TRACKER_ENVIRONMENT = ("WANDB_API_KEY", "WANDB_BASE_URL", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
 def tracking_environment(run) -> dict[str, str]:
-    """What wandb and mlflow read from the environment: keys and passwords, never written down."""
+    """What wandb and mlflow read from the environment: keys and passwords, never written down.
+    Each secret comes from the same saved target as its destination (the form clears a secret
+    whose destination changed)."""
     target = target_of(run)
     env: dict[str, str] = {}
     if target is None:
@@ -54,7 +64,7 @@ def tracking_environment(run) -> dict[str, str]:
         env["WANDB_API_KEY"] = target.wandb_api_key
         env["WANDB_MODE"] = "online"
         if target.wandb_base_url:
-            env["WANDB_BASE_URL"] = target.wandb_base_url
+            env["WANDB_BASE_URL"] = target.wandb_server
     if target.mlflow_tracking_uri and target.mlflow_username:
         env["MLFLOW_TRACKING_USERNAME"] = target.mlflow_username
         env["MLFLOW_TRACKING_PASSWORD"] = target.mlflow_password
@@ -63,13 +73,17 @@ def tracking_environment(run) -> dict[str, str]:
 
 def prepare_run(run, trainer_kwargs: dict[str, Any]) -> list:
     """In the training process, before the trainer is built: the project's trackers in the config,
-    their secrets in this process's environment, the sink that raises threshold alerts and, for a
+    their secrets in this process's environment (and the admin's allowed hosts, for the egress
+    guard the trackers send through), the sink that raises threshold alerts and, for a
     sweep's trial, the one that prunes it."""
     from webapp.integrations.alerts import ThresholdSink
     from webapp.sweeps.engine import PruningSink
 
     trainer_kwargs["config"] = tracking_config(run, trainer_kwargs.get("config") or {})
+    for name in TRACKER_ENVIRONMENT:
+        os.environ.pop(name, None)
     os.environ.update(tracking_environment(run))
+    os.environ[ALLOWED_HOSTS_ENV] = ",".join(settings.EGRESS_ALLOWED_HOSTS)  # the trackers' egress guard reads it
     return [ThresholdSink(run), PruningSink(run)]
 
 
@@ -90,7 +104,7 @@ def external_links(run) -> list[dict[str, str]]:
         target = target_of(run)
         url = wandb.get("url")
         if not url and wandb.get("mode") == "online" and wandb.get("entity") and wandb.get("project"):
-            base = (target.wandb_base_url if target and target.wandb_base_url else "https://wandb.ai").rstrip("/")
+            base = (target.wandb_server if target and target.wandb_base_url else "https://wandb.ai").rstrip("/")
             url = f"{base}/{wandb['entity']}/{wandb['project']}/runs/{wandb['id']}"
         links.append({"tool": "W&B", "url": url or "", "text": url or f"offline run {wandb['id']} (wandb sync uploads it)"})
     mlflow = ids.get("mlflow")

@@ -53,6 +53,9 @@ def save_tracking(request, pk: int):
         return project_integrations(request, pk, tracking_form=form)
     form.save(request.user)
     messages.success(request, "Tracking targets saved; new runs of this project report there.")
+    for secret in form.cleared:
+        messages.warning(request, f"The stored {secret} was removed: a secret goes only to the destination it was "
+                                  "entered for. Enter it again to use it there.")
     return redirect("integrations:project", pk=pk)
 
 
