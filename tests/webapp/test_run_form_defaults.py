@@ -75,8 +75,8 @@ def test_the_order_is_backend_then_model_then_agent_then_the_run(make_run, regis
 
 
 @pytest.mark.parametrize("config, words", [
-    ({"actor_rollout_ref.model.path": "/etc"}, "cannot be a model's default"),
-    ({"trainer.default_local_dir": "/tmp"}, "cannot be a model's default"),
+    ({"actor_rollout_ref.model.path": "/etc"}, "a model's default: actor_rollout_ref.model.path cannot be set per run"),
+    ({"trainer.default_local_dir": "/tmp"}, "a model's default: trainer.default_local_dir cannot be set per run"),
     ({"actor_rollout_ref.actor.optim.lrate": 0.1}, "Did you mean"),
     ({LR: "fast"}, "fast"),
 ])

@@ -13,6 +13,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from webapp.registry.table_reader import nesting_exceeds
 from webapp.runs.limits import capped
 
 # Overrides nest five levels deep, metrics three; nothing the API reads needs more.
@@ -25,22 +26,9 @@ class BoundedJSONParser(JSONParser):
             data = super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError(f"JSON parse error - the body nests deeper than {MAX_JSON_DEPTH} levels.") from None
-        if _depth_exceeds(data, MAX_JSON_DEPTH):
+        if nesting_exceeds(data, MAX_JSON_DEPTH):
             raise ParseError(f"JSON parse error - the body nests deeper than {MAX_JSON_DEPTH} levels.")
         return data
-
-
-def _depth_exceeds(data, limit: int) -> bool:
-    """Whether ``data`` (parsed JSON) nests more than ``limit`` containers deep (no recursion)."""
-    stack = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, (dict, list)):
-            if depth > limit:
-                return True
-            children = value.values() if isinstance(value, dict) else value
-            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
 
 
 def capped_exception_handler(exc, context):

@@ -29,12 +29,11 @@ BUILTIN_MODELS = ("tiny-char",)
 def check_default_config(value: dict, whose: str) -> None:
     """An entry's ``default_config``: only keys a run may set itself, with values the config accepts."""
     from training.config import Config, ConfigError
-    from webapp.runs.trainer_args import refused_override
+    from webapp.runs.trainer_args import refused_overrides
 
-    for key in value or {}:
-        why = refused_override(key)
-        if why is not None:
-            raise ValidationError({"default_config": f"{key} cannot be {whose} default: {why}."})
+    refused = refused_overrides(dict(value or {}))  # judged on every key it sets, as a run's overrides are
+    if refused:
+        raise ValidationError({"default_config": [f"{whose} default: {message}" for message in refused.values()]})
     try:
         Config.build(dict(value or {}))
     except ConfigError as exc:
