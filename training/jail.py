@@ -16,8 +16,8 @@ before it is queued (``training.probe``) run inside it. The kernel draws the wal
   namespace and the code runs as that user's uid outside it.
 - **Network**: a network namespace of its own, with only a loopback that reaches nothing outside.
 - **Environment**: exactly the variables the caller gives (``--clearenv``): nothing is inherited.
-- **Lifetime**: ``--die-with-parent`` and a pid namespace, so killing the launcher ends everything
-  the jailed code started.
+- **Lifetime**: a pid namespace, so killing its first process ends everything the jailed code
+  started, and (for a program its caller waits for) ``--die-with-parent``.
 
 Without bubblewrap or user namespaces there is no jail, and untrusted code does not run at all
 (``JailUnavailable`` says why and how to fix it): a weaker fallback would be a wall with a door.
@@ -58,12 +58,16 @@ class Jail:
 
     ``read_only``: folders or files visible read-only (the interpreter's are always added).
     ``writable``: folders it may write (they must exist; when the caller is root they are handed
-    to the jail's uid). ``env``: its whole environment. ``workdir``: where it starts."""
+    to the jail's uid). ``env``: its whole environment. ``workdir``: where it starts.
+    ``die_with_parent``: the jail is killed when the thread that started it ends (the kernel's
+    parent-death signal follows the thread, not the process): right for a program the caller
+    waits for, wrong for a server started from a passing thread, which ends on its own instead."""
 
     workdir: str
     read_only: tuple[str, ...] = ()
     writable: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    die_with_parent: bool = True
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """The command line that runs ``argv`` in this jail (raises ``JailUnavailable``)."""
@@ -77,7 +81,9 @@ class Jail:
     def _command(self, bwrap: str, argv: Sequence[str]) -> list[str]:
         root = os.geteuid() == 0
         args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--new-session", "--clearenv", "--hostname", "jail"]
+                "--new-session", "--clearenv", "--hostname", "jail"]
+        if self.die_with_parent:
+            args.append("--die-with-parent")
         if root:  # set the mounts up as root, then setpriv drops to the jail's uid (no user namespace)
             # (and enter a working folder that belongs to the jail's uid); setpriv's change of uid clears them all
             args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_DAC_READ_SEARCH"]

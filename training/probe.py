@@ -345,7 +345,8 @@ def checker_jail(code: list[str], inbox: str, path: list[str]) -> Jail:
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "PYTHONPATH": os.pathsep.join(folders),
            "HF_HUB_CACHE": HF_HUB_CACHE, "HF_DATASETS_CACHE": "/tmp/datasets-cache",  # datasets writes its cache
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", **OFFLINE}
-    return Jail(workdir="/tmp", read_only=(*code, HF_HUB_CACHE, inbox), env=env)
+    # Not killed with the thread that starts it (often a passing one): it ends when its stdin closes.
+    return Jail(workdir="/tmp", read_only=(*code, HF_HUB_CACHE, inbox), env=env, die_with_parent=False)
 
 
 def code_roots(path: list[str]) -> list[str]:

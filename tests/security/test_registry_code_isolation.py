@@ -94,7 +94,8 @@ def test_a_reward_is_imported_and_called_in_the_jail(owner_client, registry, evi
         inherited = set(found["environ"]) & set(os.environ)  # the web process's own variables (DATABASE_URL, ...)
         assert "DATABASE_URL" in os.environ and inherited <= {"PATH", "LANG", "HOME", "PYTHONPATH", "HF_HUB_CACHE", "HF_DATASETS_CACHE",
                                          "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "HF_HUB_OFFLINE",
-                                         "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "PWD"}, inherited
+                                         "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "PWD",
+                             "TORCHINDUCTOR_CACHE_DIR"}, inherited  # the last two: set by the shell and by torch itself
     assert not Run.objects.exists()
     api = owner_client.post("/api/runs/", {"agent": "copy-task", "dataset": "copy", "reward": "evil", "backend": "trl",
                                            "model": "tiny-char", "overrides": {"data.train_batch_size": 2}},
