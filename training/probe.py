@@ -51,6 +51,7 @@ from typing import Any
 
 from training import secrets
 from training.jail import Jail, JailUnavailable, refuse_new_programs
+from training.utils import leaves
 
 DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_MEMORY_MB = 2048
@@ -373,20 +374,10 @@ _CODE_FILE = re.compile(r"^(/[^:]+\.py)(:[\w.]+)?$")
 def code_folders(spec: dict[str, Any]) -> set[str]:
     """The folders of registry code that ``spec`` names by file path (``/srv/rewards/score.py:fn``)."""
     folders = set()
-
-    def visit(value: Any) -> None:
-        if isinstance(value, str):
-            match = _CODE_FILE.match(value)
-            if match and os.path.isfile(match.group(1)):
-                folders.add(os.path.dirname(os.path.realpath(match.group(1))))
-        elif isinstance(value, dict):
-            for item in value.values():
-                visit(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-
-    visit({key: value for key, value in spec.items() if key != "data_paths"})
+    for value in leaves({key: value for key, value in spec.items() if key != "data_paths"}):
+        match = _CODE_FILE.match(value) if isinstance(value, str) else None
+        if match and os.path.isfile(match.group(1)):
+            folders.add(os.path.dirname(os.path.realpath(match.group(1))))
     return folders
 
 

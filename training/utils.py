@@ -1,4 +1,4 @@
-"""Small helpers: importing user code by path, and checking optional dependencies."""
+"""Small helpers: importing user code by path, checking optional dependencies, walking nested values."""
 
 from __future__ import annotations
 
@@ -7,7 +7,17 @@ import importlib.util
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
+
+
+def leaves(value: Any, whole: Callable[[Any], Any] = lambda value: False) -> Iterator[Any]:
+    """The values inside ``value``'s dicts, lists and tuples, however deep; a container for which
+    ``whole`` is true is yielded as it is, not opened."""
+    if isinstance(value, (dict, list, tuple)) and not whole(value):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from leaves(item, whole)
+    else:
+        yield value
 
 
 def import_object(path: str, what: str = "object") -> Any:

@@ -256,25 +256,14 @@ def private_values(kwargs: dict[str, Any]) -> list[str]:
     arguments and environment, paths, names), and the secrets they name, as set here: text a member
     reads (a validation error, the run's error and log) never shows them, whatever code quoted them."""
     from training import secrets
+    from training.utils import leaves
 
     found: set[str] = set()
-
-    def visit(value: Any) -> None:
-        name = secrets.reference(value)
-        if name is not None:
-            if os.environ.get(name):
-                found.add(os.environ[name])
-        elif isinstance(value, str):
-            found.add(value)
-        elif isinstance(value, dict):
-            for item in value.values():
-                visit(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-
     for name in ARGUMENT_KWARGS:
-        visit(kwargs.get(name) or {})
+        for value in leaves(kwargs.get(name) or {}, whole=secrets.reference):
+            secret = os.environ.get(secrets.reference(value) or "") if isinstance(value, dict) else None
+            if secret or isinstance(value, str):
+                found.add(secret or value)
     return sorted((v for v in found if len(v) >= _SHORTEST_HIDDEN), key=len, reverse=True)  # longest first
 
 
