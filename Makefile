@@ -43,6 +43,7 @@ demo: install
 ## groups, Celery queues and workers) in one. Both always run; either failing fails the target.
 test: install swift-env chromium jail
 	bash scripts/services.sh
+	$(VENV)/bin/lint-imports  # the floors (pyproject.toml: [tool.importlinter])
 	export DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
 	       REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0}; \
 	$(PY) -m pytest -n 2 --dist worksteal tests/training; library=$$?; \
