@@ -197,6 +197,13 @@ def refusing_programs() -> bool:
     return _refusing_programs
 
 
+def interpreter() -> str:
+    """This interpreter as a jail can start it: its folder's real path (a virtual environment reached
+    through a symbolic link is mounted at its real place), its own name (a virtual environment's
+    ``python`` is itself a link, and only through it is the environment's site-packages found)."""
+    return os.path.join(os.path.realpath(os.path.dirname(sys.executable)), os.path.basename(sys.executable))
+
+
 def interpreter_paths() -> list[str]:
     """Where this interpreter and its installed packages live: the jailed Python needs them (read-only)."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}

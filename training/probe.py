@@ -50,7 +50,7 @@ import time
 from typing import Any
 
 from training import secrets
-from training.jail import Jail, JailUnavailable, refuse_new_programs
+from training.jail import Jail, JailUnavailable, interpreter, refuse_new_programs
 from training.utils import leaves
 
 DEFAULT_TIMEOUT_S = 20.0
@@ -308,7 +308,7 @@ class Checker:
         self.close()
         self._code = code
         self._process = checker_jail(sorted(code), self._inbox_root(), sys.path).popen(
-            [sys.executable, "-m", "training.probe", "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [interpreter(), "-m", "training.probe", "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, start_new_session=True,
         )
         if json.loads(self._read_line(self._process, self.startup_timeout_s)).get("ready") is not True:

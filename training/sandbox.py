@@ -36,11 +36,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 
-from training.jail import Jail, filter_program, install_filter
+from training.jail import Jail, filter_program, install_filter, interpreter
 
 DEFAULT_TIMEOUT_S = 12
 MAX_TIMEOUT_S = 60
@@ -181,7 +180,7 @@ def run_python(
                 tempfile.TemporaryFile() as given:
             given.write(stdin.encode())
             given.seek(0)
-            process = jail.popen([sys.executable, "-I", "-c", _RUNNER, json.dumps(settings)],
+            process = jail.popen([interpreter(), "-I", "-c", _RUNNER, json.dumps(settings)],
                                  stdin=given, stdout=out, stderr=err, start_new_session=True)
             stopped, status = None, None
             try:
