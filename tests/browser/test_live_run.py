@@ -41,11 +41,18 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
         page.wait_for_function("() => Number(document.getElementById('chart-reward').dataset.points || 0) >= 2",
                                timeout=10_000)
         assert int(page.get_attribute("#chart-reward", "data-points") or 0) >= 2
+        # What Plotly drew reaches the last step it was given (the series' arrays grow in place).
+        drawn = page.evaluate("""() => {
+            const div = document.getElementById('chart-reward'), points = Number(div.dataset.points);
+            return {last: dashboardState.series.get('reward').x[points - 1], range: div._fullLayout.xaxis.range};
+        }""")
+        assert drawn["range"][1] >= drawn["last"], drawn
         assert page.text_content("#run-status") == "running"
         # The dataset's test split was scored before the first step: its chart, per data source.
         page.wait_for_function("() => Number((document.getElementById('chart-val_') || {dataset: {}}).dataset.points || 0) >= 1",
                                timeout=10_000)
         assert "val/frozenlake/reward" in page.evaluate("() => [...dashboardState.series.keys()]")
+        assert page.locator("#chart-val_ .scatterlayer .trace .points path.point").count() >= 1  # one score: a marker
 
         # An episode: its turns with the model's response and the environment's observation.
         page.click("tr.dash-episode")
