@@ -4,8 +4,11 @@ cancel the run."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from webapp.dashboard.models import SeriesTail
 from webapp.registry.models import Backend
 from webapp.runs.models import Run
 from webapp.teams.models import ShareLink
@@ -79,6 +82,11 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
         page.wait_for_function("() => document.getElementById('run-status').textContent === 'cancelled'", timeout=60_000)
         run.refresh_from_db()
         assert run.status == Run.Status.CANCELLED
+        # The worker folds the ended run's metric tail into blocks just after recording its end: let
+        # it finish, or the test database is emptied while it writes (a flush refused now and then).
+        deadline = time.monotonic() + 30
+        while SeriesTail.objects.filter(run_id=run.pk).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
     except Exception:
         print("web log:\n" + tail(live_platform["logs"] / "web.log"))
         print("worker log:\n" + tail(live_platform["logs"] / "worker.log"))
