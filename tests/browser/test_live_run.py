@@ -4,8 +4,11 @@ cancel the run."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from webapp.dashboard.models import SeriesTail
 from webapp.registry.models import Backend
 from webapp.runs.models import Run
 from webapp.teams.models import ShareLink
@@ -41,11 +44,18 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
         page.wait_for_function("() => Number(document.getElementById('chart-reward').dataset.points || 0) >= 2",
                                timeout=10_000)
         assert int(page.get_attribute("#chart-reward", "data-points") or 0) >= 2
+        # What Plotly drew reaches the last step it was given (the series' arrays grow in place).
+        drawn = page.evaluate("""() => {
+            const div = document.getElementById('chart-reward'), points = Number(div.dataset.points);
+            return {last: dashboardState.series.get('reward').x[points - 1], range: div._fullLayout.xaxis.range};
+        }""")
+        assert drawn["range"][1] >= drawn["last"], drawn
         assert page.text_content("#run-status") == "running"
         # The dataset's test split was scored before the first step: its chart, per data source.
         page.wait_for_function("() => Number((document.getElementById('chart-val_') || {dataset: {}}).dataset.points || 0) >= 1",
                                timeout=10_000)
         assert "val/frozenlake/reward" in page.evaluate("() => [...dashboardState.series.keys()]")
+        assert page.locator("#chart-val_ .scatterlayer .trace .points path.point").count() >= 1  # one score: a marker
 
         # An episode: its turns with the model's response and the environment's observation.
         page.click("tr.dash-episode")
@@ -72,6 +82,11 @@ def test_create_watch_open_episode_cancel(live_platform, browser, owner, registr
         page.wait_for_function("() => document.getElementById('run-status').textContent === 'cancelled'", timeout=60_000)
         run.refresh_from_db()
         assert run.status == Run.Status.CANCELLED
+        # The worker folds the ended run's metric tail into blocks just after recording its end: let
+        # it finish, or the test database is emptied while it writes (a flush refused now and then).
+        deadline = time.monotonic() + 30
+        while SeriesTail.objects.filter(run_id=run.pk).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
     except Exception:
         print("web log:\n" + tail(live_platform["logs"] / "web.log"))
         print("worker log:\n" + tail(live_platform["logs"] / "worker.log"))

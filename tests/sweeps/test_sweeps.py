@@ -3,6 +3,9 @@ browser form, the API and the results page."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from webapp.dashboard.series import SeriesWriter
@@ -58,6 +61,10 @@ def test_a_grid_sweep_from_the_browser_runs_every_point_k_at_a_time(owner_client
     page = owner_client.get(f"/sweeps/{sweep.pk}/").content.decode()
     assert 'id="sweep-best"' in page and "trial 2" in page and "0.7" in page
     assert page.count('class="trial trial-') == 3 and 'id="sweep-charts"' in page
+    # The charts' points, as the page's script reads them: one JSON decode gives numbers.
+    points = json.loads(re.search(r'<script id="sweep-points" type="application/json">(.*?)</script>', page).group(1))
+    assert [(p["value"], p["params"]["actor_rollout_ref.actor.optim.lr"]) for p in points if p["value"] is not None] == [
+        (0.4, trials[0].params["actor_rollout_ref.actor.optim.lr"]), (0.7, Trial.objects.get(number=2).params["actor_rollout_ref.actor.optim.lr"])]
 
 
 def test_a_hopeless_trial_is_pruned_and_stopped(make_run, owner, queued):

@@ -33,8 +33,8 @@ class SweepSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Sweep
-        fields = ["id", "name", "base_run", "space", "sampler", "objective", "direction", "max_trials", "parallel",
-                  "prune", "seed", "status", "stop_reason", "created_at", "trials"]
+        fields = ["id", "name", "base_run", "space", "sampler", "objective", "objective_summary", "objective_steps", "direction",
+                  "max_trials", "parallel", "prune", "seed", "status", "stop_reason", "created_at", "trials"]
         read_only_fields = ["status", "stop_reason", "created_at"]
         extra_kwargs = {"max_trials": {"min_value": 1, "max_value": MAX_TRIALS}, "parallel": {"min_value": 1, "max_value": MAX_PARALLEL},
                         "seed": {"min_value": 0, "max_value": 2**31 - 1}}

@@ -20,10 +20,12 @@ import logging
 import math
 from typing import Any
 
+import numpy as np
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.db import transaction
 
 from training.sweep import TrialRecord, ask_next, grid_size, parse_space, should_prune
+from webapp.dashboard.series import all_points
 from webapp.runs.access import can
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.runs.limits import MAX_NOTES_CHARS
@@ -46,8 +48,6 @@ def _records(sweep: Sweep, with_intermediate: bool = False) -> list[TrialRecord]
     trials = list(sweep.trials.all())
     series: dict[int, dict[int, float]] = {}
     if with_intermediate:
-        from webapp.dashboard.series import all_points
-
         for run_id, (steps, values) in all_points([t.run_id for t in trials], sweep.objective).items():
             series[run_id] = {int(s): float(v) for s, v in zip(steps, values) if math.isfinite(v)}
     return [TrialRecord(params=t.params, state=t.state, value=t.value, intermediate=series.get(t.run_id, {}),
@@ -143,11 +143,23 @@ def submit_trial(sweep: Sweep, number: int, params: dict[str, Any]) -> Run:
         raise TrialRefused(str(exc), quota=True) from None
 
 
-def objective_value(run: Run, key: str) -> float | None:
-    value = (run.final_metrics or {}).get(key)
-    if value is None:
-        value = (Run.objects.filter(pk=run.pk).values_list("latest_values", flat=True).first() or {}).get(key)
-    return value if value is not None and math.isfinite(value) else None
+def objective_value(run: Run, sweep: Sweep) -> float | None:
+    """A trial's score: the objective's last value (the run's final metrics, else its latest), or,
+    over the run's stored steps with a finite value, the highest, the lowest or the mean of the last N."""
+    key = sweep.objective
+    if sweep.objective_summary == Sweep.Summary.LAST:
+        value = (run.final_metrics or {}).get(key)
+        if value is None:
+            value = (Run.objects.filter(pk=run.pk).values_list("latest_values", flat=True).first() or {}).get(key)
+        return value if value is not None and math.isfinite(value) else None
+    _, values = all_points([run.pk], key)[run.pk]
+    values = values[np.isfinite(values)]
+    if sweep.objective_summary == Sweep.Summary.MEAN_LAST:
+        values = values[-sweep.objective_steps:]
+    if not values.size:
+        return None
+    summarise = {Sweep.Summary.MAX: np.max, Sweep.Summary.MIN: np.min, Sweep.Summary.MEAN_LAST: np.mean}[sweep.objective_summary]
+    return float(summarise(values))
 
 
 def on_status_changed(sender, run: Run, **kwargs) -> None:
@@ -157,7 +169,7 @@ def on_status_changed(sender, run: Run, **kwargs) -> None:
     trial = Trial.objects.filter(run_id=run.pk).select_related("sweep").first()
     if trial is None:
         return
-    value = objective_value(run, trial.sweep.objective)
+    value = objective_value(run, trial.sweep)
     if run.status == Run.Status.SUCCEEDED and value is not None:
         state = Trial.State.COMPLETE
     elif trial.state == Trial.State.PRUNED or run.status == Run.Status.PRUNED:

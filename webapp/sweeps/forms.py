@@ -16,7 +16,7 @@ from webapp.runs import limits
 from webapp.runs.trainer_args import refused_overrides
 from webapp.sweeps import engine
 from webapp.sweeps.engine import MAX_PARALLEL, MAX_TRIALS
-from webapp.sweeps.models import Sweep
+from webapp.sweeps.models import MAX_OBJECTIVE_STEPS, Sweep
 
 # Each value of a space is checked by building a config (a few milliseconds): a space of 1,500
 # choices held the web process for seconds. A hundred trials at most draw from it anyway.
@@ -85,7 +85,12 @@ class SweepForm(forms.Form):
         help_text="One config key a line: 'choice a, b, c', 'float low..high [log]' or 'int low..high'.",
     )
     sampler = forms.ChoiceField(choices=Sweep.Sampler.choices, initial=Sweep.Sampler.TPE)
-    objective = forms.CharField(max_length=200, initial="reward", help_text="Its last logged value is the trial's score.")
+    objective = forms.CharField(max_length=200, initial="reward", help_text="The metric each trial is scored on.")
+    # Left out of a post, these two take the model's defaults (the last value).
+    objective_summary = forms.ChoiceField(label="Score", choices=Sweep.Summary.choices, initial=Sweep.Summary.LAST, required=False,
+                                          help_text="Which of the metric's values is a trial's score.")
+    objective_steps = forms.IntegerField(label="N", min_value=1, max_value=MAX_OBJECTIVE_STEPS, initial=10, required=False,
+                                         help_text="For the mean of the last N steps.")
     direction = forms.ChoiceField(choices=Sweep.Direction.choices, initial=Sweep.Direction.MAXIMIZE)
     max_trials = forms.IntegerField(min_value=1, max_value=MAX_TRIALS, initial=8)
     parallel = forms.IntegerField(min_value=1, max_value=MAX_PARALLEL, initial=2, help_text="Trials running at once.")
@@ -108,8 +113,9 @@ class SweepForm(forms.Form):
     def save(self, owner) -> Sweep:
         """The sweep with its first trials queued (``engine.create``): ``TrialRefused`` when they cannot start."""
         data = self.cleaned_data
+        summary = {name: data[name] for name in ("objective_summary", "objective_steps") if data.get(name)}
         return engine.create(
             owner=owner, name=data["name"], base_run=self.base_run, space=data["space"], sampler=data["sampler"],
             objective=data["objective"], direction=data["direction"], max_trials=data["max_trials"],
-            parallel=data["parallel"], prune=data["prune"], seed=data.get("seed") or 0,
+            parallel=data["parallel"], prune=data["prune"], seed=data.get("seed") or 0, **summary,
         )

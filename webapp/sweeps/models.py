@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.urls import reverse
+
+MAX_OBJECTIVE_STEPS = 10_000
 
 
 class Sweep(models.Model):
@@ -17,6 +20,12 @@ class Sweep(models.Model):
         MAXIMIZE = "maximize"
         MINIMIZE = "minimize"
 
+    class Summary(models.TextChoices):
+        LAST = "last", "last value"
+        MAX = "max", "highest value over the steps"
+        MIN = "min", "lowest value over the steps"
+        MEAN_LAST = "mean_last", "mean of the last N steps"
+
     class Status(models.TextChoices):
         RUNNING = "running"
         FINISHED = "finished"
@@ -28,7 +37,11 @@ class Sweep(models.Model):
     base_run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="sweeps_based_on")
     space = models.JSONField(help_text="Config key to range, e.g. {\"data.train_batch_size\": \"choice 2, 4\"}.")
     sampler = models.CharField(max_length=10, choices=Sampler.choices, default=Sampler.TPE)
-    objective = models.CharField(max_length=200, default="reward", help_text="The metric to optimise (its last value).")
+    objective = models.CharField(max_length=200, default="reward", help_text="The metric to optimise.")
+    objective_summary = models.CharField(max_length=10, choices=Summary.choices, default=Summary.LAST,
+                                         help_text="Which of the metric's values is a trial's score.")
+    objective_steps = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1), MaxValueValidator(MAX_OBJECTIVE_STEPS)],
+                                                  help_text="N, for the mean of the last N steps.")
     direction = models.CharField(max_length=10, choices=Direction.choices, default=Direction.MAXIMIZE)
     max_trials = models.PositiveIntegerField(default=8)
     parallel = models.PositiveIntegerField(default=2, help_text="Trials running at once.")
@@ -46,6 +59,15 @@ class Sweep(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("sweeps:detail", args=[self.pk])
+
+    @property
+    def objective_label(self) -> str:
+        """The score as the pages name it: ``reward``, ``reward (max over steps)``, ``reward (mean of the last 10 steps)``."""
+        if self.objective_summary == self.Summary.MEAN_LAST:
+            return f"{self.objective} (mean of the last {self.objective_steps} steps)"
+        if self.objective_summary in (self.Summary.MAX, self.Summary.MIN):
+            return f"{self.objective} ({self.objective_summary} over steps)"
+        return self.objective
 
 
 class Trial(models.Model):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
@@ -61,7 +59,7 @@ def sweep_detail(request, pk: int):
     scored = [t for t in trials if t.value is not None]
     best = (max if sweep.direction == Sweep.Direction.MAXIMIZE else min)(scored, key=lambda t: t.value) if scored else None
     return render(request, "sweeps/sweep_detail.html", {
-        "sweep": sweep, "trials": trials, "keys": keys, "best": best, "points_json": json.dumps(points),
+        "sweep": sweep, "trials": trials, "keys": keys, "best": best, "points": points,
         "may_cancel": sweep.owner_id == request.user.pk and sweep.status == Sweep.Status.RUNNING,
     })
 

@@ -35,7 +35,7 @@
     layout.showlegend = runs.length <= 12;
     const traces = runs.length > WEBGL_FROM_RUNS ? groupedTraces(runs) : runs.map(r => ({
       type: "scatter", x: Array.from(r.x), y: Array.from(Dash.smooth(r.y, smoothing), finiteOrNull), name: label(r),
-      mode: "lines", line: { width: 1 },
+      mode: Dash.mode(r.x.length), line: { width: 1 },
     }));
     chart.runsDrawn = runs.length;
     chart.builtMs = performance.now();

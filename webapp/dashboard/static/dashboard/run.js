@@ -5,7 +5,7 @@
   const CHARTS = [
     ["reward", "Reward"], ["reward_std", "Reward std"], ["loss", "Loss"], ["kl", "KL"], ["entropy", "Entropy"],
     ["response_length", "Response length"], ["turns", "Turns per episode"], ["termination/", "Termination reasons"],
-    ["step_time", "Step time (s)"], ["val/", "Validation (test set, per data source)"],
+    ["step_time", "Step time (s)"], ["val/", "Validation (test set)"],
     // System metrics, sampled in the training process (training/system_metrics.py): one chart per unit.
     ["system/cpu/", "System: CPU (%)"], ["system/memory_gb/", "System: memory (GB)"],
     ["system/gpu_utilization/", "System: GPU utilisation (%)"], ["system/gpu_memory_gb/", "System: GPU memory (GB)"],
@@ -47,12 +47,20 @@
     div.className = "dash-chart";
     div.id = "chart-" + id.replace(/[^A-Za-z0-9_-]/g, "_");
     div.dataset.key = id;
-    chartsBox.appendChild(div);
-    const chart = { id, title, match, div, zoom: null, points: 0 };
-    state.charts.push(chart);
+    const chart = { id, title, match, div, zoom: null, points: 0, revision: 0 };
+    const next = state.charts.findIndex(c => comesBefore(chart, c));
+    if (next < 0) { chartsBox.appendChild(div); state.charts.push(chart); }
+    else { chartsBox.insertBefore(div, state.charts[next].div); state.charts.splice(next, 0, chart); }
     Plotly.newPlot(div, [], Dash.layout(title, state.logScale), Dash.config);
     div.on("plotly_relayout", ev => onZoom(chart, ev));
     draw(chart);
+  }
+
+  // Charts stand in one order whatever order their keys arrive in: the known ones as CHARTS lists
+  // them, then those a person added from the search box, by name.
+  function comesBefore(a, b) {
+    const rank = chart => { const i = CHARTS.findIndex(([id]) => id === chart.id); return i < 0 ? CHARTS.length : i; };
+    return rank(a) < rank(b) || (rank(a) === rank(b) && a.id < b.id);
   }
 
   function chartFor(key) {
@@ -74,14 +82,17 @@
       if (state.smoothing > 0) {
         traces.push({ x: s.x, y: s.y, name: key + " (raw)", mode: "lines", line: { width: 1 }, opacity: 0.25, hoverinfo: "skip" });
       }
-      // Validation is scored every few steps: markers show each score (one point draws no line).
-      const mode = key.startsWith("val/") ? "lines+markers" : "lines";
+      // Validation is scored every few steps: markers show each score.
+      const mode = Dash.mode(s.x.length, key.startsWith("val/"));
       traces.push({ x: s.x, y: Dash.smooth(s.y, state.smoothing), name: key, mode, line: { width: 1.5 } });
     }
     chart.points = points;
     const layout = Dash.layout(chart.title, state.logScale);
     layout.showlegend = traces.length > 2 || (traces.length > 1 && state.smoothing === 0);
     if (chart.zoom) layout.xaxis.range = [chart.zoom.x0, chart.zoom.x1];
+    // Live points are pushed onto the same arrays, which Plotly takes for unchanged data: a new
+    // revision makes it read them again (and autoscale, unless a person zoomed).
+    layout.datarevision = ++chart.revision;
     Plotly.react(chart.div, traces, layout, Dash.config);
     chart.div.dataset.points = points;
   }
@@ -238,9 +249,12 @@
   }
 
   async function reloadSeries() {
-    const keys = [...state.series.keys()];
-    for (let i = 0; i < keys.length; i += MAX_KEYS_PER_REQUEST) await loadSeries(keys.slice(i, i + MAX_KEYS_PER_REQUEST));
+    await loadKeys([...state.series.keys()]);
     scheduleRedraw();
+  }
+
+  async function loadKeys(keys) {
+    for (let i = 0; i < keys.length; i += MAX_KEYS_PER_REQUEST) await loadSeries(keys.slice(i, i + MAX_KEYS_PER_REQUEST));
   }
 
   // -- the websocket ---------------------------------------------------------------------------
@@ -425,6 +439,8 @@
   // -- start -----------------------------------------------------------------------------------
   (async function start() {
     await loadSeries(null);
+    // The first read holds the headline keys: the other charts' keys (system metrics) are read too.
+    await loadKeys(state.keys.filter(key => chartFor(key) && !state.series.has(key)));
     gaps.complete = state.lastStep;
     for (const [id, title] of CHARTS) {
       const match = id.endsWith("/") ? (k => k.startsWith(id)) : (k => k === id);
