@@ -57,6 +57,28 @@ def test_responses_cut_at_every_step_are_named_as_a_possible_cause():
     assert "data.max_response_length" not in warning
 
 
+@pytest.mark.parametrize("top, warned", [(0.0, True), (1.0, False)], ids=["flat", "spread"])
+def test_verls_metrics_reach_the_trace_through_its_bridge(tmp_path, monkeypatch, top, warned):
+    """What verl's Tracking file backend writes, as the verl backend forwards it to every sink."""
+    from verl.utils.tracking import Tracking
+
+    from training.backends.verl_backend import VerlMetricsBridge
+    from training.sinks import MultiSink
+
+    metrics_path = tmp_path / "verl_metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics_path))
+    tracking = Tracking(project_name="p", experiment_name="e", default_backend=["file"])
+    trace = RewardTrace()
+    bridge = VerlMetricsBridge(MultiSink([trace]), metrics_path)
+    tracking.log({"val-core/copy/reward/mean@1": 0.0}, step=0)
+    for step in (1, 2):
+        tracking.log({"critic/score/mean": 0.0, "critic/score/max": top, "critic/score/min": 0.0}, step=step)
+    bridge.poll()
+    tracking.finish()
+    assert sorted(trace.steps) == [1, 2]
+    assert bool(learning_warnings(trace)) == warned
+
+
 # -- which columns a reward looked for -------------------------------------------------------------
 
 def test_the_columns_a_reward_looked_for_and_the_row_lacks():
