@@ -173,10 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     reward = result.metrics.get("reward", float("nan"))
     print(f"done: {result.steps} steps in {elapsed:.1f}s, last reward {reward:.3f}, run directory {result.run_path}")
+    code = 0
     if target is not None:
         if target.reached():
             print(f"reward passed {args.target} after {target.reached_at:.1f}s of training")
         else:
             print(f"reward did not pass {args.target} within {result.steps} steps")
-            return 1
-    return 0
+            code = 1
+    for warning in getattr(result, "warnings", None) or []:  # trained, but learnt nothing: not a failure, said last
+        print(f"warning: {warning}")
+    return code

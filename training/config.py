@@ -251,7 +251,8 @@ class TrainerConfig:
     total_epochs: int = _doc("Upper bound on passes over the training set.", 1000)
     save_freq: int = _doc("Save a checkpoint every N steps (-1: only at the end).", -1)
     test_freq: int = _doc(
-        "Score the test dataset every N steps and after the last (-1 or 0: never); metrics val/<data_source>/...", -1
+        "Score the test dataset every N steps and after the last (-1 or 0: never during training, as in verl; "
+        "trainer.val_before_train still scores it before the first step); metrics val/<data_source>/...", -1
     )
     val_before_train: bool = _doc(
         "Score the test dataset before the first step (when there is one; not again when resuming from a checkpoint).", True

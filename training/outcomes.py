@@ -15,13 +15,19 @@ A backend keeps one ``OutcomeMonitor`` per run::
     monitor.check_finished(steps, stopped)        # after training
 
 Episodes may be ``training.types.Episode`` objects or their ``to_dict()`` form.
+
+A run that trained but had nothing to learn from is not a failure: it ends with warnings. Every
+processor keeps a ``RewardTrace`` among its sinks, so it sees the per-step reward metrics any
+backend logs; ``learning_warnings`` reads it at the end and names the likely cause (a column the
+reward looked for and the rows lack: ``ColumnReads``, filled by the reward's probe before training).
 """
 
 from __future__ import annotations
 
+import inspect
 import traceback as traceback_module
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from training.log import logger
 from training.types import RewardOutput, TerminationReason
@@ -213,3 +219,142 @@ def _one_line(exc: BaseException) -> str:
 def _short(value: Any, limit: int = 200) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+# -- runs that trained but learnt nothing ------------------------------------------------------------
+
+# Two rewards closer than this are the same reward (means of equal floats may differ in the last bits).
+_SAME = 1e-6
+# Step metrics that, at (nearly) 1 on every step, explain a reward that never moved.
+_ALWAYS_CAUSES = {
+    "clipped_ratio": "every response was cut at data.max_response_length before it ended",
+    "termination/max_response_length": "every episode was cut at data.max_response_length",
+    "termination/max_turns": "every episode ran out of turns (rllm.agent.max_steps)",
+    "termination/timeout": "every episode timed out (rllm.agent.trajectory_timeout)",
+}
+# What TRL passes a batch reward beside the dataset's columns.
+_TRL_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+
+
+class RewardTrace:
+    """A ``MetricSink`` that keeps each training step's reward: its mean (``reward``), its spread
+    between episodes (``reward_std``, or verl's ``critic/score/max`` - ``critic/score/min``; None
+    when the backend logged neither) and the rates in ``_ALWAYS_CAUSES``. Steps without ``reward``
+    (validation scores alone) are not training steps and are left out."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, tuple[float, float | None]] = {}
+        self.always: dict[str, bool] = {}
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        if "reward" not in metrics:
+            return
+        spread = metrics.get("reward_std")
+        if spread is None and "critic/score/max" in metrics and "critic/score/min" in metrics:
+            spread = metrics["critic/score/max"] - metrics["critic/score/min"]
+        self.steps[step] = (float(metrics["reward"]), None if spread is None else float(spread))
+        for key in _ALWAYS_CAUSES:
+            if key in metrics:
+                self.always[key] = self.always.get(key, True) and metrics[key] >= 1 - _SAME
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def constant_reward(self) -> float | None:
+        """The reward every episode of every logged step got, when they all got the same one; None
+        when the reward moved (or no step was logged). A step whose spread was not logged is judged
+        by its mean alone."""
+        if not self.steps:
+            return None
+        means = [mean for mean, _ in self.steps.values()]
+        if max(means) - min(means) > _SAME or any(spread is not None and spread > _SAME for _, spread in self.steps.values()):
+            return None
+        return means[0]
+
+
+class ColumnReads(dict):
+    """A dataset row that notes the keys asked of it that it lacks (by ``[]``, ``get`` or ``in``):
+    handed to a reward function's probe, it shows which columns the function looked for."""
+
+    def __init__(self, row: dict) -> None:
+        super().__init__(row)
+        self.missing: list[str] = []
+
+    def _note(self, key: Any) -> None:
+        if not dict.__contains__(self, key) and isinstance(key, str) and key not in self.missing:
+            self.missing.append(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._note(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: Any) -> bool:
+        self._note(key)
+        return super().__contains__(key)
+
+
+def columns_the_reward_lacks(reward_fn: Any, reads: ColumnReads) -> list[str]:
+    """The columns ``reward_fn`` (a ``training.rewards.RewardFunction``) looked for in a row and did
+    not find, once its probe has run on ``reads``. Only the forms that read the row themselves are
+    told: rLLM's ``fn(task, response)`` by its lookups, TRL's batch form by the keyword parameters
+    it names (given a default, a missing one would pass silently). verl's form is handed the
+    ground truth (``data.answer_key``, checked before training) and the data source itself."""
+    style = getattr(reward_fn, "style", None)
+    if style == "rllm":
+        return list(reads.missing)
+    if style == "trl":
+        parameters = inspect.signature(reward_fn.fn).parameters.values()
+        named = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        return [name for name in named if name not in _TRL_ARGUMENTS and not dict.__contains__(reads, name)]
+    return []
+
+
+def learning_warnings(
+    trace: RewardTrace, reward_name: str | None = None, missing_columns: Sequence[str] = (), columns: Sequence[str] = (),
+    answer_key: str = "ground_truth",
+) -> list[str]:
+    """What ``trace`` says about a run that trained: one warning, naming the likely cause, when the
+    reward was the same (0, or any one value) for every episode at every step, so the run had no
+    learning signal; none otherwise. ``reward_name``, ``missing_columns`` (``columns_the_reward_lacks``),
+    ``columns`` (the training rows' columns) and ``answer_key`` (``data.answer_key``) name the cause."""
+    value = trace.constant_reward()
+    if value is None:
+        return []
+    steps = sorted(trace.steps)
+    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]} to {steps[-1]}"
+    if abs(value) <= _SAME:
+        headline = (f"reward was 0 at every step ({span}): no episode earned any reward, so the run had no learning "
+                    "signal and learnt nothing from its reward.")
+    else:
+        headline = (f"reward was {value:.4g} at every step ({span}), the same for every episode: with no difference "
+                    "between episodes the run had no learning signal and learnt nothing from its reward.")
+    reward = f"reward function {reward_name}" if reward_name else "the reward"
+    if missing_columns:
+        looked = ", ".join(repr(c) for c in missing_columns)
+        shown = ", ".join(map(str, columns[:20])) + (f" and {len(columns) - 20} more" if len(columns) > 20 else "")
+        cause = (f"Likely cause: {reward} looked for column(s) {looked}, which train_dataset does not have "
+                 f"(its columns: {shown or 'none'}).")
+        if answer_key in columns:  # the dataset names its ground truth: say where that goes, and where not
+            cause += (f" A reward that reads the row itself (fn(task, response), or TRL's fn(completions, **columns)) "
+                      f"gets each row under the dataset's own column names: "
+                      f"data.answer_key={answer_key} (the dataset's ground truth column) is handed as ground_truth only "
+                      f"to the form fn(data_source, solution_str, ground_truth, extra_info). Have the reward read "
+                      f"task[{answer_key!r}], or rename the column {answer_key!r} to {missing_columns[0]!r}.")
+        else:
+            cause += " Add the column to the dataset, or have the reward read a column it has."
+    else:
+        causes = [text for key, text in _ALWAYS_CAUSES.items() if trace.always.get(key)]
+        if abs(value) <= _SAME:
+            causes.append(f"{reward} gave 0 to every response (does it read the answer the way the model writes it? "
+                          "can the model solve any of the tasks?)")
+        else:
+            causes.append(f"{reward} gives every response the same score (does it read the response at all?)")
+        cause = "Possible causes: " + "; ".join(causes) + "."
+    return [f"{headline} {cause}"]

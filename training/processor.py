@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable
 
+from training.outcomes import RewardTrace, learning_warnings
 from training.sinks import MetricSink, MultiSink
 from training.utils import import_object
 
@@ -26,6 +27,9 @@ class TrainerProcessor(ABC):
     def __init__(self, run_path: str) -> None:
         self.run_path = str(run_path)
         self.sinks = MultiSink()
+        # Sees every step's reward whatever the backend, for ``learning_warnings``.
+        self.reward_trace = RewardTrace()
+        self.sinks.add(self.reward_trace)
         self._initialized = False
         self._stop = threading.Event()
         self._stop_checks: list[Callable[[], bool]] = []
@@ -57,6 +61,11 @@ class TrainerProcessor(ABC):
         coroutine function; ``AgentTrainer.inference()`` awaits either kind.
         """
         raise NotImplementedError(f"the {type(self).__name__} training processor does not implement inference().")
+
+    def learning_warnings(self) -> list[str]:
+        """After training: warnings about a run that trained but had nothing to learn from (its
+        reward the same at every step), naming the likely cause; empty when the reward moved."""
+        return learning_warnings(self.reward_trace)
 
     def mark_initialized(self) -> None:
         self._initialized = True

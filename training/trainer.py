@@ -135,13 +135,25 @@ class AgentTrainer:
         self.train_processor.mark_initialized()
 
     def train(self) -> Any:
-        """Run training; returns what the backend's ``train`` returns (a ``TrainResult`` for built-ins)."""
+        """Run training; returns what the backend's ``train`` returns (a ``TrainResult`` for built-ins).
+
+        A run that trained but had nothing to learn from (``training.outcomes.learning_warnings``)
+        is not a failure: its warnings are logged and kept in the result's ``warnings``.
+        """
         if not self.train_processor.initialized:
             raise ValueError("The training processor is not initialized; construction must finish before train().")
         try:
-            return self.train_processor.train()
+            result = self.train_processor.train()
         finally:
             _close_episode_loop()
+        if getattr(result, "stopped", False):  # stopped on request, or to be resumed: not judged
+            return result
+        warnings = self.train_processor.learning_warnings()
+        for warning in warnings:
+            logger.warning("%s", warning)
+        if hasattr(result, "warnings"):  # a processor registered by a user may return a type of its own
+            result.warnings = warnings
+        return result
 
     async def inference(self, dataset: Any = None) -> Any:
         """The agent on ``dataset`` (default: the test dataset), as AWorld's ``await trainer.inference()``.

@@ -479,8 +479,9 @@ def train_run(run_id: int) -> str:
     recorder.close()
     training_logger.removeHandler(handler)
     metrics = {k: v for k, v in (getattr(result, "metrics", None) or {}).items() if _finite(v)}
+    warnings = [handler.redact(str(w)) for w in getattr(result, "warnings", None) or []]
     training_logger.info("Run %s %s after %d step(s).", run.pk, "stopped (cancelled)" if stopped else "finished", steps)
-    return _with_database(lambda: _record_end(run, stopped or should_stop.cancelled, steps, metrics, str(checkpoint)),
+    return _with_database(lambda: _record_end(run, stopped or should_stop.cancelled, steps, metrics, str(checkpoint), warnings),
                           "record the run's end")
 
 
@@ -495,7 +496,7 @@ def _store_what_is_left(uploader, run: Run, run_path: str, timeout: float) -> No
         logging.getLogger("training").warning("Run %s: not everything it saved could be stored: %s", run.pk, exc)
 
 
-def _record_end(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint: str) -> str:
+def _record_end(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint: str, warnings: list[str] | None = None) -> str:
     if checkpoint:
         from webapp.runs.models import Checkpoint
 
@@ -505,6 +506,8 @@ def _record_end(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint
     if status == Run.Status.SUCCEEDED and not steps:  # never a success without a trained step
         fields["error"] = f"The {run.backend.processor} backend ended after 0 training steps; nothing was learned."
         status = Run.Status.FAILED
+    if status == Run.Status.SUCCEEDED:  # a success that learnt nothing says so (a stopped run is not judged)
+        fields["warnings"] = warnings or []
     if steps:
         fields["steps"] = max(steps, Run.objects.get(pk=run.pk).steps)
     run.finish(status, **fields)

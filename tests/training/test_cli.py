@@ -58,3 +58,17 @@ def test_header_only_csv_is_refused_before_training(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().endswith(f"error: train_dataset: cannot use {path}: it has a header (prompt, ground_truth) but no rows.")
     assert "Traceback" not in result.stderr
+
+
+def test_a_run_that_learnt_nothing_succeeds_and_says_so_last(tmp_path):
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(  # the untrained model never writes the copy task's answer exactly: reward 0 throughout
+        "train_dataset: copy:train\nreward_func: exact_match\nbackend: trl\n"
+        "config:\n  actor_rollout_ref.model.path: tiny-char\n  actor_rollout_ref.rollout.n: 2\n"
+        "  data.train_batch_size: 2\n  data.max_response_length: 4\n  trainer.total_training_steps: 2\n"
+    )
+    result = run_cli("train", str(run_file), "--run-path", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-2000:]  # a warning is not a failure
+    *_, done, warning = result.stdout.strip().splitlines()
+    assert done.startswith("done: 2 steps")
+    assert warning.startswith("warning: reward was 0 at every step (steps 1 to 2)") and "exact_match" in warning

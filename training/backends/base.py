@@ -19,6 +19,7 @@ from training.chat_agent import chat_agent_from
 from training.config import Config
 from training.data import dataset_to_tasks, load_dataset, require_columns, require_rows
 from training.jail import ProgramsRefused
+from training.outcomes import ColumnReads, columns_the_reward_lacks, learning_warnings
 from training.processor import TrainerProcessor
 from training.rewards import RewardFunction, load_reward
 from training.sdk.run_func import check_task_fields
@@ -38,6 +39,9 @@ class TrainResult:
     metrics: dict[str, float] = field(default_factory=dict)
     checkpoint: str | None = None
     stopped: bool = False
+    # A run that trained but had nothing to learn from (its reward the same at every step), with the
+    # likely cause: not a failure, but never to be read as a success without them.
+    warnings: list[str] = field(default_factory=list)
 
 
 class BuiltinProcessor(TrainerProcessor):
@@ -54,6 +58,7 @@ class BuiltinProcessor(TrainerProcessor):
         self.test_dataset = None
         self.reward_spec: Any = None
         self.reward_fn: RewardFunction | None = None
+        self.reward_lacks: list[str] = []  # columns the reward looked for in the first row and did not find
         self.config: Config | None = None
 
     # -- the four checks -------------------------------------------------------------------
@@ -116,8 +121,9 @@ class BuiltinProcessor(TrainerProcessor):
                 hint="Rename the column or set data.prompt_key=<column>.",
             )
         if self.reward_fn is not None and (self.agent_spec.kind == "single_turn" or self.chat_agent is not None):
+            reads = ColumnReads(first_task)
             try:
-                self.reward_fn.probe(first_task)
+                self.reward_fn.probe(reads)
             except ValueError:
                 if self.reward_fn.style != "verl":  # only verl's form reads the answer column itself
                     raise
@@ -126,10 +132,22 @@ class BuiltinProcessor(TrainerProcessor):
                     hint="Rename the column or set data.answer_key=<column>.",
                 )
                 raise
+            self.reward_lacks = columns_the_reward_lacks(self.reward_fn, reads)
+            if self.reward_lacks:  # often optional (a fallback column): a flat reward makes it the likely cause
+                logger.info("reward function %s looked for column(s) %s, which the first row of train_dataset does not "
+                            "have", self.reward_fn.name, ", ".join(map(repr, self.reward_lacks)))
         require_rows(self.train_dataset, data.train_batch_size, "train_dataset", self.train_source, "data.train_batch_size")
         self.check_backend(self.config)
         self.write_config()
         return self.config
+
+    def learning_warnings(self) -> list[str]:
+        """``TrainerProcessor.learning_warnings``, naming the reward and the columns it looked for and
+        the rows lack as the likely cause."""
+        return learning_warnings(
+            self.reward_trace, getattr(self.reward_fn, "name", None), self.reward_lacks,
+            self.train_dataset.column_names, self.config.data.answer_key,
+        )
 
     def inference(self, dataset: Any = None):
         """The agent on ``dataset`` (default: the test dataset) with the run's newest weights:

@@ -386,7 +386,7 @@ class _TRLRun:
 
     # -- validation ------------------------------------------------------------------------
     def validation_due(self, step: int, last_step: int) -> bool:
-        """Every ``trainer.test_freq`` steps and after the last one, as verl schedules it."""
+        """Every ``trainer.test_freq`` steps and after the last one, as verl schedules it (never when it is -1 or 0)."""
         every = self.config.trainer.test_freq
         return bool(self.val_tasks) and every > 0 and (step % every == 0 or step >= last_step)
 

@@ -77,6 +77,10 @@ class RunSerializer(serializers.ModelSerializer):
     reward = serializers.SlugRelatedField(slug_field="name", read_only=True)
     backend = serializers.SlugRelatedField(slug_field="name", read_only=True)
     url = serializers.CharField(source="get_absolute_url", read_only=True)
+    warnings = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="A succeeded run that learnt nothing (its reward the same at every step): each names the likely cause.",
+    )
 
     class Meta:
         model = Run
@@ -84,7 +88,7 @@ class RunSerializer(serializers.ModelSerializer):
             "id", "url", "name", "owner", "project", "visibility", "kind", "status", "tags", "notes",
             "agent", "dataset", "reward", "backend", "model", "config_overrides",
             "created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at",
-            "worker", "steps", "error", "traceback", "final_metrics", "remote_ids",
+            "worker", "steps", "error", "traceback", "warnings", "final_metrics", "remote_ids",
         ]
         read_only_fields = [f for f in fields if f not in ("visibility", "tags", "notes")]
 

@@ -30,7 +30,7 @@ class DashboardConfig(AppConfig):
 def _push_status(sender, run, **kwargs) -> None:
     from webapp.dashboard import live
 
-    live.publish_status(run.pk, run.status, run.steps, run.error)
+    live.publish_status(run)
 
 
 def _fold_ended_run(sender, run, **kwargs) -> None:

@@ -84,7 +84,8 @@ class Event:
                     points.setdefault(key, []).append([step, value])
             return {"type": "metrics", "points": points, **({"seq": self.seq} if self.seq is not None else {})}
         if kind == "run.status":
-            return {"type": "status", "status": event["status"], "steps": event["steps"], "error": event.get("error", "")}
+            return {"type": "status", "status": event["status"], "steps": event["steps"], "error": event.get("error", ""),
+                    "started_at": event.get("started_at"), "worker": event.get("worker", "")}
         if kind == "run.logs":
             return {"type": "logs", "lines": event["lines"]}
         return {"type": "episodes", "step": event["step"], "count": event["count"]}
@@ -344,7 +345,7 @@ def _news(run_id: int, after: int, after_log: int) -> dict:
     logs = list(run.logs.filter(id__gt=after_log).order_by("id").values("id", "time", "level", "message")[:LOG_BACKLOG_LINES])
     points = series.points_after(run_id, after)
     return {
-        "status": {"type": "status", "status": run.status, "steps": run.steps, "error": run.error},
+        "status": {"type": "status", **live.status_of(run)},
         "logs": [{**line, "time": line["time"].isoformat()} for line in logs],
         "points": points,
     }
@@ -369,7 +370,7 @@ def _backlog(run_id: int, after: int, after_log: int) -> dict:
     # hub was in the run's group already, so it reaches the viewer unless the layer loses it.
     seq = live.sequences().current(run_id)
     run = Run.objects.get(pk=run_id)
-    status = {"type": "status", "status": run.status, "steps": run.steps, "error": run.error, "seq": seq}
+    status = {"type": "status", **live.status_of(run), "seq": seq}
     logs = list(run.logs.filter(id__gt=after_log).order_by("-id").values("id", "time", "level", "message")[:LOG_BACKLOG_LINES])
     logs = [{**line, "time": line["time"].isoformat()} for line in reversed(logs)]
     last_step = series.last_step_of(run_id)

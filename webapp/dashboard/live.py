@@ -238,8 +238,18 @@ def publish_metrics(run_id: int, step: int, metrics: dict[str, float | None]) ->
     publish(run_id, {"type": "run.metrics", "steps": [[step, metrics]]})
 
 
-def publish_status(run_id: int, status: str, steps: int, error: str = "") -> None:
-    publish(run_id, {"type": "run.status", "status": status, "steps": steps, "error": error})
+def status_of(run) -> dict[str, Any]:
+    """What a run page keeps current of a run besides its points and log: the live push and the
+    backlog a viewer opens with both send this (``started_at`` and ``worker`` are set when a worker
+    claims a queued run: a page opened before that shows them without a reload)."""
+    return {
+        "status": run.status, "steps": run.steps, "error": run.error,
+        "started_at": run.started_at.isoformat() if run.started_at else None, "worker": run.worker,
+    }
+
+
+def publish_status(run) -> None:
+    publish(run.pk, {"type": "run.status", **status_of(run)})
 
 
 def publish_logs(run_id: int, lines: list[dict[str, Any]]) -> None:

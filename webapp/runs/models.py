@@ -121,6 +121,9 @@ class Run(models.Model):
 
     error = models.TextField(blank=True)
     traceback = models.TextField(blank=True)
+    # A run that succeeded but learnt nothing (its reward the same at every step), as the library
+    # reports it (``TrainResult.warnings``): each a sentence naming the likely cause.
+    warnings = models.JSONField(default=list, blank=True)
     final_config = models.JSONField(null=True, blank=True)
     final_metrics = models.JSONField(default=dict, blank=True)
     steps = models.PositiveIntegerField(default=0)

@@ -98,12 +98,12 @@ def _agent_needs(form: RunForm) -> dict[str, dict]:
 
 @login_required
 def run_list_live(request):
-    """The run list's poll: status and steps of the rows it shows (``?ids=``), and the newest run id it may see."""
+    """The run list's poll: status, steps and warnings of the rows it shows (``?ids=``), and the newest run id it may see."""
     ids = [int(i) for i in request.GET.get("ids", "").split(",") if i.isdigit()][:500]
     visible = Run.objects.visible_to(request.user)
     newest = visible.order_by("-pk").values_list("pk", flat=True).first()
-    rows = visible.filter(pk__in=ids).values("pk", "status", "steps")
-    return JsonResponse({"newest": newest, "runs": {str(r["pk"]): {"status": r["status"], "steps": r["steps"]} for r in rows}})
+    rows = visible.filter(pk__in=ids).values("pk", "status", "steps", "warnings")
+    return JsonResponse({"newest": newest, "runs": {str(r["pk"]): {k: r[k] for k in ("status", "steps", "warnings")} for r in rows}})
 
 
 @login_required

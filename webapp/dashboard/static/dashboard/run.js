@@ -328,7 +328,11 @@
     const wasFinal = FINAL.includes(state.status);
     state.status = msg.status;
     if (badge) { badge.textContent = msg.status; badge.className = "status status-" + msg.status; }
-    if (progress && msg.status === "running" && !progress.dataset.started) progress.dataset.started = new Date().toISOString();
+    if (progress && msg.status === "running" && !progress.dataset.started) progress.dataset.started = msg.started_at || new Date().toISOString();
+    // Set when a worker claims the run: a page opened while it was queued shows them without a reload.
+    const started = document.getElementById("run-started"), worker = document.getElementById("run-worker");
+    if (started && msg.started_at) started.textContent = msg.started_at.slice(0, 19).replace("T", " ");
+    if (worker && msg.worker !== undefined) worker.textContent = msg.worker || "\u2014";
     const steps = document.getElementById("run-steps");
     if (progress) showProgress(msg.steps);
     else if (steps && msg.steps !== undefined) steps.textContent = msg.steps;
