@@ -219,9 +219,10 @@ def test_a_multi_turn_episode_shows_the_environments_reply_to_each_turn(site, lo
     first, second = _turns(site["page"])
     recorded = site["episodes"][FROZENLAKE]["trajectories"][0]["steps"]
 
+    assert _after(first, "Environment observation") == "32>", first  # not "22>", the turn's input
+    assert recorded[0]["next_observation"] == "32>"
     assert _after(first, "Prompt") == "User" and first[first.index("User") + 1] == "22>"
     assert _after(first, "Model response (trained: 2 tokens)") == "D"  # "D" and EOS
-    assert _after(first, "Environment observation") == recorded[0]["next_observation"] == "32>", first
     # The second turn continues the conversation: only what was added to it, then the goal.
     assert _after(second, "Added to the conversation") == "User" and "22>" not in second
     assert _after(second, "Environment observation") == "33>", second
@@ -246,9 +247,9 @@ def test_a_single_turn_episode_shows_its_prompt_and_its_trained_tokens(site, log
     episode = site["episodes"][SINGLE_TURN]
     tokens = len(episode["response_ids"])
 
-    assert tokens >= 1
-    assert _after(turn, "Prompt") == "User" and turn[turn.index("User") + 1] == episode["task"]["prompt"], turn
     assert not any(line.startswith("Environment observation") for line in turn), turn  # the dataset row is no observation
+    assert _after(turn, "Prompt") == "User" and turn[turn.index("User") + 1] == episode["task"]["prompt"], turn
+    assert tokens >= 1
     facts = page.inner_text("#dash-episode-detail .dash-episode-facts")
     assert f"{tokens} response token{'s' if tokens > 1 else ''} trained" in facts, facts
 
