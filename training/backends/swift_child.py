@@ -117,12 +117,11 @@ def _single_turn_reward(ORM: type, reward_fn: Any, prompt_key: str, samples: lis
                 scored = reward_fn(task, completion)
                 rewards.append(float(scored.reward))
                 if len(samples) < SAMPLES_PER_STEP:
-                    shown = {prompt_key: task.get(prompt_key)}
-                    prompt = shown[prompt_key]
+                    prompt = task.get(prompt_key)
                     # The prompt is what the model read; no environment answers a single turn.
                     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt or [])
                     step = Step(chat_completions=messages, model_response=completion, reward=scored.reward, done=True)
-                    samples.append(Episode(task=shown, trajectories=[Trajectory(steps=[step], reward=scored.reward)],
+                    samples.append(Episode(task={prompt_key: prompt}, trajectories=[Trajectory(steps=[step], reward=scored.reward)],
                                            termination_reason=TerminationReason.ENV_DONE).to_dict())
             return rewards
 

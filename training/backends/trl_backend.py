@@ -283,11 +283,10 @@ class _TRLRun:
             texts.append(completion if isinstance(completion, str) else completion[-1]["content"])
         scored: list[RewardOutput] = self.reward_fn.score_batch(tasks, texts, rows=rows)
         rewards = [out.reward for out in scored]
-        completion_ids = columns.get("completion_ids") or [[] for _ in prompts]
         samples = [
             {"task": task, "prompt": prompt, "response": text, "completion_ids": ids, "reward": out.reward,
              "is_correct": out.is_correct}
-            for task, prompt, text, ids, out in zip(tasks, prompts, texts, completion_ids, scored)
+            for task, prompt, text, ids, out in zip(tasks, prompts, texts, columns["completion_ids"], scored)
         ]
         self.pending_episode_metrics.append(
             {"solve_rate": sum(s["is_correct"] for s in samples) / max(len(samples), 1), "turns": 1.0}
