@@ -19,7 +19,6 @@ One live platform and one browser for all the browser tests (tests/browser/conft
 from __future__ import annotations
 
 import concurrent.futures
-import tempfile
 
 import pytest
 
@@ -39,7 +38,7 @@ FROZENLAKE, CHAT_AGENT, SINGLE_TURN = 0, 1, 2
 # -- episodes, recorded by the library ------------------------------------------------------------
 
 
-def _record_episodes() -> list[dict]:
+def _record_episodes(run_path: str) -> list[dict]:
     """The FrozenLake example (two turns from 22: down to 32, right onto the goal 33), a chat
     agent with a system prompt and a tool, and one of TRL's single-turn completions, each as
     ``Episode.to_dict()`` hands it to the run's sinks."""
@@ -89,7 +88,7 @@ def _record_episodes() -> list[dict]:
 
     AgentTrainer(
         train_dataset=[{"prompt": "x="}, {"prompt": "y="}], reward_func=lambda task, response: 0.0, backend="trl",
-        run_path=tempfile.mkdtemp(prefix="readable-"), sinks=[Keep()],
+        run_path=run_path, sinks=[Keep()],
         config={"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2, "data.train_batch_size": 2,
                 "data.max_response_length": 3, "trainer.total_training_steps": 1, "trainer.logger": []},
     ).train()
@@ -97,10 +96,10 @@ def _record_episodes() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def recorded():
+def recorded(tmp_path_factory):
     # In a thread of its own: the rollout engine runs its own event loop, and Playwright's runs in this one.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(_record_episodes).result()
+        return pool.submit(_record_episodes, str(tmp_path_factory.mktemp("single-turn"))).result()
 
 
 @pytest.fixture
