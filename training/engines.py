@@ -438,6 +438,7 @@ class AgentExecutionEngine:
             except TerminationEvent:
                 return "PROMPT_TRUNCATION"
             action = agent.update_from_model(output.text)
+            acted = agent.get_current_state()
             action = action.action if isinstance(action, Action) else action
             remaining = self.trajectory_timeout - (time.monotonic() - started)
             try:
@@ -448,6 +449,8 @@ class AgentExecutionEngine:
                 current = agent.get_current_state()
                 current.reward, current.done = 0.0, True
                 return "ENV_TIMEOUT"
+            if acted is not None:
+                acted.next_observation = next_observation
             info = dict(info or {}, max_steps=self.max_steps, cur_tokens=used)
             agent.update_from_env(observation=next_observation, reward=reward, done=done, info=info)
             current = agent.get_current_state()

@@ -285,6 +285,8 @@ class EpisodeRunner:
                 observation, reward, done, info = await call_env(
                     env.step, action.action if isinstance(action, Action) else action
                 )
+                if step is not None:
+                    step.next_observation = observation
                 total_reward += float(reward)
                 agent.update_from_env(observation, reward, done, info)
                 if done:

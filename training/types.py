@@ -79,8 +79,9 @@ class Action:
 class Step:
     """One turn: what the model saw, what it said, and what the environment answered.
 
-    The fields are rLLM's. Token fields are filled by the rollout engine, or taken from
-    ``model_output`` when a workflow builds its steps from ``get_model_response`` results.
+    The fields are rLLM's, but for ``next_observation``. Token fields are filled by the rollout
+    engine, or taken from ``model_output`` when a workflow builds its steps from
+    ``get_model_response`` results.
     """
 
     chat_completions: list[dict[str, str]] = field(default_factory=list)
@@ -105,6 +106,10 @@ class Step:
     advantage: list[float] | float | None = None
     weight_version: int | None = None
     routing_matrices: list[str] | None = None
+    # What the environment answered this step's action, recorded by the turn loop that called
+    # ``env.step``. Agents keep their own ``observation``: rLLM's the one they acted on, others the
+    # reply; only this field says which text the environment sent back (the episode viewer's).
+    next_observation: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "metadata"}

@@ -333,7 +333,10 @@ class _AgentEnvWorkflow(Workflow):
         step = self.agent.get_current_state()
         if step is not None and step.model_output is None:
             step.model_output = output
-        return await self._env_call(self.env.step, action)
+        answer = await self._env_call(self.env.step, action)
+        if step is not None:
+            step.next_observation = answer[0]
+        return answer
 
     def postprocess_episode(
         self, episode: Episode, termination_reason: TerminationReason | None = None, error: dict | None = None

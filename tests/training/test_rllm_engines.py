@@ -171,8 +171,11 @@ def test_run_frozenlake_agent_script_scores_each_task_from_the_server(tmp_path, 
         # The reward is what rLLM's environment gives for these moves: replayed on a fresh one.
         env = FrozenLakeEnv.from_dict({**task, **env_args})
         env.reset()
-        replayed = [env.step(step.action)[1] for step in trajectory.steps]
+        answers = [env.step(step.action) for step in trajectory.steps]
+        replayed = [reward for _, reward, _, _ in answers]
         assert [step.reward for step in trajectory.steps] == replayed
+        # Each step records the environment's answer to its action (the episode viewer shows it).
+        assert [step.next_observation for step in trajectory.steps] == [observation for observation, _, _, _ in answers]
         assert trajectory.reward == sum(replayed)
         assert trajectory.info["termination_reason"] in {"ENV_DONE", "MAX_STEPS"}
         assert (trajectory.info["termination_reason"] == "ENV_DONE") == bool(trajectory.steps[-1].done)

@@ -45,6 +45,10 @@ def test_grpo_in_its_own_environment_changes_weights_and_raises_reward(tmp_path,
     assert len(rewards) == 6 and rewards[-1] > rewards[0] + 0.3, rewards
     assert {"loss", "lr", "response_length", "step_time", "grad_norm"} <= set(sink.metrics[-1])
     assert sink.episodes and sink.episodes[0]["trajectories"][0]["steps"][0]["model_response"] is not None
+    # The prompt the model read, not the dataset row as an observation (the episode viewer shows it).
+    [turn] = sink.episodes[0]["trajectories"][0]["steps"]
+    assert turn["chat_completions"] == [{"role": "user", "content": sink.episodes[0]["task"]["prompt"]}]
+    assert turn["observation"] is None
     job = json.loads((tmp_path / "swift" / "job.json").read_text())
     assert job["swift_args"]["rlhf_type"] == "grpo" and job["swift_args"]["num_generations"] == 8
 
@@ -79,6 +83,10 @@ def test_agent_and_env_train_multi_turn_through_swifts_scheduler(tmp_path, sink)
     assert all(1 < m["turns"] <= 7 for m in sink.metrics), [m["turns"] for m in sink.metrics]
     multi = [e for e in sink.episodes if len([s for s in e["trajectories"][0]["steps"] if s["model_response"]]) > 1]
     assert multi and multi[0]["trajectories"][0]["steps"][1]["observation"].endswith(">")
+    # Each turn records the environment's answer to it: the next turn's input, where there is one.
+    steps = multi[0]["trajectories"][0]["steps"]
+    assert [step["next_observation"] for step in steps[:-1]] == [step["observation"] for step in steps[1:]]
+    assert all(step["next_observation"].endswith(">") for step in steps if step["model_response"])
     assert {e["termination_reason"] for e in sink.episodes} <= {"env_done", "max_turns"}
     last = sink.metrics[-1]
     assert abs(last["termination/env_done"] + last["termination/max_turns"] - 1) < 1e-6 and last["termination/error"] == 0

@@ -115,7 +115,8 @@ def test_metrics_bridge_reads_verls_tracking_file(tmp_path, monkeypatch, sink):
     assert second["step"] == 2 and second["reward"] == 0.75 and second["kl"] == 0.02 and second["response_length"] == 12
     episodes = sink.episodes
     assert len(episodes) == 1 and episodes[0]["reward"] == 1.0 and episodes[0]["is_correct"] is True
-    assert episodes[0]["trajectories"][0]["steps"][0]["model_response"] == "5"
+    [turn] = episodes[0]["trajectories"][0]["steps"]
+    assert turn["model_response"] == "5" and turn["chat_completions"] == [{"role": "user", "content": "2+3="}]
     assert bridge.poll() == 0  # nothing new, nothing sent twice
     assert len(sink.metrics) == 1 + 1 and len(sink.episodes) == 1
 

@@ -117,9 +117,11 @@ def _single_turn_reward(ORM: type, reward_fn: Any, prompt_key: str, samples: lis
                 scored = reward_fn(task, completion)
                 rewards.append(float(scored.reward))
                 if len(samples) < SAMPLES_PER_STEP:
-                    shown = {prompt_key: task.get(prompt_key)}
-                    step = Step(observation=shown, model_response=completion, reward=scored.reward, done=True)
-                    samples.append(Episode(task=shown, trajectories=[Trajectory(steps=[step], reward=scored.reward)],
+                    prompt = task.get(prompt_key)
+                    # The prompt is what the model read; no environment answers a single turn.
+                    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt or [])
+                    step = Step(chat_completions=messages, model_response=completion, reward=scored.reward, done=True)
+                    samples.append(Episode(task={prompt_key: prompt}, trajectories=[Trajectory(steps=[step], reward=scored.reward)],
                                            termination_reason=TerminationReason.ENV_DONE).to_dict())
             return rewards
 
@@ -208,7 +210,10 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict], trajectory_t
             if episode.error is None:
                 def play() -> bool:
                     action = episode.agent.update_from_model(response_choice.message.content)
+                    acted = episode.agent.get_current_state()
                     observation, reward, done, info = episode.env.step(action.action if isinstance(action, Action) else action)
+                    if acted is not None:
+                        acted.next_observation = observation
                     episode.total += float(reward)
                     episode.info = info
                     episode.agent.update_from_env(observation, reward, done, info)

@@ -284,8 +284,9 @@ class _TRLRun:
         scored: list[RewardOutput] = self.reward_fn.score_batch(tasks, texts, rows=rows)
         rewards = [out.reward for out in scored]
         samples = [
-            {"task": task, "response": text, "reward": out.reward, "is_correct": out.is_correct}
-            for task, text, out in zip(tasks, texts, scored)
+            {"task": task, "prompt": prompt, "response": text, "completion_ids": ids, "reward": out.reward,
+             "is_correct": out.is_correct}
+            for task, prompt, text, ids, out in zip(tasks, prompts, texts, columns["completion_ids"], scored)
         ]
         self.pending_episode_metrics.append(
             {"solve_rate": sum(s["is_correct"] for s in samples) / max(len(samples), 1), "turns": 1.0}
@@ -434,14 +435,22 @@ class _TRLRun:
 
 
 def _single_turn_episode(sample: dict[str, Any]) -> dict[str, Any]:
+    """One of TRL's completions as an episode: the prompt the model read (the dataset row is the
+    task, not an observation: no environment answers here) and the completion, every one of whose
+    tokens TRL trains (it masks none: ``mask_truncated_completions`` is left off)."""
     from training.types import Episode, Step, TerminationReason, Trajectory
 
-    step = Step(observation=sample["task"], model_response=sample["response"], reward=sample["reward"], done=True)
+    prompt, completion_ids = sample["prompt"], list(sample["completion_ids"])
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    step = Step(chat_completions=messages, model_response=sample["response"], reward=sample["reward"], done=True,
+                response_ids=completion_ids)
     episode = Episode(
         task=sample["task"],
         trajectories=[Trajectory(steps=[step], reward=sample["reward"])],
         is_correct=bool(sample["is_correct"]),
         termination_reason=TerminationReason.ENV_DONE,
+        response_ids=completion_ids,
+        response_mask=[1] * len(completion_ids),
     )
     return episode.to_dict()
 

@@ -578,7 +578,8 @@ def rollout_row_to_episode(row: dict[str, Any]) -> dict[str, Any]:
     """One line of verl's rollout dump (input, output, gts, score, step, and from our agent loop
     termination_reason, error, traceback) as an ``Episode.to_dict()``."""
     score = float(row.get("score") or 0.0)
-    step = Step(model_response=str(row.get("output", "")), reward=score, done=True)
+    prompt = [{"role": "user", "content": str(row["input"])}] if row.get("input") is not None else []
+    step = Step(chat_completions=prompt, model_response=str(row.get("output", "")), reward=score, done=True)
     reason = row.get("termination_reason")
     episode = Episode(
         task={"prompt": row.get("input"), "ground_truth": row.get("gts")},

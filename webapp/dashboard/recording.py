@@ -145,8 +145,9 @@ class DashboardSink(BackgroundFlusher):
 
 def episode_row(run_id: int, step: int, position: int, episode: dict[str, Any]) -> EpisodeSample:
     # Token ids are dropped; their counts stay, so the viewer can say how many tokens each turn trained.
+    # Without token ids (verl's rollout dump has none) there is no count, rather than a false 0.
     data = {k: v for k, v in episode.items() if k not in _TOKEN_FIELDS}
-    if isinstance(episode.get("response_mask"), list):
+    if isinstance(episode.get("response_mask"), list) and episode["response_mask"]:
         data["trained_tokens"] = sum(1 for m in episode["response_mask"] if m)
     data["trajectories"] = [
         {**{k: v for k, v in trajectory.items() if k != "steps"},

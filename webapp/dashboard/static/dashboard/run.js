@@ -391,34 +391,56 @@
   }
   stepSelect.onchange = () => { stepSelect.dataset.pinned = "1"; loadEpisodes(stepSelect.value); };
 
+  // Each turn: what the model read that is new (the whole prompt, system prompt included, on the
+  // first turn of a conversation), what it wrote (trained), and what the environment answered.
   function showEpisode(e) {
     const box = document.getElementById("dash-episode-detail");
     box.innerHTML = "";
-    const head = document.createElement("p");
-    head.textContent = "Episode " + e.position + ": reward " + fmt(e.reward) + ", " + e.num_turns + " turn(s), ended by " + (e.termination_reason || "—") +
-      (e.episode.trained_tokens !== undefined ? "; " + e.episode.trained_tokens + " response tokens trained" : "");
-    box.appendChild(head);
-    (e.episode.trajectories || []).forEach(t => {
+    const trained = e.episode.trained_tokens;
+    newElement(box, "h3", "Episode " + e.position);
+    newElement(box, "p", "Reward " + fmt(e.reward) + " · " + counted(e.num_turns, "turn") + " · ended by " + (e.termination_reason || "—") +
+      (trained !== undefined ? " · " + counted(trained, "response token") + " trained" : ""), "dash-episode-facts");
+    const trajectories = e.episode.trajectories || [];
+    trajectories.forEach(t => {
+      if (trajectories.length > 1) newElement(box, "h4", "Trajectory " + (t.name || "") + " · reward " + fmt(t.reward));
+      let before = [];  // the conversation through the previous turn's reply
       (t.steps || []).forEach((turn, i) => {
-        const div = document.createElement("div");
-        div.className = "dash-turn";
-        const prompt = (turn.chat_completions || []).filter(m => m.role !== "assistant").slice(-1)[0];
-        section(div, "Turn " + (i + 1) + " · reward " + fmt(turn.reward) + (turn.done ? " · done" : ""), null);
-        section(div, "Prompt (context, not trained)", prompt ? prompt.content : "");
+        const div = newElement(box, "section", null, "dash-turn");
+        newElement(div, "h4", "Turn " + (i + 1) + " · reward " + fmt(turn.reward) + (turn.done ? " · done" : ""));
+        const messages = turn.chat_completions || [];
+        const last = messages[messages.length - 1];
+        const read = last && last.role === "assistant" ? messages.slice(0, -1) : messages;
+        const continues = before.length > 0 && before.length <= read.length && before.every((m, k) => JSON.stringify(m) === JSON.stringify(read[k]));
+        if (!continues) turnPart(div, "Prompt (context, not trained)", read.length ? read : "(not recorded)");
+        else if (read.length > before.length) turnPart(div, "Added to the conversation (context, not trained)", read.slice(before.length));
         const tokens = turn.response_tokens || 0;
-        section(div, "Model response (trained" + (tokens ? ": " + tokens + " token" + (tokens === 1 ? "" : "s") : "") + ")", turn.model_response, "trained");
-        section(div, "Environment observation (context, not trained)", typeof turn.observation === "string" ? turn.observation : JSON.stringify(turn.observation));
-        box.appendChild(div);
+        turnPart(div, "Model response (trained" + (tokens ? ": " + counted(tokens, "token") : "") + ")", turn.model_response, "trained");
+        if (turn.next_observation !== undefined && turn.next_observation !== null) {
+          turnPart(div, "Environment observation (its reply, not trained)", turn.next_observation);
+        }
+        before = messages;
       });
     });
   }
-  function section(parent, title, text, className) {
-    const h = document.createElement("strong"); h.textContent = title; parent.appendChild(h);
-    if (text !== null) {
-      const pre = document.createElement("pre"); pre.textContent = text || "—";
-      if (className) pre.className = className;
-      parent.appendChild(pre);
+  // A labelled block: chat messages one by one under their role, anything else as text.
+  function turnPart(parent, title, content, className) {
+    const wrap = newElement(parent, "div", null, "dash-part");
+    newElement(wrap, "div", title, "dash-label");
+    const isChat = Array.isArray(content) && content.length && content.every(m => m && typeof m === "object" && "role" in m);
+    for (const m of isChat ? content : [{content}]) {
+      if (isChat) newElement(wrap, "div", ROLE_LABELS[m.role] || m.role, "dash-role");
+      newElement(wrap, "pre", messageText(m.content), className);
     }
+  }
+  const ROLE_LABELS = {system: "System prompt", user: "User", tool: "Tool result", assistant: "Assistant"};
+  function messageText(v) { return v === null || v === undefined || v === "" ? "—" : typeof v === "string" ? v : JSON.stringify(v, null, 2); }
+  function counted(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
+  function newElement(parent, tag, text, className) {
+    const el = document.createElement(tag);
+    if (text !== null) el.textContent = text;
+    if (className) el.className = className;
+    parent.appendChild(el);
+    return el;
   }
   function fmt(v) { return v === null || v === undefined ? "—" : Number(v).toPrecision(4); }
 
