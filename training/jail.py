@@ -115,6 +115,7 @@ _ARCHES = {  # audit arch, and the numbers of: clone, clone3, fork, vfork, execv
 _CLONE_THREAD = 0x00010000
 
 
+@functools.cache
 def filter_program(threads: bool) -> bytes | None:
     """The filter's BPF program (``struct sock_filter`` entries), or None on an architecture it
     does not know. ``threads``: clone with CLONE_THREAD is allowed (a tokenizer's thread pool)."""

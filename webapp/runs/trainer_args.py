@@ -55,18 +55,6 @@ _ARGUMENT_PREFIXES = ("rllm.agent.agent_args", "rllm.agent.engine_args", "rllm.e
 _WHY_ARGUMENTS = "the arguments of the agent, environment or workflow come from the agent's registry entry"
 
 
-def refused_override(key: str) -> str | None:
-    """Why a run's overrides may not set the one dotted ``key`` (None: they may). Hydra's ``+key`` is
-    ``key``. A whole config goes through ``refused_overrides``, which judges each key it sets."""
-    bare = key.lstrip("+")
-    why = platform_set_keys().get(bare)
-    if why is not None:
-        return why
-    if any(bare == prefix or bare.startswith(prefix + ".") for prefix in _ARGUMENT_PREFIXES):
-        return _WHY_ARGUMENTS
-    return None
-
-
 def refused_overrides(overrides: dict[str, Any]) -> dict[str, str]:
     """The rule of what a member's config may set, for every place that takes one (run form, API,
     sweeps, clones, the worker's merge): each key it sets that a run may not -> a message naming it.
