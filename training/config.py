@@ -19,7 +19,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
@@ -873,14 +873,24 @@ def _unknown_key(key: str) -> ConfigError:
             "is a verl setting that this trainer does not implement: it takes effect with backend=verl "
             "(passed to verl as it is); on other backends remove it.",
         )
-    keys = list(valid_keys())
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-    if not close:  # a wrong section with a right leaf: compare the last part only
-        leaf = key.rsplit(".", 1)[-1]
-        by_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
-        close = by_leaf[:1] or difflib.get_close_matches(key, keys, n=1, cutoff=0.4)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
+    close = close_key(key, valid_keys())
+    hint = f" Did you mean '{close}'?" if close else ""
     return ConfigError(key, f"unknown config key.{hint}")
+
+
+def close_key(key: str, keys: Iterable[str]) -> str | None:
+    """The key of ``keys`` that ``key`` is most likely a misspelling of, or None when none is near:
+    a suggestion far from what was typed (``foo.bar`` -> ``remote.base_url``) misleads more than none."""
+    keys, leaf = list(keys), key.rsplit(".", 1)[-1]
+
+    def leaf_of(candidate: str) -> str:
+        return candidate.rsplit(".", 1)[-1]
+
+    # Alike as a whole and in the last part: a shared section (``trainer.``) alone is no likeness.
+    for candidate in difflib.get_close_matches(key, keys, n=5, cutoff=0.6):
+        if difflib.SequenceMatcher(None, leaf, leaf_of(candidate)).ratio() >= 0.6:
+            return candidate
+    return next((k for k in keys if leaf_of(k) == leaf), None)  # a right leaf in a wrong section: ``rollout.n``
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:

@@ -37,6 +37,23 @@ def test_misspelt_key_names_the_nearest_valid_key():
     assert "Did you mean 'data.train_batch_size'" in str(error.value)
 
 
+@pytest.mark.parametrize(("typed", "meant"), [
+    ("trainer.total_epoch", "trainer.total_epochs"),
+    ("data.max_respone_length", "data.max_response_length"),
+    ("rollout.n", "actor_rollout_ref.rollout.n"),  # a right leaf in a wrong section
+])
+def test_a_near_miss_is_pointed_to_its_key(typed, meant):
+    with pytest.raises(ConfigError, match=f"unknown config key. Did you mean '{meant}'\\?"):
+        Config.build({typed: 1})
+
+
+@pytest.mark.parametrize("typed", ["foo.bar", "zzz", "trainer.foo_bar_baz"])
+def test_a_key_far_from_every_key_gets_no_suggestion(typed):
+    with pytest.raises(ConfigError) as error:
+        Config.build({typed: 1})
+    assert str(error.value) == f"{typed}: unknown config key."
+
+
 def test_leaf_without_its_section_is_pointed_to_its_full_key():
     with pytest.raises(ConfigError, match="actor_rollout_ref.actor.optim.lr"):
         Config.build(["lr=0.1"])

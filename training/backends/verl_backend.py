@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import difflib
 import functools
 import io
 import json
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from training.backends.base import BuiltinProcessor, TrainResult
-from training.config import Config, ConfigError, ConfigInput, flatten, parse_overrides, valid_keys
+from training.config import Config, ConfigError, ConfigInput, close_key, flatten, parse_overrides, valid_keys
 from training.log import logger
 from training.outcomes import OutcomeMonitor, TrainingFailed
 from training.recipes import clip_range
@@ -129,12 +128,8 @@ def split_overrides(config: ConfigInput) -> tuple[ConfigInput, dict[str, Any]]:
 
 
 def _unknown_verl_key(key: str, known: set[str]) -> ConfigError:
-    choices = sorted(known)
-    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
-    if not close:  # a wrong section with a right leaf
-        leaf = key.rsplit(".", 1)[-1]
-        close = [k for k in choices if k.rsplit(".", 1)[-1] == leaf][:1]
-    hint = f" Did you mean '{close[0]}'?" if close else ""
+    close = close_key(key, sorted(known))
+    hint = f" Did you mean '{close}'?" if close else ""
     return ConfigError(key, f"unknown config key: neither ours nor verl's PPO trainer config has it.{hint}")
 
 
