@@ -33,6 +33,15 @@ class ConfigError(ValueError):
         self.message = message
 
 
+class Problems(ValueError):
+    """Several independent problems found in one check, each a ``ValueError`` in ``problems`` (a
+    ``ConfigError`` names its key); its text is theirs, one a line."""
+
+    def __init__(self, problems: list[ValueError]) -> None:
+        super().__init__("\n".join(str(problem) for problem in problems))
+        self.problems = list(problems)
+
+
 def _doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING, *, location: bool = False) -> Any:
     """A documented field. ``location``: its value names a file, directory, interpreter or service
     (a platform sets these itself and never takes them from a run's overrides)."""
@@ -888,7 +897,7 @@ def close_key(key: str, keys: Iterable[str]) -> str | None:
 
     # Alike as a whole and in the last part: a shared section (``trainer.``) alone is no likeness.
     for candidate in difflib.get_close_matches(key, keys, n=5, cutoff=0.6):
-        if difflib.SequenceMatcher(None, leaf, leaf_of(candidate)).ratio() >= 0.6:
+        if difflib.SequenceMatcher(None, leaf, leaf_of(candidate)).ratio() >= 0.5:
             return candidate
     return next((k for k in keys if leaf_of(k) == leaf), None)  # a right leaf in a wrong section: ``rollout.n``
 

@@ -25,7 +25,8 @@ The spec and the answer are JSON::
             "load_model": true,                # load the model's config and tokenizer, offline
             "data_paths": ["/var/uploads/train.jsonl", ...]}     # files and folders the check reads
     answer = {"ok": true, "final_config": {...}}
-           | {"ok": false, "key": "config key or null", "message": "what is wrong"}
+           | {"ok": false, "key": "config key or null", "message": "what is wrong",
+              "problems": [{"key": ..., "message": ...}, ...]}  # every problem found; the first as above
 
 ``python -m training.probe < spec.json`` checks one spec from a shell (cold: seconds of imports).
 """
@@ -87,10 +88,23 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             if spec.get("load_model"):
                 _check_model(final, trainer.train_processor, scratch)
             return {"ok": True, "final_config": final.to_dict() if hasattr(final, "to_dict") else None}
-    except ValueError as exc:
-        return {"ok": False, "key": getattr(exc, "key", None), "message": str(exc)}
-    except Exception as exc:  # the run's own code can raise anything
-        return {"ok": False, "key": getattr(exc, "key", None), "message": f"Validation raised {type(exc).__name__}: {exc}"}
+    except Exception as exc:
+        return _refusal(exc)
+
+
+def _refusal(exc: Exception) -> dict[str, Any]:
+    """The answer for a run refused by ``exc``; ``problems``: each of several found at once."""
+    from training.config import Problems
+
+    problems = [_problem(problem) for problem in (exc.problems if isinstance(exc, Problems) else [exc])]
+    return {"ok": False, **problems[0], "problems": problems}
+
+
+def _problem(exc: Exception) -> dict[str, Any]:
+    key = getattr(exc, "key", None)
+    if isinstance(exc, ValueError):
+        return {"key": key, "message": str(exc)}
+    return {"key": key, "message": f"Validation raised {type(exc).__name__}: {exc}"}  # the run's own code can raise anything
 
 
 def check_platform_keys(trainer: Any, pinned: dict[str, Any], user_keys: list[str]) -> None:

@@ -118,9 +118,7 @@ class AgentTrainer:
         if should_stop is not None:
             self.train_processor.add_stop_check(should_stop)
 
-        self.train_processor.check_agent(self.agent)
-        self.train_processor.check_dataset(self.train_dataset, self.test_dataset)
-        self.train_processor.check_reward(self.reward_func)
+        self._check_inputs()
         self.final_config = self.train_processor.check_config(self.config)
         # A processor registered by a user (AWorld's contract) may return its own config type.
         named = getattr(getattr(self.final_config, "rllm", None), "backend", None)
@@ -133,6 +131,29 @@ class AgentTrainer:
                 f"to AgentTrainer, or set rllm.backend={self.train_engine_name} (rLLM's rllm/backend=...).",
             )
         self.train_processor.mark_initialized()
+
+    def _check_inputs(self) -> None:
+        """The agent, the datasets and the reward, each checked even when one before it failed: a
+        wrong dataset and a wrong reward are said together (``Problems``). The config is checked
+        only when all three pass, since its checks read them."""
+        from training.config import Problems
+
+        problems: list[ValueError] = []
+        for check, args in ((self.train_processor.check_agent, (self.agent,)),
+                            (self.train_processor.check_dataset, (self.train_dataset, self.test_dataset)),
+                            (self.train_processor.check_reward, (self.reward_func,))):
+            try:
+                check(*args)
+            except ValueError as exc:
+                problems.append(exc)
+            except Exception:
+                if not problems:
+                    raise
+                break  # most likely a consequence of the problem before it: that one is said
+        if len(problems) == 1:
+            raise problems[0]
+        if problems:
+            raise Problems(problems)
 
     def train(self) -> Any:
         """Run training; returns what the backend's ``train`` returns (a ``TrainResult`` for built-ins).

@@ -40,6 +40,7 @@ def test_misspelt_key_names_the_nearest_valid_key():
 @pytest.mark.parametrize(("typed", "meant"), [
     ("trainer.total_epoch", "trainer.total_epochs"),
     ("data.max_respone_length", "data.max_response_length"),
+    ("actor_rollout_ref.rollout.temp", "actor_rollout_ref.rollout.temperature"),
     ("rollout.n", "actor_rollout_ref.rollout.n"),  # a right leaf in a wrong section
 ])
 def test_a_near_miss_is_pointed_to_its_key(typed, meant):
@@ -47,7 +48,7 @@ def test_a_near_miss_is_pointed_to_its_key(typed, meant):
         Config.build({typed: 1})
 
 
-@pytest.mark.parametrize("typed", ["foo.bar", "zzz", "trainer.foo_bar_baz"])
+@pytest.mark.parametrize("typed", ["foo.bar", "zzz", "trainer.foo_bar_baz", "algorithm.kl_coef"])
 def test_a_key_far_from_every_key_gets_no_suggestion(typed):
     with pytest.raises(ConfigError) as error:
         Config.build({typed: 1})

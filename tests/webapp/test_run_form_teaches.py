@@ -65,7 +65,9 @@ def test_clone_with_one_change(owner_client, copy_form_data):
     first = Run.objects.get()
     form = owner_client.get(f"{URL}?clone={first.pk}").context["form"]
     data = {name: value for name, value in form.initial.items() if value is not None}
-    data["overrides"] = data["overrides"].replace("total_training_steps: 3", "total_training_steps: 4")
+    assert (data["steps"], data["batch_size"], data["group_size"]) == (3, 2, 2)  # in their own fields
+    assert "total_training_steps" not in data["overrides"] and "max_response_length: 4" in data["overrides"]
+    data["steps"] = 4
     assert owner_client.post(URL, data).status_code == 302
     second = Run.objects.exclude(pk=first.pk).get()
     assert second.config_overrides == {**first.config_overrides, "trainer.total_training_steps": 4}

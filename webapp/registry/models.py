@@ -458,6 +458,13 @@ class Backend(models.Model):
                 "process and would not use it; leave python empty")}
         return status
 
+    def why_unusable(self) -> str | None:
+        """Why a run cannot use this backend now (disabled; its environment or credentials missing
+        here), in words for the person choosing it; None when it can."""
+        if not self.enabled:
+            return "disabled by an administrator"
+        return "; ".join(problem for problem in self.environment_status().values() if problem) or None
+
     def has_capacity(self) -> bool:
         if not self.max_concurrent_runs:
             return True

@@ -14,7 +14,7 @@ from webapp.runs import limits
 from webapp.runs.models import Run
 from webapp.runs.submission import quota_problem, submit
 from webapp.runs.trainer_args import (
-    check_isolated, check_spec, field_for_error, model_config, refused_overrides, trainer_kwargs,
+    check_isolated, check_spec, field_for_error, model_config, permitted_overrides, refused_overrides, trainer_kwargs,
 )
 from webapp.teams.models import Project
 
@@ -25,6 +25,8 @@ COMMON_FIELDS = {
     "group_size": "actor_rollout_ref.rollout.n", "learning_rate": "actor_rollout_ref.actor.optim.lr",
     "max_turns": "rllm.agent.max_steps",
 }
+# The choices the backend's check builds the run from: with one of them wrong there is nothing to check.
+CHECK_NEEDS = ("agent", "dataset", "reward", "backend", "model")
 
 
 def parse_overrides_text(text: str) -> dict[str, Any]:
@@ -83,6 +85,17 @@ def check_each_key(overrides: dict[str, Any], text: str) -> tuple[dict[str, Any]
     return good, [f"line {lines[key]}: {problems[key]}" if key in lines else str(problems[key]) for key in in_order]
 
 
+def reward_named(message: str, reward: RewardFunction | None) -> str:
+    """``message`` with the reward named as the form's dropdown shows it ('char-accuracy'), not as
+    the library knows it (``char_accuracy``, ``pkg.module.score``, or as "reward function score")."""
+    if reward is None:
+        return message
+    path, named = reward.path.strip(), f"'{reward.name}'"
+    message = re.sub(rf"'?(?<![\w./]){re.escape(path)}(?![\w./])'?", named, message)
+    function = re.split(r"[.:]", path)[-1]
+    return re.sub(rf"(reward function )'?{re.escape(function)}\b'?", lambda match: match.group(1) + named, message)
+
+
 def overrides_text(overrides: dict[str, Any]) -> str:
     """Flat overrides as the YAML mapping ``parse_overrides_text`` reads back to the same values."""
     return yaml.safe_dump(overrides, default_flow_style=False, sort_keys=False) if overrides else ""
@@ -118,10 +131,35 @@ class RunEditForm(forms.ModelForm):
         return visibility
 
 
+class BackendSelect(forms.Select):
+    """Backends a run cannot use now are offered greyed out (a disabled option), with why."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.unusable: dict[int, str] = {}
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        option = super().create_option(name, value, label, selected, index, subindex, attrs)
+        backend = getattr(value, "instance", None)
+        if backend is not None and backend.pk in self.unusable:
+            option["attrs"].update(disabled=True, title=self.unusable[backend.pk])
+        return option
+
+
 class BackendChoiceField(forms.ModelChoiceField):
+    widget = BackendSelect
+
+    def find_unusable(self) -> None:
+        """Ask each offered backend whether it can run here (``Backend.why_unusable``), once per form."""
+        self.widget.unusable = {backend.pk: why for backend in self.queryset if (why := backend.why_unusable())}
+        if self.widget.unusable:
+            names = {backend.pk: backend.name for backend in self.queryset}
+            self.help_text = "Greyed out, cannot run here: " + "; ".join(
+                f"{names[pk]} ({why})" for pk, why in self.widget.unusable.items()) + "."
+
     def label_from_instance(self, backend: Backend) -> str:
-        suffix = "" if backend.enabled else " (disabled)"
-        return f"{backend.name} — {backend.processor}, {backend.queue} queue{suffix}"
+        why = self.widget.unusable.get(backend.pk)
+        return f"{backend.name} — {backend.processor}, {backend.queue} queue{f' (unavailable: {why})' if why else ''}"
 
 
 class RunForm(forms.Form):
@@ -176,6 +214,7 @@ class RunForm(forms.Form):
                 self.fields[name].queryset = model.objects.visible_to(user)
             self.fields["project"].queryset = projects_for(user, "run")
         self.fields["model"].widget.choices = self._model_choices(user)
+        self.fields["backend"].find_unusable()
 
     @staticmethod
     def _model_choices(user) -> list[tuple[str, str]]:
@@ -206,11 +245,18 @@ class RunForm(forms.Form):
 
     @staticmethod
     def initial_from(run: Run) -> dict[str, Any]:
-        """A run's choices and config as the initial data of a new run (clone)."""
+        """A run's choices and config as the initial data of a new run (clone): the common settings
+        in their own fields, the other keys in the overrides."""
+        overrides = dict(run.config_overrides or {})
+        common = {}
+        for name, key in COMMON_FIELDS.items():
+            value = overrides.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and (name == "learning_rate" or isinstance(value, int)):
+                common[name] = overrides.pop(key)
         return {
             "name": f"{run.name or f'run {run.pk}'} (copy)", "project": run.project_id, "visibility": run.visibility,
             "agent": run.agent_id, "dataset": run.dataset_id, "reward": run.reward_id, "backend": run.backend_id,
-            "model": run.model, "overrides": overrides_text(run.config_overrides), "tags": ", ".join(run.tags),
+            "model": run.model, **common, "overrides": overrides_text(overrides), "tags": ", ".join(run.tags),
             "notes": run.notes,
         }
 
@@ -222,8 +268,9 @@ class RunForm(forms.Form):
 
     def clean_backend(self) -> Backend:
         backend = self.cleaned_data["backend"]
-        if not backend.enabled:
-            raise forms.ValidationError(f"Backend '{backend.name}' is disabled by an administrator; choose another.")
+        why = self.fields["backend"].widget.unusable.get(backend.pk)
+        if why:
+            raise forms.ValidationError(f"Backend '{backend.name}' cannot run: {why}; choose another.")
         return backend
 
     def clean_model(self) -> str:
@@ -235,22 +282,22 @@ class RunForm(forms.Form):
         return choice
 
     def clean_overrides(self) -> dict[str, Any]:
+        """Every problem of the overrides at once, each bad key with its line. The keys that pass
+        (``checked_overrides``) still go through the backend's check, whose problems join these."""
         text = self.cleaned_data.get("overrides", "")
         overrides = parse_overrides_text(text)
+        problems = []
         for name, key in COMMON_FIELDS.items():
             value = self.cleaned_data.get(name)
             if value is not None and key in overrides and overrides[key] != value:
-                raise forms.ValidationError(f"{key} is set both in '{self.fields[name].label}' and here; keep one.")
-            if value is not None:
+                problems.append(f"{key} is set both in '{self.fields[name].label}' and here; keep one.")
+            elif value is not None:
                 overrides[key] = value
-        refused = refused_overrides(overrides)
-        if refused:
-            raise forms.ValidationError(list(refused.values()))
+        problems += refused_overrides(overrides).values()
         limits.check_config_bounds(overrides, self.cleaned_data.get("backend"))
-        # Every bad key at once, each with its line; the good ones still go through the trainer's checks.
-        self.checked_overrides, problems = check_each_key(overrides, text)
-        if problems:
-            raise forms.ValidationError(problems)
+        self.checked_overrides, key_problems = check_each_key(permitted_overrides(overrides), text)
+        if problems or key_problems:
+            raise forms.ValidationError(problems + key_problems)
         return overrides
 
     def clean(self) -> dict[str, Any]:
@@ -260,13 +307,21 @@ class RunForm(forms.Form):
         self.quota_full = quota_problem(self.user, cleaned.get("project")) if self.user is not None else None
         if self.quota_full is not None:  # said before the run's check, which would cost a child process for nothing
             self.add_error(None, self.quota_full)
-        elif not self.errors:
-            self._validate_with_trainer(cleaned)
-        elif set(self.errors) == {"overrides"} and hasattr(self, "checked_overrides"):
-            # Say what else is wrong (a wrong agent/dataset pair, ...) in the same answer.
-            self._validate_with_trainer({**cleaned, "overrides": self.checked_overrides})
+        elif (skipped := self._why_not_checked()) is not None:
+            self.add_error(None, f"The backend's check of the run did not run: {skipped}. Fix that and submit again.")
+        else:  # beside the other fields' problems, so that one answer says everything
+            self._validate_with_trainer({**cleaned, "overrides": getattr(self, "checked_overrides", cleaned.get("overrides"))})
         limits.cap_errors(self)
         return cleaned
+
+    def _why_not_checked(self) -> str | None:
+        """Why the run cannot be checked with the backend (a choice it builds from is wrong), or None."""
+        wrong = [self[name].label.lower() for name in CHECK_NEEDS if name in self.errors]
+        if wrong:
+            return f"it needs a valid {', '.join(wrong)}"
+        if "overrides" in self.errors and not hasattr(self, "checked_overrides"):
+            return "the config overrides could not be read, or go beyond this platform's bounds"
+        return None
 
     def save(self, owner) -> Run:
         """Create the validated run for ``owner`` and queue it (``submission.submit``: within the
@@ -291,7 +346,9 @@ class RunForm(forms.Form):
             self.add_error("model", str(exc))
             return
         answer = check_isolated(check_spec(kwargs, overrides))
-        if not answer["ok"]:
-            self.add_error(field_for_error(answer["message"], answer.get("key")), answer["message"])
+        if answer["ok"]:
+            self.final_config = answer["final_config"]
             return
-        self.final_config = answer["final_config"]
+        for problem in answer.get("problems") or [answer]:
+            message = reward_named(problem["message"], cleaned.get("reward"))
+            self.add_error(field_for_error(message, problem.get("key")), message)

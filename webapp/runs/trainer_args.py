@@ -227,8 +227,10 @@ def check_isolated(spec: dict[str, Any]) -> dict[str, Any]:
 
     probe.use_inbox(settings.VAR_DIR / "run-checks")
     answer = probe.check_isolated(spec, timeout_s=settings.RUN_CHECK_TIMEOUT_SECONDS, memory_mb=settings.RUN_CHECK_MEMORY_MB)
-    if isinstance(answer.get("message"), str):
-        answer["message"] = redact(answer["message"], private_values(spec.get("kwargs", {})))
+    hidden = private_values(spec.get("kwargs", {}))
+    for said in (answer, *answer.get("problems", [])):
+        if isinstance(said.get("message"), str):
+            said["message"] = redact(said["message"], hidden)
     return answer
 
 

@@ -59,7 +59,7 @@ def run_create(request):
         form = RunForm(initial=initial, user=request.user)
     return render(request, "runs/run_form.html", {
         "form": form, "config_fields": config_fields(), "agent_needs": _agent_needs(form),
-        "common_defaults": form.common_defaults(),
+        "common_defaults": form.common_defaults(), "problem_count": sum(len(errors) for errors in form.errors.values()),
     })
 
 
