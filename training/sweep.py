@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.config import ConfigError, valid_keys
+from training.config import ConfigError, Problems, close_key, valid_keys
 
 SAMPLERS = ("grid", "random", "tpe")
 DIRECTIONS = ("maximize", "minimize")
@@ -40,9 +40,7 @@ def _optuna():
 
 def parse_space(space: dict[str, Any] | str) -> dict[str, Any]:
     """Config keys to Optuna distributions. ``space`` is a dict, or text with one ``key: range`` a line.
-    Raises ``ConfigError`` naming the key at fault."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
+    Raises ``ConfigError`` naming the key at fault (``Problems``, one per key, when several are)."""
     if isinstance(space, str):
         entries = {}
         for line in space.splitlines():
@@ -55,27 +53,43 @@ def parse_space(space: dict[str, Any] | str) -> dict[str, Any]:
     if not space:
         raise ConfigError("space", "name at least one config key to search over.")
     keys = valid_keys()
-    distributions = {}
-    for key, spec in space.items():
-        if key not in keys:
-            raise ConfigError(key, "not a config key a sweep can set (dotted keys of training/config.py).")
-        spec = _spec_dict(key, spec)
-        kind = spec.get("type")
+    distributions, problems = {}, []
+    for key, spec in space.items():  # every key's problem, not only the first one's
         try:
-            if kind == "choice":
-                values = list(spec["values"])
-                if not values:
-                    raise ValueError("give at least one value")
-                distributions[key] = CategoricalDistribution(values)
-            elif kind in ("float", "int"):
-                cls = FloatDistribution if kind == "float" else IntDistribution
-                cast = float if kind == "float" else int
-                distributions[key] = cls(cast(spec["low"]), cast(spec["high"]), log=bool(spec.get("log", False)))
-            else:
-                raise ValueError(f"unknown type {kind!r}; use choice, float or int")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(key, f"bad range {spec}: {exc}.") from None
+            if key not in keys:
+                close = close_key(key, keys)
+                hint = f" Did you mean '{close}'?" if close else ""
+                raise ConfigError(key, f"not a config key a sweep can set (dotted keys of training/config.py).{hint}")
+            distributions[key] = _distribution(key, _spec_dict(key, spec))
+        except ConfigError as exc:
+            problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise Problems(problems)
     return distributions
+
+
+def _distribution(key: str, spec: dict[str, Any]) -> Any:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    kind = spec.get("type")
+    try:
+        if kind == "choice":
+            values = list(spec["values"])
+            if not values:
+                raise ValueError("give at least one value")
+            return CategoricalDistribution(values)
+        if kind not in ("float", "int"):
+            raise ValueError(f"unknown type {kind!r}; use choice, float or int")
+        cast = float if kind == "float" else int
+        low, high = cast(spec["low"]), cast(spec["high"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(key, f"bad range {spec}: {exc}.") from None
+    if low > high:
+        raise ConfigError(key, f"the range {kind} {spec['low']}..{spec['high']} is reversed (low above high); "
+                               f"write {kind} {spec['high']}..{spec['low']}.")
+    return (FloatDistribution if kind == "float" else IntDistribution)(low, high, log=bool(spec.get("log", False)))
 
 
 def _spec_dict(key: str, spec: Any) -> dict[str, Any]:

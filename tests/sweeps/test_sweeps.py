@@ -138,3 +138,22 @@ def test_cancelling_a_sweep_stops_its_trials(owner_client, make_run, owner, queu
     sweep.refresh_from_db()
     assert sweep.status == "cancelled"
     assert set(Run.objects.filter(sweep_trial__sweep=sweep).values_list("status", flat=True)) == {"cancelled"}
+
+
+def test_the_form_says_every_problem_of_the_space_with_its_line_and_a_misspelt_objective(owner_client, make_run, queued):
+    base = make_run(name="base", status="succeeded", final_metrics={"reward": 0.5, "val/reward": 0.4})
+    space = ("actor_rollout_ref.actor.optim.lr: float 1e-2..1e-4 log\n"
+             "# a comment line\n"
+             "data.train_batch_size: choice 2, many\n"
+             "trainer.total_epoch: choice 1, 2\n")
+    response = owner_client.post("/sweeps/new/", {
+        "base": base.pk, "name": "bad", "space": space, "sampler": "random", "objective": "rewad",
+        "direction": "maximize", "max_trials": 4, "parallel": 1, "seed": 0,
+    })
+    errors = response.context["form"].errors
+    assert [message.split(":")[0] for message in errors["space"]] == ["line 1", "line 3", "line 4"], errors["space"]
+    assert "is reversed" in errors["space"][0] and "write float 1e-4..1e-2" in errors["space"][0]
+    assert "data.train_batch_size='many' would fail every trial" in errors["space"][1]
+    assert "Did you mean 'trainer.total_epochs'?" in errors["space"][2]
+    assert "'rewad' is not a metric run" in errors["objective"][0] and "Did you mean 'reward'?" in errors["objective"][0]
+    assert Sweep.objects.count() == 0 and queued == []

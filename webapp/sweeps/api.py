@@ -14,7 +14,7 @@ from webapp.api.views import QuotaFull
 from webapp.runs.access import get_run_for_user
 from webapp.sweeps import engine
 from webapp.sweeps.engine import MAX_PARALLEL, MAX_TRIALS
-from webapp.sweeps.forms import check_space
+from webapp.sweeps.forms import check_objective, check_space
 from webapp.sweeps.models import Sweep, Trial
 from webapp.sweeps.views import sweep_for_user
 
@@ -47,10 +47,17 @@ class SweepSerializer(serializers.ModelSerializer):
     def create(self, validated_data):
         request = self.context["request"]
         base = get_run_for_user(request.user, validated_data.pop("base_run_id"), "run")
+        problems = {}
         try:
             validated_data["space"] = check_space(validated_data["space"], validated_data.get("sampler", "tpe"), base.config_overrides, base.backend)
         except forms.ValidationError as exc:
-            raise ValidationError({"space": exc.messages}) from None
+            problems["space"] = exc.messages
+        try:
+            check_objective(validated_data.get("objective", "reward"), base)
+        except forms.ValidationError as exc:
+            problems["objective"] = exc.messages
+        if problems:
+            raise ValidationError(problems)
         try:
             return engine.create(owner=request.user, base_run=base, **validated_data)
         except engine.TrialRefused as exc:

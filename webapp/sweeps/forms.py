@@ -6,6 +6,7 @@ the base run's overrides, before any trial is queued. Each trial is then checked
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django import forms
@@ -25,34 +26,71 @@ MAX_SPACE_VALUES = 100
 
 
 def check_space(space: Any, sampler: str, base_overrides: dict[str, Any], backend=None) -> dict[str, Any]:
-    """The space as stored (key -> spec). Raises ``forms.ValidationError`` naming the key at fault."""
-    entries = space
+    """The space as stored (key -> spec). Raises ``forms.ValidationError`` with every problem at
+    once, each with its line (a space given as text) or its key (a mapping)."""
+    entries, lines, problems = space, {}, []
     if isinstance(space, str):
-        entries = {line.partition(":")[0].strip(): line.partition(":")[2].strip()
-                   for line in space.splitlines() if line.strip() and not line.strip().startswith("#")}
+        entries = {}
+        for number, line in enumerate(space.splitlines(), 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            key, sep, spec = text.partition(":")
+            if not sep:
+                problems.append(f"line {number}: {text!r}: expected 'key: choice a, b', 'key: float low..high [log]' or 'key: int low..high'.")
+                continue
+            entries[key.strip()], lines[key.strip()] = spec.strip(), number
     _check_size(entries)
-    try:
-        distributions = parse_space(space)
-    except ConfigError as exc:
-        raise forms.ValidationError(str(exc)) from None
     refused = refused_overrides(base_overrides)
     if refused:
         raise forms.ValidationError(["The base run's overrides cannot be run again: " + message for message in refused.values()])
-    for key, distribution in distributions.items():
-        values = list(distribution.choices) if hasattr(distribution, "choices") else [distribution.low, distribution.high]
-        refused = refused_overrides({key: values[0]})
-        if refused:
-            raise forms.ValidationError(list(refused.values()))
-        for value in values:
-            try:
-                limits.check_config_bounds({**base_overrides, key: value}, backend)
-                Config.build({**base_overrides, key: value})
-            except (ConfigError, forms.ValidationError) as exc:
-                message = exc.messages[0] if isinstance(exc, forms.ValidationError) else str(exc)
-                raise forms.ValidationError(f"{key}={value!r} would fail every trial that draws it: {message}") from None
-    if sampler == "grid" and grid_size(distributions) is None:
-        raise forms.ValidationError("A grid needs 'choice' or 'int' ranges; use random or Bayesian for float ranges.")
+    if not entries and not problems:
+        raise forms.ValidationError("Name at least one config key to search over, one a line: 'key: choice a, b'.")
+    distributions = {}
+    for key, spec in entries.items():
+        where = f"line {lines[key]}: " if key in lines else ""
+        try:
+            distributions[key] = parse_space({key: spec})[key]
+        except ConfigError as exc:
+            problems.append(where + str(exc))
+            continue
+        problems += [where + problem for problem in _value_problems(key, distributions[key], base_overrides, backend)]
+    if not problems and sampler == "grid" and grid_size(distributions) is None:
+        problems.append("A grid needs 'choice' or 'int' ranges; use random or Bayesian for float ranges.")
+    if problems:
+        raise forms.ValidationError(problems)
     return dict(entries)
+
+
+def _value_problems(key: str, distribution: Any, base_overrides: dict[str, Any], backend) -> list[str]:
+    """Why a trial drawing a value of ``key`` would be refused, one message per such value (a range: its two ends)."""
+    values = list(distribution.choices) if hasattr(distribution, "choices") else [distribution.low, distribution.high]
+    refused = refused_overrides({key: values[0]})
+    if refused:
+        return list(refused.values())
+    problems = []
+    for value in values:
+        try:
+            limits.check_config_bounds({**base_overrides, key: value}, backend)
+            Config.build({**base_overrides, key: value})
+        except (ConfigError, forms.ValidationError) as exc:
+            message = exc.messages[0] if isinstance(exc, forms.ValidationError) else str(exc)
+            problems.append(f"{key}={value!r} would fail every trial that draws it: {message}")
+    return problems
+
+
+def check_objective(objective: str, base_run) -> None:
+    """Refuse an objective the ended base run never reported (a misspelling would score no trial),
+    naming the nearest metric it did. A base run still going may not have reported every metric yet."""
+    reported = sorted(base_run.latest_metrics()) if base_run.is_final else []
+    if not reported or objective in reported:
+        return
+    close = difflib.get_close_matches(objective, reported, n=1, cutoff=0.6)
+    hint = f"Did you mean '{close[0]}'? " if close else ""
+    listed = ", ".join(reported[:15]) + (", …" if len(reported) > 15 else "")
+    raise forms.ValidationError(
+        f"'{objective}' is not a metric run #{base_run.pk} reported, so no trial could be scored on it. {hint}Its metrics: {listed}."
+    )
 
 
 def _check_size(space: Any) -> None:
@@ -100,6 +138,11 @@ class SweepForm(forms.Form):
     def __init__(self, *args, base_run=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.base_run = base_run
+
+    def clean_objective(self) -> str:
+        objective = self.cleaned_data["objective"].strip()
+        check_objective(objective, self.base_run)
+        return objective
 
     def clean(self) -> dict:
         data = super().clean()
