@@ -211,9 +211,9 @@ def test_the_demo_run_learns_then_its_model_answers_and_it_clones(live_platform,
         page.set_viewport_size({"width": 1400, "height": 900})
         page.goto(f"{url}/runs/{demo.pk}/")
         page.click("#run-clone")
-        overrides = page.input_value("textarea[name=overrides]")
-        assert "trainer.total_training_steps: 150" in overrides
-        page.fill("textarea[name=overrides]", overrides.replace("trainer.total_training_steps: 150", "trainer.total_training_steps: 3"))
+        assert page.input_value("input[name=steps]") == "150"  # the common settings come back in their fields
+        assert "trainer.total_training_steps" not in page.input_value("textarea[name=overrides]")
+        page.fill("input[name=steps]", "3")
         page.click("main form button[type=submit]")
         page.wait_for_url(lambda address: address.rstrip("/").split("/")[-1] not in ("new", str(demo.pk)))
         clone = Run.objects.exclude(pk=demo.pk).get()

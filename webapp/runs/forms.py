@@ -270,7 +270,8 @@ class RunForm(forms.Form):
         backend = self.cleaned_data["backend"]
         why = self.fields["backend"].widget.unusable.get(backend.pk)
         if why:
-            raise forms.ValidationError(f"Backend '{backend.name}' cannot run: {why}; choose another.")
+            state = f"is {why}" if not backend.enabled else f"cannot run here: {why}"
+            raise forms.ValidationError(f"Backend '{backend.name}' {state}; choose another.")
         return backend
 
     def clean_model(self) -> str:
