@@ -168,3 +168,19 @@ def test_model_path_missing(tmp_path):
     trainer = build(tmp_path, train_dataset="copy:train", reward_func="char_accuracy", config={"trainer.logger": []})
     with pytest.raises(ValueError, match="actor_rollout_ref.model.path: no model given"):
         trainer.train()
+
+
+def test_a_wrong_dataset_and_a_wrong_reward_are_said_together(tmp_path):
+    from training.config import Problems
+
+    with pytest.raises(Problems) as raised:
+        build(tmp_path, **FROZENLAKE, train_dataset="copy:train", reward_func="exact_match")
+    said = [str(problem) for problem in raised.value.problems]
+    assert len(said) == 2 and "start_row" in said[0] and said[1].startswith("reward_func: an agent_class/env_class run")
+    assert str(raised.value) == "\n".join(said)  # one a line, for the CLI
+
+
+def test_one_problem_is_raised_as_itself(tmp_path):
+    with pytest.raises(ValueError, match="reward_func: a single-turn task needs a reward function") as raised:
+        build(tmp_path, train_dataset="copy:train")
+    assert type(raised.value) is ValueError
