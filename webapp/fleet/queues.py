@@ -161,7 +161,7 @@ class QueueBoard:
         if answering:
             parts.append(f"{answering} playground answer{'s' if answering > 1 else ''}")
         if not parts:
-            return "nothing it can see"
+            return "workers with no free slot"
         return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
 
     def _describe(self, runs: list[Run], visible) -> str:
