@@ -327,6 +327,10 @@ PLAYGROUND_MAX_NEW_TOKENS = envint("PLAYGROUND_MAX_NEW_TOKENS", "512", minimum=1
 PLAYGROUND_MAX_PROMPT_TOKENS = envint("PLAYGROUND_MAX_PROMPT_TOKENS", "4096", minimum=16)
 PLAYGROUND_MAX_PENDING = envint("PLAYGROUND_MAX_PENDING", "2", minimum=1)
 PLAYGROUND_CPU_THREADS = envint("PLAYGROUND_CPU_THREADS", "1", minimum=1)
+# The queue every question goes to, served by a worker of its own so that the playground answers
+# while runs train (`manage.py platform` starts one and sets this); empty: the run backend's queue,
+# where a question waits behind the runs that hold its slots.
+PLAYGROUND_QUEUE = os.environ.get("PLAYGROUND_QUEUE", "").strip()
 
 # Alerts (webapp/integrations): the outbox's retries, the sender's queue, links in messages.
 ALERT_MAX_ATTEMPTS = envint("ALERT_MAX_ATTEMPTS", "8", minimum=1)

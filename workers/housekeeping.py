@@ -201,15 +201,24 @@ def release_remote_resources(run) -> None:
         Run.objects.filter(pk=run.pk).update(error=" ".join([error, *notes]).strip())
 
 
-class Housekeeper:
-    """The thread: dispatch every second, sweep every ``RUN_SWEEP_SECONDS``."""
+def worker_presence(worker) -> tuple[str, list[str], int]:
+    """A Celery worker's name, the queues it consumes now (a drain cancels them) and its pool size."""
+    return worker.hostname, list(worker.app.amqp.queues.consume_from), int(worker.concurrency or 0)
 
-    def __init__(self) -> None:
+
+class Housekeeper:
+    """The thread: dispatch every second, sweep every ``RUN_SWEEP_SECONDS``, and write its worker's
+    row (``WorkerState``: queues, slots) every ``RUN_HEARTBEAT_SECONDS``, which the pages read to
+    say what a queued run or question waits for."""
+
+    def __init__(self, worker=None) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="housekeeping", daemon=True)
         self._database_since: float | None = None  # since when this process reaches the database
         self._last_sweep = 0.0
         self._last_tick: float | None = None
+        self._worker = worker
+        self._last_seen = 0.0
 
     def start(self) -> "Housekeeper":
         self._thread.start()
@@ -232,6 +241,9 @@ class Housekeeper:
             if self._database_since is None:
                 connection.ensure_connection()
                 self._database_since = now
+            if self._worker is not None and now - self._last_seen >= settings.RUN_HEARTBEAT_SECONDS:
+                self._last_seen = now
+                self._say_alive()
             if now - self._last_sweep >= settings.RUN_SWEEP_SECONDS and now - self._database_since >= settings.RUN_STALE_SECONDS:
                 self._last_sweep = now
                 recover_lost_runs()  # before dispatching: a run re-queued now is sent in this tick
@@ -252,11 +264,27 @@ class Housekeeper:
             except Exception:  # noqa: BLE001 (a broken connection may fail to close; it is dropped anyway)
                 pass
 
+    def _say_alive(self) -> None:
+        from webapp.fleet.models import WorkerState
+
+        try:
+            name, queues, slots = worker_presence(self._worker)
+        except RuntimeError:  # a drain changed the queues as they were read: next heartbeat
+            return
+        WorkerState.objects.seen(name, queues, slots)
+
     def _loop(self) -> None:
         try:
             while not self._stop.wait(DISPATCH_POLL_SECONDS):
                 self.tick()
         finally:
+            if self._worker is not None:
+                try:
+                    from webapp.fleet.models import WorkerState
+
+                    WorkerState.objects.gone(self._worker.hostname)  # its queues are unserved now, not in 10 s
+                except Exception:  # noqa: BLE001 (the database is down: the row goes stale by itself)
+                    pass
             connection.close()
 
 
@@ -268,7 +296,7 @@ class HousekeepingStep(bootsteps.StartStopStep):
         self.housekeeper: Housekeeper | None = None
 
     def start(self, worker) -> None:
-        self.housekeeper = Housekeeper().start()
+        self.housekeeper = Housekeeper(worker).start()
 
     def stop(self, worker) -> None:
         if self.housekeeper is not None:

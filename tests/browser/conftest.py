@@ -3,15 +3,18 @@ Chromium (the system's, driven by Playwright) logged in as the owner persona."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +26,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 QUEUE = f"test-browser-{uuid.uuid4().hex[:8]}"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _listening_port(log) -> int | None:
@@ -111,3 +115,49 @@ def log_in():
 def tail():
     """``tail(path)``: the end of a log file, for a failing test's report."""
     return lambda path: path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+
+@pytest.fixture
+def embedded_platform(request, tmp_path, tail):
+    """``manage.py platform`` (SQLite, the file broker and channel layer) on a free port, stopped with
+    Ctrl-C after the test; ``@pytest.mark.parametrize("embedded_platform", [[args]], indirect=True)``
+    adds arguments (``--no-demo-run``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
+    env.update({"PLATFORM_VAR_DIR": str(tmp_path / "var"), "RUN_HEARTBEAT_SECONDS": "1"})
+    log = tmp_path / "platform.log"
+    # A child inherits an ignored SIGINT (a shell ignores it in the commands it starts in the
+    # background), and Python then raises no KeyboardInterrupt in it: Ctrl-C would do nothing. A
+    # handled SIGINT here is reset to the default in the child, as in a terminal. Its own session, so
+    # that a platform that does not stop is killed with its web server and worker, none left behind.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen([sys.executable, "manage.py", "platform", "--port", str(port),
+                                    *getattr(request, "param", [])], cwd=ROOT, env=env,
+                                   stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    deadline = time.monotonic() + 90
+    while b"Platform running at" not in log.read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            pytest.fail("the embedded platform did not start:\n" + tail(log))
+        time.sleep(0.3)
+    while True:  # the command says so once it has started the web server, which then binds the port
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            break
+        if process.poll() is not None or time.monotonic() > deadline:
+            pytest.fail("the embedded platform's web server did not listen:\n" + tail(log))
+        time.sleep(0.3)
+    yield {"url": f"http://127.0.0.1:{port}", "var": tmp_path / "var", "log": log}
+    process.send_signal(signal.SIGINT)  # Ctrl-C: the command stops its web server and worker
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("Ctrl-C did not stop the platform within 60 s:\n" + tail(log))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # anything of it still running

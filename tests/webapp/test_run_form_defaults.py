@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 import examples
 from pathlib import Path
 from webapp.registry.models import Agent, Backend, Model
+from webapp.registry.seed import demo_run
 from webapp.runs.forms import RunForm
 from webapp.runs.models import Run
 from webapp.runs.trainer_args import run_trainer_kwargs
@@ -41,6 +42,19 @@ def test_an_empty_form_gets_the_settings_the_demo_learns_with(registry, owner):
     assert final["data"]["max_response_length"] == recipe["data.max_response_length"]
 
 
+def test_an_empty_form_trains_as_fast_as_the_demo(registry, owner):
+    """The form's FrozenLake on tiny-char ran at 3.9 s a step against the demo's 0.31 s: torch's
+    default threads (all cores, fighting over a tiny model) and 8 tasks a step against the demo's 1
+    thread and 4 tasks. Empty, the form now gives the demo's (bench/form_defaults.py --speed)."""
+    demo = dict(line.split("=", 1) for line in demo_run()["overrides"].splitlines())
+    form = _frozenlake_form(registry, owner)
+    assert form.is_valid(), form.errors
+    final = form.final_config
+    assert final["trainer"]["cpu_threads"] == int(demo["trainer.cpu_threads"]) == 1
+    assert final["data"]["train_batch_size"] == int(demo["data.train_batch_size"])
+    assert final["actor_rollout_ref"]["rollout"]["n"] == int(demo["actor_rollout_ref.rollout.n"])
+
+
 def test_what_a_person_types_wins_over_every_default(registry, owner, no_queue):
     form = _frozenlake_form(registry, owner, learning_rate="0.02", max_turns="3")
     assert form.is_valid(), form.errors
@@ -57,7 +71,7 @@ def test_a_model_without_defaults_gets_the_library_rate_and_a_backend_default_sh
     defaults = owner_client.get("/runs/new/").context["common_defaults"]
     assert defaults["backends"][str(trl.pk)] == {LR: 5e-6}  # only the common fields' keys
     assert defaults["models"]["qwen"] == {} and defaults["models"]["tiny-char"] == {LR: 0.001}
-    assert defaults["agents"][str(registry["agents"]["frozenlake"].pk)] == {"rllm.agent.max_steps": 7}
+    assert defaults["agents"][str(registry["agents"]["frozenlake"].pk)] == {"rllm.agent.max_steps": 7, "data.train_batch_size": 4}
     page = owner_client.get("/runs/new/").content.decode()
     assert 'placeholder="1e-06"' in page  # the library's, until a choice is made (the script then shows the chosen ones)
 

@@ -89,7 +89,7 @@ def test_the_old_dashboard_url_redirects_to_the_run_page(owner_client, finished_
 def test_the_run_list_poll_reports_only_visible_runs(owner_client, finished_run, make_run, stranger):
     other = make_run(owner=stranger, name="theirs")
     data = owner_client.get(f"/runs/live.json?ids={finished_run.pk},{other.pk}").json()
-    assert data["runs"] == {str(finished_run.pk): {"status": "succeeded", "steps": 3, "warnings": []}}
+    assert data["runs"] == {str(finished_run.pk): {"status": "succeeded", "steps": 3, "warnings": [], "waiting": ""}}
     assert data["newest"] == finished_run.pk
 
 

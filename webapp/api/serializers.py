@@ -81,6 +81,10 @@ class RunSerializer(serializers.ModelSerializer):
         child=serializers.CharField(), read_only=True,
         help_text="A succeeded run that learnt nothing (its reward the same at every step): each names the likely cause.",
     )
+    waiting = serializers.SerializerMethodField(
+        help_text="A queued run: what it waits for (its place in its queue and the runs ahead, or that no worker "
+                  "serves its queue); empty otherwise.",
+    )
 
     class Meta:
         model = Run
@@ -88,9 +92,19 @@ class RunSerializer(serializers.ModelSerializer):
             "id", "url", "name", "owner", "project", "visibility", "kind", "status", "tags", "notes",
             "agent", "dataset", "reward", "backend", "model", "config_overrides",
             "created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at",
-            "worker", "steps", "error", "traceback", "warnings", "final_metrics", "remote_ids",
+            "worker", "steps", "error", "traceback", "warnings", "waiting", "final_metrics", "remote_ids",
         ]
         read_only_fields = [f for f in fields if f not in ("visibility", "tags", "notes")]
+
+    def get_waiting(self, run: Run) -> str:
+        from webapp.fleet.queues import QueueBoard
+
+        if run.status != Run.Status.QUEUED:
+            return ""
+        if "queue_board" not in self.context:  # one read of the queues for a whole page of runs
+            self.context["queue_board"] = QueueBoard.load()
+        request = self.context.get("request")
+        return self.context["queue_board"].run_waiting(run, request.user if request else None)
 
 
 class RunUpdateSerializer(serializers.ModelSerializer):

@@ -114,7 +114,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
             text = filters["q"]
             runs = runs.filter(Q(name__icontains=text) | Q(notes__icontains=text) | Q(model__icontains=text))
         page = self.paginate_queryset(runs)
-        return self.get_paginated_response(RunSerializer(page, many=True).data)
+        return self.get_paginated_response(RunSerializer(page, many=True, context=self.get_serializer_context()).data)
 
     @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer})
     def create(self, request, *args, **kwargs):
@@ -128,7 +128,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
             run = _create_external(request.user, data)
         else:
             run = _create_platform(request.user, data)
-        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+        return Response(RunSerializer(run, context=self.get_serializer_context()).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, run: Run) -> None:
         if not run.is_final:
@@ -142,7 +142,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         run = self.get_object()
         if not run.request_cancel():
             raise ValidationError({"status": f"The run has already ended ({run.status})."})
-        return Response(RunSerializer(run).data)
+        return Response(RunSerializer(run, context=self.get_serializer_context()).data)
 
     @extend_schema(
         parameters=[SeriesQuerySerializer],
@@ -229,7 +229,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         fields = {"final_metrics": data["final_metrics"]} if data["final_metrics"] else {}
         if not run.finish(data["status"], error=data["error"], **fields):
             raise ValidationError({"status": f"The run has already ended ({run.status})."})
-        return Response(RunSerializer(run).data)
+        return Response(RunSerializer(run, context=self.get_serializer_context()).data)
 
     def _external_running(self) -> Run:
         run = self.get_object()

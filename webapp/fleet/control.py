@@ -14,6 +14,7 @@ from datetime import datetime
 
 from webapp.celery_app import app as celery_app
 from webapp.fleet.models import WorkerState
+from webapp.fleet.queues import QueueBoard
 from webapp.runs.models import Run
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ class WorkerInfo:
     online: bool
     queues: list[str] = field(default_factory=list)
     slots: int = 0  # pool processes: one run each (one GPU each on a GPU worker)
+    busy: int = 0  # slots holding a run or a playground answer
     gpu: bool = False
     gpus: list[dict] = field(default_factory=list)  # what the worker reports (workers.gpus.inventory)
     drained: bool = False
@@ -57,10 +59,12 @@ def _gpus() -> dict[str, list[dict]]:
     return merged
 
 
-def list_workers() -> list[WorkerInfo]:
-    """Online workers (Celery inspect) plus any that hold a running run or were drained."""
+def list_workers(board: QueueBoard | None = None) -> list[WorkerInfo]:
+    """Online workers (Celery inspect, or their own rows written every heartbeat: the embedded mode's
+    file broker answers no inspect) plus any that hold a running run or were drained."""
     from webapp.registry.models import Backend
 
+    board = board or QueueBoard.load()
     gpu_queues = set(Backend.objects.filter(needs_gpu=True).values_list("queue", flat=True))
     # Each request waits out INSPECT_TIMEOUT for replies: asked together, the page waits once.
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -68,19 +72,22 @@ def list_workers() -> list[WorkerInfo]:
     active_queues, stats, gpus = (future.result() for future in asked)
     queues_by_worker = {name: [q["name"] for q in queues] for name, queues in active_queues.items()}
     states = {s.name: s for s in WorkerState.objects.all()}
+    alive = {w.name: w for w in board.workers}
     running = Run.objects.filter(status=Run.Status.RUNNING).exclude(worker="").select_related("backend").order_by("started_at")
     runs_by_worker: dict[str, list[Run]] = {}
     for run in running:
         runs_by_worker.setdefault(run.worker, []).append(run)
-    names = sorted(set(queues_by_worker) | set(stats) | set(runs_by_worker) | {n for n, s in states.items() if s.drained})
+    names = sorted(set(queues_by_worker) | set(stats) | set(alive) | set(runs_by_worker)
+                   | {n for n, s in states.items() if s.drained})
     workers = []
     for name in names:
         state = states.get(name)
-        queues = queues_by_worker.get(name) or (state.queues if state else [])
+        queues = queues_by_worker.get(name) or (alive[name].serves if name in alive else []) or (state.queues if state else [])
         runs = runs_by_worker.get(name, [])
+        slots = int((stats.get(name) or {}).get("pool", {}).get("max-concurrency") or 0) or (alive[name].slots if name in alive else 0)
         workers.append(WorkerInfo(
-            name=name, online=name in queues_by_worker or name in stats, queues=queues,
-            slots=int((stats.get(name) or {}).get("pool", {}).get("max-concurrency") or 0),
+            name=name, online=name in queues_by_worker or name in stats or name in alive, queues=queues,
+            slots=slots, busy=board.busy_slots(name),
             gpu=bool(gpu_queues & set(queues)), gpus=gpus.get(name, []), drained=bool(state and state.drained), runs=runs,
             last_heartbeat=max((r.heartbeat_at for r in runs if r.heartbeat_at), default=None),
         ))

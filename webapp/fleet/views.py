@@ -1,4 +1,5 @@
-"""The workers page (admins): who is online, their queues and slots, the runs they hold; drain and resume."""
+"""The workers page (admins): who is online, their queues and slots (busy of total), the runs they hold, what
+each queue holds (runs queued and running, playground questions); drain and resume."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from webapp.fleet import control
+from webapp.fleet.queues import QueueBoard
 from webapp.registry.models import Backend
 
 
 @staff_member_required
 def workers_page(request):
+    board = QueueBoard.load()
     return render(request, "fleet/workers.html", {
-        "workers": control.list_workers(),
+        "workers": control.list_workers(board),
+        "queues": board.queues(),
         "backends": Backend.objects.all(),
     })
 

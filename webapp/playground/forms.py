@@ -91,5 +91,11 @@ class AskForm(forms.Form):
             run=self.run, user=user, kind=data["kind"], model_name=data["model"],
             messages=data["messages"] if chat else [], split="" if chat else data["split"],
             row_index=None if chat else data["row"], max_new_tokens=data["max_new_tokens"],
-            temperature=data["temperature"], queue=self.run.backend.queue if self.run.backend else "cpu",
+            temperature=data["temperature"], queue=playground_queue(self.run),
         )
+
+
+def playground_queue(run: Run) -> str:
+    """Where a question to ``run`` goes: the playground's own queue when the platform has one
+    (``PLAYGROUND_QUEUE``: it answers while runs train), else a slot of the queue its runs use."""
+    return settings.PLAYGROUND_QUEUE or (run.backend.queue if run.backend else "cpu")

@@ -1,5 +1,6 @@
 """The playground page of a run, the ask endpoint and the answer's poll. Nothing here loads a
-model: asking writes a request row; a worker of the run's queue answers it."""
+model: asking writes a request row; a worker of the playground's queue (its own, or the run's)
+answers it, and while it waits the poll says behind what."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from webapp.playground.forms import AskForm, model_choices
+from webapp.fleet.queues import QueueBoard
+from webapp.playground.forms import AskForm, model_choices, playground_queue
 from webapp.playground.models import PlaygroundRequest
 from webapp.runs.access import can, get_run_for_user
 from webapp.runs.limits import capped
@@ -27,6 +29,7 @@ def playground(request, pk: int):
     return render(request, "playground/playground.html", {
         "run": run, "form": AskForm(run=run), "models": model_choices(run), "may_ask": can(request.user, run, "run"),
         "rows": run.kind == run.Kind.PLATFORM and run.agent_id is not None,
+        "queue": playground_queue(run), "own_queue": bool(settings.PLAYGROUND_QUEUE),
         "limits": {"queue_seconds": settings.PLAYGROUND_QUEUE_SECONDS, "reply_seconds": settings.PLAYGROUND_REPLY_SECONDS,
                    "max_new_tokens": settings.PLAYGROUND_MAX_NEW_TOKENS},
     })
@@ -60,7 +63,8 @@ def ask(request, pk: int) -> JsonResponse:
     if waiting >= settings.PLAYGROUND_MAX_PENDING:
         return JsonResponse({"error": f"You already wait for {waiting} answer(s); ask again when they are in."}, status=429)
     asked = form.save(request.user)
-    return JsonResponse({"id": asked.pk, "url": reverse("playground:answer", args=[asked.pk]), **_state(asked)}, status=201)
+    return JsonResponse({"id": asked.pk, "url": reverse("playground:answer", args=[asked.pk]), **_state(asked, request.user)},
+                        status=201)
 
 
 @login_required
@@ -72,13 +76,14 @@ def answer(request, pk: int) -> JsonResponse:
             or not can(request.user, asked.run, "view"):
         raise Http404("No such request.")
     asked.expire_if_overdue()
-    return JsonResponse({"id": asked.pk, **_state(asked)})
+    return JsonResponse({"id": asked.pk, **_state(asked, request.user)})
 
 
-def _state(asked: PlaygroundRequest) -> dict:
+def _state(asked: PlaygroundRequest, user) -> dict:
     state = {"status": asked.status, "queue": asked.queue, "reply": asked.reply, "error": asked.error,
              "episode": asked.episode, "prompt_tokens": asked.prompt_tokens, "reply_tokens": asked.reply_tokens,
              "worker": asked.worker, "device": asked.device}
     if asked.status == asked.Status.QUEUED:
         state["ahead"] = asked.position()
+        state["waiting"] = QueueBoard.load().question_waiting(asked, user)  # behind which runs, at which place
     return state

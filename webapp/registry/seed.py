@@ -13,8 +13,10 @@ TOOLS = [
 AGENTS = [
     {"name": "frozenlake", "description": "Multi-turn grid world (examples.frozenlake).",
      "agent_class": "examples.frozenlake.FrozenLakeAgent", "env_class": "examples.frozenlake.FrozenLakeEnv",
-     # One move a turn; the farthest start is 6 moves from the goal (examples/configs/frozenlake.yaml).
-     "default_config": {"rllm.agent.max_steps": 7, "rllm.agent.max_tokens_per_turn": 1, "data.max_response_length": 48}},
+     # One move a turn; the farthest start is 6 moves from the goal; 4 tasks a step, as the demo
+     # (examples/configs/frozenlake.yaml): the library's 8 doubles a step's time for no faster climb.
+     "default_config": {"rllm.agent.max_steps": 7, "rllm.agent.max_tokens_per_turn": 1, "data.max_response_length": 48,
+                        "data.train_batch_size": 4}},
     {"name": "copy-task", "description": "Single-turn: copy the prompt (examples.copy_task).",
      "default_config": {"data.max_response_length": 4}},
     {"name": "countdown", "description": "A workflow agent (examples.countdown_workflow).",
@@ -35,8 +37,9 @@ MODELS = [
     {"name": "tiny-char", "source": Model.Source.BUILTIN, "identifier": "tiny-char",
      "description": "A 2-layer character-level Qwen2 model built in code (no download), for demos and tests.",
      # It learns at the examples' rate (examples/configs/*.yaml); the library's 1e-6 (verl's, for
-     # billion-parameter models) leaves its reward flat.
-     "default_config": {"actor_rollout_ref.actor.optim.lr": 0.001}},
+     # billion-parameter models) leaves its reward flat. One torch thread, as the examples: a model
+     # this small spends more time syncing threads than computing (bench/form_defaults.py --speed).
+     "default_config": {"actor_rollout_ref.actor.optim.lr": 0.001, "trainer.cpu_threads": 1}},
 ]
 REWARDS = [
     {"name": "exact-match", "path": "exact_match", "description": "1 when the answer equals ground_truth."},

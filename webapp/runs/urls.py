@@ -11,6 +11,7 @@ urlpatterns = [
     path("runs/<int:pk>/edit/", views.run_edit, name="edit"),
     path("runs/<int:pk>/delete/", views.run_delete, name="delete"),
     path("runs/<int:pk>/updates.json", views.run_updates, name="updates"),
+    path("runs/<int:pk>/waiting.json", views.run_waiting, name="waiting"),
     path("runs/live.json", views.run_list_live, name="list_live"),
     path("runs/<int:pk>/config.yaml", downloads.config_download, name="config_yaml"),
     path("runs/<int:pk>/metrics.csv", downloads.metrics_csv, name="metrics_csv"),

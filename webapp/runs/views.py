@@ -9,6 +9,7 @@ from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from webapp.fleet.queues import QueueBoard
 from webapp.runs import downloads
 from webapp.runs.access import can, get_run_for_user
 from webapp.runs.config_fields import config_fields
@@ -35,8 +36,13 @@ def run_list(request):
         runs = runs.filter(match)
     if status in Run.Status.values:
         runs = runs.filter(status=status)
+    runs = list(runs[:500])
+    if any(run.status == Run.Status.QUEUED for run in runs):  # each says what it waits for
+        board = QueueBoard.load()
+        for run in runs:
+            run.waiting = board.run_waiting(run, request.user)
     return render(request, "runs/run_list.html", {
-        "runs": runs[:500], "q": query, "status": status, "statuses": Run.Status.values, "tag": tag,
+        "runs": runs, "q": query, "status": status, "statuses": Run.Status.values, "tag": tag,
     })
 
 
@@ -102,8 +108,12 @@ def run_list_live(request):
     ids = [int(i) for i in request.GET.get("ids", "").split(",") if i.isdigit()][:500]
     visible = Run.objects.visible_to(request.user)
     newest = visible.order_by("-pk").values_list("pk", flat=True).first()
-    rows = visible.filter(pk__in=ids).values("pk", "status", "steps", "warnings")
-    return JsonResponse({"newest": newest, "runs": {str(r["pk"]): {k: r[k] for k in ("status", "steps", "warnings")} for r in rows}})
+    rows = list(visible.filter(pk__in=ids).select_related("backend"))
+    board = QueueBoard.load() if any(r.status == Run.Status.QUEUED for r in rows) else None
+    return JsonResponse({"newest": newest, "runs": {str(r.pk): {
+        "status": r.status, "steps": r.steps, "warnings": r.warnings,
+        "waiting": board.run_waiting(r, request.user) if board else "",
+    } for r in rows}})
 
 
 @login_required
@@ -116,6 +126,7 @@ def run_detail(request, pk: int):
         "last_log_id": logs[-1].id if logs else 0,
         "metrics": sorted(run.latest_metrics().items()),
         "total_steps": downloads.total_steps(run),
+        "waiting": QueueBoard.load().run_waiting(run, request.user) if run.status == Run.Status.QUEUED else "",
         "config_yaml": downloads.config_yaml(run),
         "archives": downloads.archives(run),
         "stored_files": downloads.stored_files(run),
@@ -182,6 +193,14 @@ def run_updates(request, pk: int):
         "status": run.status, "is_final": run.is_final, "steps": run.steps, "error": run.error,
         "logs": logs, "metrics": points, "through": min(through, max(after_step, run.steps)),
     })
+
+
+@login_required
+def run_waiting(request, pk: int):
+    """What a queued run waits for (the run page asks every few seconds while it is queued)."""
+    run = get_run_for_user(request.user, pk, "view")
+    waiting = QueueBoard.load().run_waiting(run, request.user) if run.status == Run.Status.QUEUED else ""
+    return JsonResponse({"status": run.status, "waiting": waiting})
 
 
 def _int(value: str | None, default: int = 0) -> int:

@@ -299,10 +299,18 @@
     const eta = document.getElementById("run-eta");
     const started = progress.dataset.started ? Date.parse(progress.dataset.started) : NaN;
     if (FINAL.includes(state.status)) { eta.textContent = state.status; if (!total) bar.value = bar.max; return; }
-    if (state.status === "queued") { eta.textContent = "waiting for a worker"; return; }
+    if (state.status === "queued") { showWaiting(eta); return; }
     if (!total || !steps || isNaN(started)) { eta.textContent = "running"; return; }
     const perStep = (Date.now() - started) / 1000 / steps;
     eta.textContent = "about " + duration(perStep * Math.max(total - steps, 0)) + " left (" + perStep.toFixed(1) + " s per step)";
+  }
+  // A queued run says what it waits for (its place in the queue, the runs ahead, a queue no worker
+  // serves), asked again at each refresh of the progress line while it stays queued.
+  async function showWaiting(eta) {
+    try {
+      const data = await (await fetch(progress.dataset.waitingUrl)).json();
+      if (state.status === "queued" && data.waiting) eta.textContent = data.waiting;
+    } catch (err) { /* offline for a moment: the next refresh asks again */ }
   }
   function duration(seconds) {
     if (seconds < 90) return Math.round(seconds) + " s";

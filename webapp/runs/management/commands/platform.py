@@ -1,7 +1,9 @@
 """``python manage.py platform``: the whole platform in one command, nothing external needed.
 
-Migrates, seeds the registry, creates a demo login, starts the web server (uvicorn, webapp/server.py) and a Celery
-worker, queues a demo run, prints the URL and login, and runs until Ctrl-C.
+Migrates, seeds the registry, creates a demo login, starts the web server (uvicorn, webapp/server.py), a Celery
+worker with one slot for runs and one for the playground (a worker of its own on the ``playground`` queue, so a
+question to a trained model is answered while a run trains), queues a demo run, prints the URL and login, and
+runs until Ctrl-C.
 
 Without REDIS_URL the worker and the web server talk through kombu's filesystem transport
 (messages are files under var/broker/), so no broker server is needed; with REDIS_URL set they
@@ -30,6 +32,10 @@ from webapp.runs.models import Run
 from webapp.runs.submission import submit
 
 
+# The playground's own worker's queue: no backend's queue, so no run ever waits for it.
+PLAYGROUND_QUEUE = "playground"
+
+
 class Command(BaseCommand):
     help = "Run the whole platform (web server + worker) on this machine until Ctrl-C."
 
@@ -41,6 +47,8 @@ class Command(BaseCommand):
         parser.add_argument("--queues", default=None, help="Queues the worker takes (default: cpu, plus gpu with a GPU).")
         parser.add_argument("--no-demo-run", action="store_true", help="Do not queue the demo run.")
         parser.add_argument("--no-worker", action="store_true", help="Start no worker (start your own).")
+        parser.add_argument("--playground-queue", default=os.environ.get("PLAYGROUND_QUEUE", PLAYGROUND_QUEUE),
+                            help="Queue of the playground's own worker (empty: questions wait for a slot of the runs' queue).")
 
     def handle(self, *args, **options):
         drop_root(settings.VAR_DIR)  # before anything is written: what it makes belongs to the platform's user
@@ -54,6 +62,9 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, _interrupt)  # docker stop / kill: shut down like Ctrl-C
         try:
             if not options["no_worker"]:
+                if options["playground_queue"]:  # before any child starts: the web server sends questions there
+                    os.environ["PLAYGROUND_QUEUE"] = options["playground_queue"]
+                    children.append(self._start_playground_worker(options["playground_queue"]))
                 children.append(self._start_worker(options["queues"]))
             children.append(self._start_web(options["host"], options["port"]))
             demo = None if options["no_demo_run"] else self._queue_demo_run(user)
@@ -94,6 +105,17 @@ class Command(BaseCommand):
         ]
         self.stdout.write(f"Starting worker: {' '.join(command[1:])}")
         return subprocess.Popen(command, cwd=settings.BASE_DIR)
+
+    def _start_playground_worker(self, queue: str) -> subprocess.Popen:
+        """One slot that only answers playground questions: the runs' worker trains one run at a time,
+        and a question behind a 150-step run would wait minutes. It keeps no training process started
+        ahead (it trains nothing)."""
+        command = [
+            sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queue, "--concurrency", "1",
+            "--loglevel", "INFO", "-n", "playground@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]
+        self.stdout.write(f"Starting playground worker: {' '.join(command[1:])}")
+        return subprocess.Popen(command, cwd=settings.BASE_DIR, env={**os.environ, "RUN_WARM_PROCESS": "0"})
 
     def _start_web(self, host: str, port: int) -> subprocess.Popen:
         command = server.command(host, port)
