@@ -146,6 +146,8 @@ def test_strangers_runs_and_keys_never_show(owner_client, three, make_run, stran
         assert "secret.knob" not in _offered(page, "column-config") and "config:secret.knob" not in _offered(page, "run-group")
     page = _add(owner_client, add="metric", metric="secret_metric", aggregate="latest").content.decode()
     assert "No run you can see has the metric key &#x27;secret_metric&#x27;" in page
+    page = _add(owner_client, add="config", config="secret.knob").content.decode()
+    assert "No run you can see has the config key &#x27;secret.knob&#x27;" in page
     assert RunTableView.objects.get(user__username="owner").columns == []
     assert "mean 5" not in owner_client.get("/?group=tag").content.decode()  # nor counted in a group's mean
 

@@ -50,7 +50,7 @@ def run_list(request):
     sort, group = table.parse_sort(view.sort or table.DEFAULT_SORT), view.group
     runs = runs.order_by(*sort.order_by())
     rows, page = _grouped_rows(request, runs, group, columns) if group else _rows(request, runs, columns)
-    metric_keys, config_keys = table.available_keys(runs)
+    metric_keys, config_keys = table.available_keys(runs, [row["run"] for row in rows if "run" in row])
     kept = request.GET.copy()  # what a heading's or a page's link keeps of the query
     for name in ("page", "sort"):
         kept.pop(name, None)
@@ -159,8 +159,7 @@ def run_table_columns(request):
     except table.BadColumn as exc:
         messages.error(request, str(exc) if key else "Choose a metric or a config key to add as a column.")
         return redirect(back)
-    metric_keys, config_keys = table.available_keys(Run.objects.visible_to(request.user))
-    if key not in (metric_keys if kind == "metric" else config_keys):
+    if not table.has_key(Run.objects.visible_to(request.user), column):
         messages.error(request, f"No run you can see has the {kind} key {key!r}.")
     elif column.id in view.columns:
         messages.info(request, f"The column {column.label} is shown already.")
