@@ -110,10 +110,14 @@ def parse_columns(ids: list[str]) -> list[Column]:
 def config_expression(key: str) -> Expression:
     """A config key's value: in the final config (nested, as the run started with it), else in
     the overrides its owner entered (flat dotted keys) for a run that has not started."""
+    return Coalesce(*_config_places(key), output_field=JSONField())
+
+
+def _config_places(key: str) -> tuple[KeyTransform, KeyTransform]:
     nested = "final_config"
     for part in key.split("."):
         nested = KeyTransform(part, nested)
-    return Coalesce(nested, KeyTransform(key, "config_overrides"), output_field=JSONField())
+    return nested, KeyTransform(key, "config_overrides")
 
 
 def run_config(run) -> dict[str, Any]:
@@ -191,11 +195,15 @@ def has_key(runs: QuerySet, column: Column) -> bool:
     return runs.alias(value=config_expression(column.key)).filter(value__isnull=False).exists()
 
 
-def group_values(runs: QuerySet, group: str) -> QuerySet:
+def group_values(runs: QuerySet, group: str) -> list[tuple[int, Any]]:
     """``runs`` as ``(pk, group value)`` pairs."""
     if group.startswith("config:"):
-        return runs.annotate(group_value=config_expression(group[7:])).values_list("pk", "group_value")
-    return runs.values_list("pk", BUILTIN_GROUPS[group])
+        # Read from both places and chosen here: SQLite hands a COALESCE of JSON back as a plain
+        # number, which a JSON field would try to decode again.
+        final, override = _config_places(group[7:])
+        pairs = runs.annotate(final=final, override=override).values_list("pk", "final", "override")
+        return [(pk, override if value is None else value) for pk, value, override in pairs]
+    return list(runs.values_list("pk", BUILTIN_GROUPS[group]))
 
 
 def group_label(value: Any) -> str:

@@ -118,7 +118,7 @@ def _grouped_rows(request, runs, group: str, columns: list[table.Column]) -> tup
     mean of each metric column over them); a group that goes on from the last page says so."""
     metrics = {f"column_{i}": c.expression() for i, c in enumerate(columns) if c.kind == "metric"}
     values = {pk: rest for pk, *rest in runs.annotate(**metrics).values_list("pk", *metrics)}
-    groups = table.grouped(list(table.group_values(runs, group)), group)
+    groups = table.grouped(table.group_values(runs, group), group)
     entries = [(label, pk) for label, pks in groups for pk in pks]
     page = Paginator(entries, PAGE_SIZE).get_page(request.GET.get("page"))
     by_pk = runs.in_bulk([pk for _, pk in page])
