@@ -133,10 +133,6 @@ class Sort:
     descending: bool
     expression: Any  # an expression or a field name
 
-    @property
-    def text(self) -> str:
-        return ("-" if self.descending else "") + self.column_id
-
     def order_by(self) -> list:
         value = F(self.expression) if isinstance(self.expression, str) else self.expression
         ordered = value.desc(nulls_last=True) if self.descending else value.asc(nulls_last=True)
