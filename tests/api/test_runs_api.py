@@ -146,3 +146,22 @@ def test_schema_is_served(client):
     assert response.status_code == 200
     paths = response.json()["paths"]
     assert "/api/runs/" in paths and "/api/runs/{id}/metrics/" in paths and "post" in paths["/api/runs/{id}/metrics/"]
+
+
+def test_runs_are_ordered_as_the_runs_table_orders_them(api_client, owner, make_run, stranger):
+    from webapp.dashboard.series import SeriesWriter
+
+    runs = {}
+    for name, rewards in (("peaked", [0.1, 0.9, 0.2]), ("steady", [0.3, 0.5]), ("none", [])):
+        runs[name] = make_run(name=name)
+        SeriesWriter(runs[name].pk).write(("reward", step, value) for step, value in enumerate(rewards, start=1))
+    theirs = make_run(name="theirs", owner=stranger)
+    SeriesWriter(theirs.pk).write([("reward", 1, 5.0)])
+    client = api_client(owner)
+    best = client.get("/api/runs/?ordering=-metric:reward:max").json()["results"]
+    assert [r["name"] for r in best] == ["peaked", "steady", "none"]  # a run without the metric last; never a stranger's
+    assert best[0]["value_ranges"] == {"reward": {"min": 0.1, "max": 0.9}}
+    latest = client.get("/api/runs/?ordering=-metric:reward:latest").json()["results"]
+    assert [r["name"] for r in latest] == ["steady", "peaked", "none"]
+    refused = client.get("/api/runs/?ordering=colour")
+    assert refused.status_code == 400 and "Cannot sort by 'colour'" in refused.json()["ordering"][0]

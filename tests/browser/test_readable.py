@@ -9,6 +9,8 @@
   its real count of trained tokens; every heading on a line of its own.
 - At 390 px no element reaches past the screen except inside a box that scrolls, no table cell
   breaks a word, and the menu folds behind a button.
+- Both on the runs table with added columns, grouped by tag, its column picker open, and on the
+  compare page with its config diff and the scatter's written run names.
 
 The episodes are recorded by the library itself, as a worker records them: the rollout engine
 runs the FrozenLake example and a chat agent against a stand-in for the model that answers given
@@ -25,12 +27,14 @@ import pytest
 from webapp.dashboard.models import EpisodeSample
 from webapp.dashboard.recording import episode_row
 from webapp.dashboard.series import SeriesWriter
+from webapp.runs.models import RunTableView
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 DESKTOP = {"width": 1400, "height": 900}
 PHONE = {"width": 390, "height": 844}
 SYSTEM_PROMPT = "You are a careful calculator."
+LONG_KEY = "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio"
 # Position of each recorded episode in the run's step 1 (its row in the viewer's list).
 FROZENLAKE, CHAT_AGENT, SINGLE_TURN = 0, 1, 2
 
@@ -108,17 +112,22 @@ def site(live_platform, browser, owner, project, make_run, log_in, recorded):
     first, as a visitor sees it."""
     run = make_run(name="frozen lake with a longer name", tags=["baseline", "phone-check"])
     SeriesWriter(run.pk).write(("reward", step, step / 10) for step in range(10))
+    # A second run to compare with, and the runs table as a person set it up: added columns, grouped by tag.
+    other = make_run(name="a second run to compare", tags=["baseline"], config_overrides={LONG_KEY: 0.5}, model="Qwen/Qwen2.5-0.5B-Instruct")
+    SeriesWriter(other.pk).write(("reward", step, step / 20) for step in range(10))
+    RunTableView.objects.create(user=owner, columns=["metric:reward:max", "metric:reward:latest", f"config:{LONG_KEY}"], group="tag")
     EpisodeSample.objects.bulk_create([episode_row(run.pk, 1, position, episode) for position, episode in enumerate(recorded)])
     url = live_platform["url"]
     page = browser.new_page()
     page.set_default_timeout(30_000)
     browser.clear_cookies()
-    yield {"page": page, "url": url, "run": run, "project": project, "episodes": recorded}
+    yield {"page": page, "url": url, "run": run, "other": other, "project": project, "episodes": recorded}
     page.close()
 
 
 def _pages(site) -> list[str]:
-    return ["/", "/runs/new/", f"/runs/{site['run'].pk}/", "/teams/", f"/projects/{site['project'].pk}/datasets/upload/"]
+    return ["/", "/runs/new/", f"/runs/{site['run'].pk}/", "/teams/", f"/projects/{site['project'].pk}/datasets/upload/",
+            f"/dashboard/compare/?runs={site['run'].pk},{site['other'].pk}"]
 
 
 def _open(site, path: str, size: dict) -> None:
@@ -126,6 +135,11 @@ def _open(site, path: str, size: dict) -> None:
     page.set_viewport_size(size)
     page.goto(site["url"] + path)
     page.wait_for_load_state("load")
+    if path == "/":  # the column picker open, its controls judged too
+        page.click("#run-columns summary")
+        page.wait_for_selector("#column-config", state="visible")
+    if path.startswith("/dashboard/compare/"):
+        page.wait_for_selector("#param-scatter .textpoint text")
 
 
 def _log_in(site, log_in) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from rest_framework import serializers
 
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
-from webapp.runs import limits
+from webapp.runs import limits, table
 from webapp.runs.models import Run, RunLog
 from webapp.teams.models import Project
 
@@ -77,6 +77,8 @@ class RunSerializer(serializers.ModelSerializer):
     reward = serializers.SlugRelatedField(slug_field="name", read_only=True)
     backend = serializers.SlugRelatedField(slug_field="name", read_only=True)
     url = serializers.CharField(source="get_absolute_url", read_only=True)
+    value_ranges = serializers.JSONField(
+        read_only=True, help_text="Each metric's lowest and highest finite value so far: {key: {min, max}}.")
     warnings = serializers.ListField(
         child=serializers.CharField(), read_only=True,
         help_text="A succeeded run that learnt nothing (its reward the same at every step): each names the likely cause.",
@@ -92,7 +94,7 @@ class RunSerializer(serializers.ModelSerializer):
             "id", "url", "name", "owner", "project", "visibility", "kind", "status", "tags", "notes",
             "agent", "dataset", "reward", "backend", "model", "config_overrides",
             "created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at",
-            "worker", "steps", "error", "traceback", "warnings", "waiting", "final_metrics", "remote_ids",
+            "worker", "steps", "error", "traceback", "warnings", "waiting", "final_metrics", "value_ranges", "remote_ids",
         ]
         read_only_fields = [f for f in fields if f not in ("visibility", "tags", "notes")]
 
@@ -201,6 +203,18 @@ class RunListQuerySerializer(serializers.Serializer):
     project = serializers.IntegerField(required=False, min_value=1, max_value=2**62)
     tag = serializers.CharField(required=False, max_length=100)
     q = serializers.CharField(required=False, max_length=200)
+    ordering = serializers.CharField(
+        required=False, max_length=250,
+        help_text="As the runs table sorts: created (default -created), name, status, steps, ..., "
+                  "metric:<key>:latest|max|min or config:<dotted key>; '-' in front for descending. Empty values last.",
+    )
+
+    def validate_ordering(self, value: str) -> str:
+        try:
+            table.parse_sort(value)
+        except table.BadColumn as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value
 
 
 class SeriesQuerySerializer(serializers.Serializer):

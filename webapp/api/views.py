@@ -23,6 +23,7 @@ from webapp.api.serializers import (
 )
 from webapp.dashboard import series
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
+from webapp.runs import table
 from webapp.runs.access import can_in_project, get_run_for_user, projects_for
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.runs.models import Run
@@ -98,7 +99,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
 
     @extend_schema(parameters=[RunListQuerySerializer])
     def list(self, request, *args, **kwargs):
-        """Runs you may see, newest first; ``?status=&kind=&project=&tag=&q=`` filter."""
+        """Runs you may see, newest first; ``?status=&kind=&project=&tag=&q=`` filter; ``?ordering=`` sorts
+        as the runs table does (``-metric:reward:max``: the best reward first)."""
         query = RunListQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         runs = self.get_queryset()
@@ -113,6 +115,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         if filters.get("q"):
             text = filters["q"]
             runs = runs.filter(Q(name__icontains=text) | Q(notes__icontains=text) | Q(model__icontains=text))
+        if filters.get("ordering"):
+            runs = runs.order_by(*table.parse_sort(filters["ordering"]).order_by())
         page = self.paginate_queryset(runs)
         return self.get_paginated_response(RunSerializer(page, many=True, context=self.get_serializer_context()).data)
 

@@ -104,8 +104,10 @@ class SeriesWriter:
         if not count:
             return 0
         latest = _latest_per_key(names, ids, step_array, value_array)
+        ranges = _ranges_per_key(names, ids, value_array)
         with transaction.atomic():
-            run = Run.objects.select_for_update().filter(pk=self.run_id).values("latest_values", "steps", "tail_points").first()
+            run = (Run.objects.select_for_update().filter(pk=self.run_id)
+                   .values("latest_values", "value_ranges", "steps", "tail_points").first())
             if run is None:
                 raise Run.DoesNotExist(f"run {self.run_id} does not exist")
             SeriesTail.objects.create(
@@ -116,6 +118,7 @@ class SeriesWriter:
             fold = pending >= TAIL_FOLD_POINTS
             Run.objects.filter(pk=self.run_id).update(
                 latest_values={**(run["latest_values"] or {}), **latest}, metrics_at=timezone.now(),
+                value_ranges=_widened(run["value_ranges"] or {}, ranges),
                 steps=max(run["steps"], min(int(step_array.max()), 2**31 - 1), 0), tail_points=0 if fold else pending,
             )
             if fold:
@@ -137,6 +140,34 @@ def _latest_per_key(names: list[str], ids: np.ndarray, steps: np.ndarray, values
     sorted_ids = ids[order]
     last = order[np.r_[sorted_ids[1:] != sorted_ids[:-1], True]]
     return {names[int(ids[i])]: _finite_or_none(values[i]) for i in last}
+
+
+def _ranges_per_key(names: list[str], ids: np.ndarray, values: np.ndarray) -> dict[str, dict[str, float]]:
+    """Each key's lowest and highest finite value in the batch (keys with none are left out)."""
+    finite = np.isfinite(values)
+    ids, values = ids[finite], values[finite]
+    order = np.argsort(ids, kind="stable")
+    ids, values = ids[order], values[order]
+    bounds = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1], True]) if len(ids) else []
+    return {names[int(ids[a])]: {"min": float(values[a:b].min()), "max": float(values[a:b].max())}
+            for a, b in zip(bounds[:-1], bounds[1:])}
+
+
+def _widened(ranges: dict, batch: dict[str, dict[str, float]]) -> dict:
+    """``ranges`` widened to take in ``batch``'s. A replayed step's earlier value stays counted
+    until the next fold, which computes every range again from the blocks (``_ranges_from_summaries``)."""
+    merged = dict(ranges)
+    for key, new in batch.items():
+        old = merged.get(key)
+        merged[key] = new if not old else {"min": min(old["min"], new["min"]), "max": max(old["max"], new["max"])}
+    return merged
+
+
+def _ranges_from_summaries(run_id: int) -> dict[str, dict[str, float]]:
+    """Each key's range over its folded points, from the summaries' extremes (no point is read)."""
+    rows = (SeriesSummary.objects.filter(run_id=run_id).values("key")
+            .annotate(low=Min("min_value"), high=Max("max_value")).order_by())
+    return {row["key"]: {"min": row["low"], "max": row["high"]} for row in rows if row["low"] is not None}
 
 
 def _fold_locked(run_id: int) -> int:
@@ -170,6 +201,9 @@ def _fold_locked(run_id: int) -> int:
     SeriesBlock.objects.bulk_create(new_blocks, batch_size=500)
     _update_summaries(run_id, new_blocks, rewritten)
     SeriesTail.objects.filter(run_id=run_id, id__lte=max(row[1] for row in rows)).delete()
+    # Every point is in a block now (the caller's lock keeps writers out): the exact ranges, a
+    # replayed step's replaced value no longer among them.
+    Run.objects.filter(pk=run_id).update(value_ranges=_ranges_from_summaries(run_id))
     return sum(len(s) for s, _ in tail.values())
 
 
@@ -229,6 +263,9 @@ def rebuild_summaries(run_id: int) -> int:
     with transaction.atomic():
         SeriesSummary.objects.filter(run_id=run_id).delete()
         SeriesSummary.objects.bulk_create(rows, batch_size=1000)
+        run = Run.objects.select_for_update().filter(pk=run_id).values("value_ranges").first()
+        if run is not None:
+            Run.objects.filter(pk=run_id).update(value_ranges=_widened(run["value_ranges"] or {}, _ranges_from_summaries(run_id)))
     return len(rows)
 
 

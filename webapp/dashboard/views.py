@@ -170,7 +170,7 @@ def compare(request: HttpRequest):
     # One query when the runs chosen fit on the page (a thousand ids take Django a while to compile
     # into each query's SQL); a second for the ids of the rest when they do not.
     visible = Run.objects.visible_to(request.user).filter(pk__in=_ints(",".join(request.GET.getlist("runs")))).order_by("pk")
-    runs = list(visible.select_related("agent", "dataset", "backend")[:cap])
+    runs = list(visible.select_related("agent", "dataset", "reward", "backend")[:cap])
     chosen = list(visible.values_list("pk", flat=True)) if len(runs) == cap else [r.pk for r in runs]
     # More runs than one page draws: say so, and link to pages of the rest (never drop them silently).
     rest = [{"first": page[0], "last": page[-1], "count": len(page), "query": urlencode({"runs": ",".join(map(str, page))})}

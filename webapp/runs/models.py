@@ -127,9 +127,11 @@ class Run(models.Model):
     final_config = models.JSONField(null=True, blank=True)
     final_metrics = models.JSONField(default=dict, blank=True)
     steps = models.PositiveIntegerField(default=0)
-    # Kept by the metric store as it writes (webapp.dashboard.series): each key's latest value, when
+    # Kept by the metric store as it writes (webapp.dashboard.series): each key's latest value, its
+    # lowest and highest finite value ({key: {"min": x, "max": y}}: the runs table's "best"), when
     # the last points arrived, and how many points wait in the store's open tail.
     latest_values = models.JSONField(default=dict, blank=True)
+    value_ranges = models.JSONField(default=dict, blank=True)
     metrics_at = models.DateTimeField(null=True, blank=True)
     tail_points = models.PositiveIntegerField(default=0)
     # Names the run's folder: ids start again at 1 after a database reset, and a new run must never
@@ -159,7 +161,7 @@ class Run(models.Model):
         ordering = ["-created_at", "-id"]
 
     # Kept by the metric store with filtered updates as it stores points.
-    STORE_FIELDS = ("steps", "latest_values", "metrics_at", "tail_points")
+    STORE_FIELDS = ("steps", "latest_values", "value_ranges", "metrics_at", "tail_points")
 
     def __str__(self) -> str:
         return self.name or f"run {self.pk}"
@@ -322,3 +324,16 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run} step {self.step}: {self.path}"
+
+
+class RunTableView(models.Model):
+    """How a person's runs table looks, kept on the server so it follows them to another browser:
+    the columns they added (``webapp.runs.table.Column`` ids), the sort and the grouping."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="run_table")
+    columns = models.JSONField(default=list, blank=True)
+    sort = models.CharField(max_length=250, blank=True)
+    group = models.CharField(max_length=250, blank=True)
+
+    def __str__(self) -> str:
+        return f"runs table of {self.user}"

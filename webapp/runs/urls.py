@@ -13,6 +13,7 @@ urlpatterns = [
     path("runs/<int:pk>/updates.json", views.run_updates, name="updates"),
     path("runs/<int:pk>/waiting.json", views.run_waiting, name="waiting"),
     path("runs/live.json", views.run_list_live, name="list_live"),
+    path("runs/table/", views.run_table_columns, name="table_columns"),
     path("runs/<int:pk>/config.yaml", downloads.config_download, name="config_yaml"),
     path("runs/<int:pk>/metrics.csv", downloads.metrics_csv, name="metrics_csv"),
     path("runs/<int:pk>/models/<str:name>.tar.gz", downloads.model_archive, name="model_archive"),

@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.db.models import Q
-from django.http import JsonResponse
+from django.http import JsonResponse, QueryDict
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from webapp.fleet.queues import QueueBoard
-from webapp.runs import downloads
+from webapp.runs import downloads, table
 from webapp.runs.access import can, get_run_for_user
 from webapp.runs.config_fields import config_fields
 from webapp.runs.forms import RunEditForm, RunForm
-from webapp.runs.models import Run
+from webapp.runs.models import Run, RunTableView
 from webapp.runs.submission import QuotaExceeded
+
+
+# Rows of the runs table a page shows (a run grouped under two tags is two rows).
+PAGE_SIZE = 100
 
 
 @login_required
 def run_list(request):
-    """``?q=`` searches name, agent, dataset, backend and model; ``?status=``, ``?tag=`` and ``?project=`` filter."""
+    """``?q=`` searches name, agent, dataset, backend and model; ``?status=``, ``?tag=`` and ``?project=``
+    filter; ``?sort=`` and ``?group=`` (``webapp.runs.table``) sort and group, and are remembered, with
+    the columns the person added (``run_table_columns``), on their ``RunTableView``."""
     runs = Run.objects.visible_to(request.user).select_related("agent", "dataset", "backend", "owner", "project__team")
     query, status = request.GET.get("q", "").strip(), request.GET.get("status", "")
     tag, project = request.GET.get("tag", "").strip(), request.GET.get("project", "")
@@ -36,14 +46,135 @@ def run_list(request):
         runs = runs.filter(match)
     if status in Run.Status.values:
         runs = runs.filter(status=status)
-    runs = list(runs[:500])
-    if any(run.status == Run.Status.QUEUED for run in runs):  # each says what it waits for
+    view = _table_view(request)
+    columns = table.parse_columns(view.columns)
+    sort, group = table.parse_sort(view.sort or table.DEFAULT_SORT), view.group
+    runs = runs.order_by(*sort.order_by())
+    rows, page = _grouped_rows(request, runs, group, columns) if group else _rows(request, runs, columns)
+    listed = [row["run"] for row in rows if "run" in row]
+    if any(run.status == Run.Status.QUEUED for run in listed):  # each says what it waits for
         board = QueueBoard.load()
-        for run in runs:
+        for run in listed:
             run.waiting = board.run_waiting(run, request.user)
+    metric_keys, config_keys = table.available_keys(runs, listed)
+    kept = request.GET.copy()  # what a heading's or a page's link keeps of the query
+    for name in ("page", "sort"):
+        kept.pop(name, None)
     return render(request, "runs/run_list.html", {
-        "runs": runs, "q": query, "status": status, "statuses": Run.Status.values, "tag": tag,
+        "runs": page, "rows": rows, "page": page, "q": query, "status": status, "statuses": Run.Status.values, "tag": tag,
+        "columns": columns, "headings": _headings(request.user, sort, columns, kept.urlencode()), "sort": sort, "group": group, "groups": table.BUILTIN_GROUPS, "metric_keys": metric_keys, "config_keys": config_keys,
+        "aggregates": table.AGGREGATES, "kept_query": kept.urlencode(), "list_query": request.GET.urlencode(),
     })
+
+
+# The table's own columns: heading, and the column id a click on it sorts by (None: not sortable).
+BUILTIN_HEADINGS = (("Run", "name"), ("Status", "status"), ("Agent", "agent"), ("Dataset", "dataset"),
+                    ("Backend", "backend"), ("Owner", None), ("Created", "created"), ("Steps", "steps"))
+
+
+def _headings(user, sort: table.Sort, columns: list[table.Column], kept_query: str) -> list[dict]:
+    """Each heading's text, the link that sorts by it and how the table is sorted by it now."""
+    prefix = f"?{kept_query}&sort=" if kept_query else "?sort="
+    headings = []
+    for text, name in BUILTIN_HEADINGS:
+        if name is None and not user.is_superuser:
+            continue
+        first = table.BUILTIN_SORTS[name][1] if name else ""
+        headings.append({"text": text, "id": name, "first": first})
+    headings += [{"text": c.label, "id": c.id, "first": c.first_direction, "added": True} for c in columns]
+    for heading in headings:
+        if heading["id"]:
+            heading["href"] = prefix + quote(table.header_sort(sort, heading["id"], heading["first"]))
+            if sort.column_id == heading["id"]:
+                heading["aria_sort"] = "descending" if sort.descending else "ascending"
+    return headings
+
+
+def _table_view(request) -> RunTableView:
+    """The person's saved table, with ``?sort=`` and ``?group=`` taken in (and saved) when given and
+    valid; an invalid one is named in an error and the saved one kept."""
+    view = RunTableView.objects.filter(user=request.user).first() or RunTableView(user=request.user)
+    changed = False
+    for name, parse in (("sort", table.parse_sort), ("group", table.parse_group)):
+        if name in request.GET and request.GET[name] != getattr(view, name):
+            try:
+                parse(request.GET[name])
+            except table.BadColumn as exc:
+                messages.error(request, str(exc))
+            else:
+                setattr(view, name, request.GET[name])
+                changed = True
+    if changed:
+        view.save()
+    return view
+
+
+def _rows(request, runs, columns: list[table.Column]) -> tuple[list[dict], object]:
+    page = Paginator(runs, PAGE_SIZE).get_page(request.GET.get("page"))
+    return [_row(run, columns) for run in page], page
+
+
+def _row(run: Run, columns: list[table.Column]) -> dict:
+    config = table.run_config(run) if any(c.kind == "config" for c in columns) else {}
+    return {"run": run, "cells": [table.shown(c.value_of(run, config)) for c in columns]}
+
+
+def _grouped_rows(request, runs, group: str, columns: list[table.Column]) -> tuple[list[dict], object]:
+    """The page's rows under a header per group (its label, how many runs it holds in all, and the
+    mean of each metric column over them); a group that goes on from the last page says so."""
+    metrics = {f"column_{i}": c.expression() for i, c in enumerate(columns) if c.kind == "metric"}
+    values = {pk: rest for pk, *rest in runs.annotate(**metrics).values_list("pk", *metrics)}
+    groups = table.grouped(table.group_values(runs, group), group)
+    entries = [(label, pk) for label, pks in groups for pk in pks]
+    page = Paginator(entries, PAGE_SIZE).get_page(request.GET.get("page"))
+    by_pk = runs.in_bulk([pk for _, pk in page])
+    members = dict(groups)
+    # The group the previous page ended in, which this page's first rows may go on with.
+    previous = entries[page.start_index() - 2][0] if page.number > 1 else None
+    rows = []
+    for index, (label, pk) in enumerate(page):
+        if index == 0 or label != page[index - 1][0]:
+            pks = members[label]
+            means = iter([table.mean([values[member][i] for member in pks]) for i in range(len(metrics))])
+            rows.append({"header": label, "count": len(pks), "continued": index == 0 and label == previous,
+                         "means": [_shown_mean(next(means)) if c.kind == "metric" else "" for c in columns]})
+        rows.append(_row(by_pk[pk], columns))
+    return rows, page
+
+
+def _shown_mean(value: float | None) -> str:
+    return "" if value is None else f"mean {table.shown(value)}"
+
+
+@login_required
+@require_POST
+def run_table_columns(request):
+    """Add a column to the person's runs table (``add``: ``metric`` with ``metric`` and ``aggregate``,
+    or ``config`` with ``config``) or take one away (``remove``: its id). Only keys of runs the
+    person may see are taken. Back to the list as it was (``query``)."""
+    view = RunTableView.objects.filter(user=request.user).first() or RunTableView(user=request.user)
+    back = reverse("runs:list") + "?" + QueryDict(request.POST.get("query", "")).urlencode()
+    if request.POST.get("remove"):
+        view.columns = [c for c in view.columns if c != request.POST["remove"]]
+        view.save()
+        return redirect(back)
+    kind = request.POST.get("add", "")
+    key = request.POST.get(kind, "").strip() if kind in ("metric", "config") else ""
+    try:
+        column = table.parse_column(f"metric:{key}:{request.POST.get('aggregate', 'latest')}" if kind == "metric" else f"config:{key}")
+    except table.BadColumn as exc:
+        messages.error(request, str(exc) if key else "Choose a metric or a config key to add as a column.")
+        return redirect(back)
+    if not table.has_key(Run.objects.visible_to(request.user), column):
+        messages.error(request, f"No run you can see has the {kind} key {key!r}.")
+    elif column.id in view.columns:
+        messages.info(request, f"The column {column.label} is shown already.")
+    elif len(view.columns) >= table.MAX_COLUMNS:
+        messages.error(request, f"The table shows at most {table.MAX_COLUMNS} added columns: remove one first.")
+    else:
+        view.columns = [*view.columns, column.id]
+        view.save()
+    return redirect(back)
 
 
 @login_required

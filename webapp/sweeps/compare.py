@@ -5,28 +5,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.config import flatten
+from webapp.runs.table import run_config
 
 _MISSING = object()
+# The registry choices and the model, before the dotted config keys: what a person tells runs apart by.
+CHOICES = ("agent", "dataset", "reward", "model", "backend")
 
 
-def run_config(run) -> dict[str, Any]:
-    """A run's flat config: the final config when it started, else its overrides."""
-    if run.final_config:
-        return flatten(run.final_config)
-    return dict(run.config_overrides or {})
+def _choices(run) -> dict[str, str]:
+    """A run's registry choices by name (empty where it names none, as an external run may)."""
+    return {"agent": run.agent.name if run.agent_id else "", "dataset": run.dataset.name if run.dataset_id else "",
+            "reward": run.reward.name if run.reward_id else "", "model": run.model,
+            "backend": run.backend.name if run.backend_id else ""}
 
 
 def differing_config(runs: list) -> list[dict[str, Any]]:
     """Rows ``{"key", "values"}`` (one value per run, None where a run lacks the key) for the keys whose
-    values are not all equal, plus the model and backend when those differ."""
-    configs = [{"model": run.model, "backend": run.backend.name if run.backend_id else "", **run_config(run)} for run in runs]
-    keys = sorted(set().union(*configs)) if configs else []
+    values are not all equal: the agent, dataset, reward, model and backend first, then the config keys."""
+    configs = [{**run_config(run), **_choices(run)} for run in runs]
+    keys = [*CHOICES, *sorted(set().union(*configs) - set(CHOICES))] if configs else []
     rows = []
     for key in keys:
         values = [config.get(key, _MISSING) for config in configs]
         if len({repr(v) for v in values}) > 1:
-            rows.append({"key": key, "values": [None if v is _MISSING else v for v in values]})
+            rows.append({"key": key, "values": [None if v is _MISSING or v == "" else v for v in values]})
     return rows
 
 
