@@ -66,7 +66,7 @@ def test_a_reward_reading_a_column_the_upload_lacks_succeeds_with_the_warning_ev
     attributes, shown = warnings_mark(owner_client, run)
     assert shown == "learnt nothing" and f'title="{warning}"' in attributes and "display:none" not in attributes
     live = owner_client.get(reverse("runs:list_live") + f"?ids={run.pk}").json()
-    assert live["runs"][str(run.pk)] == {"status": "succeeded", "steps": 2, "warnings": [warning]}
+    assert live["runs"][str(run.pk)] == {"status": "succeeded", "steps": 2, "warnings": [warning], "waiting": ""}
     shown = api_client(owner).get(f"/api/runs/{run.pk}/").json()
     assert shown["status"] == "succeeded" and shown["warnings"] == [warning]
 
