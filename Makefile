@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SWIFT_VENV ?= .venv-swift
 export DJANGO_SETTINGS_MODULE ?= webapp.settings
 
-.PHONY: install swift-env run demo test bench chromium jail clean
+.PHONY: install swift-env run demo test test-fast bench chromium jail clean
 
 install: $(VENV)/.installed
 
@@ -37,18 +37,25 @@ run: install jail
 demo: install
 	$(PY) -m training demo
 
-## The tests, against this machine's PostgreSQL and Redis (started if they are down).
-## The library's tests (tests/training: no database, Redis, Celery or browser; most of them train a
-## tiny model on one thread) run in two processes (pytest-xdist), the platform's (shared Redis
-## groups, Celery queues and workers) in one. Both always run; either failing fails the target.
+## The tests, against this machine's PostgreSQL and Redis (started if they are down), in two
+## processes (pytest-xdist). Each process is a platform of its own: its own test database
+## (pytest-django), Redis database and var folder (tests/platform_slots.py), so the servers,
+## Celery workers and browsers one process starts never see the other's runs.
+PYTEST := PYTHONPATH=tests $(PY) -m pytest -p platform_slots -n 2 --dist worksteal
 test: install swift-env chromium jail
 	bash scripts/services.sh
 	$(VENV)/bin/lint-imports  # the floors (pyproject.toml: [tool.importlinter])
-	export DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
-	       REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0}; \
-	$(PY) -m pytest -n 2 --dist worksteal tests/training; library=$$?; \
-	$(PY) -m pytest --ignore=tests/training; platform=$$?; \
-	test $$library -eq 0 && test $$platform -eq 0
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
+	$(PYTEST) tests
+
+## The edit loop: no browser, no training that must show learning, no fault injection.
+test-fast: install jail
+	bash scripts/services.sh
+	$(VENV)/bin/lint-imports
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
+	$(PYTEST) -m "not browser and not slow" --ignore=tests/reliability tests
 
 bench: install
 	$(PY) bench/train_overhead.py
