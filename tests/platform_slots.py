@@ -1,0 +1,30 @@
+"""A pytest plugin: under ``pytest -n N`` each process is a platform of its own.
+
+pytest-django gives each xdist process its own database (``test_<name>_gw1``). This gives it its own
+Redis database (Celery's queues, the Channels groups and the series cache: the run ids of two test
+databases collide) and its own var folder (run folders, the embedded broker, the run checker's
+inbox). It must run before pytest-django reads the settings, which a conftest is too late for:
+``make test`` loads it with ``-p platform_slots`` (tests/ on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    index = int(worker.removeprefix("gw"))
+    redis_url = os.environ.get("REDIS_URL", "").rstrip("/")
+    if redis_url:
+        server, _, db = redis_url.rpartition("/")
+        if not db.isdigit():  # no database named: the server's first
+            server, db = redis_url, "0"
+        os.environ["REDIS_URL"] = f"{server}/{int(db) + index}"
+    os.environ["PLATFORM_VAR_DIR"] = str(Path(__file__).resolve().parent.parent / "var" / f"test-{worker}")
