@@ -1,6 +1,8 @@
 """`make run`'s platform in a real browser: no PostgreSQL, no Redis (SQLite, the broker and the
-channel layer on files). The demo run it queues trains in its worker while the page's reward chart
-gains points over the websocket; then the run is cancelled from the page."""
+channel layer on files), on the port and with the login the README says how to choose
+($PLATFORM_PORT, $PLATFORM_DEMO_USERNAME, $PLATFORM_DEMO_PASSWORD). The demo run it queues trains in
+its worker while the page's reward chart gains points over the websocket; then the run is cancelled
+from the page."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
+LOGIN = ("ada", "not-the-demo-password")
 
 
 @pytest.fixture
@@ -26,7 +29,8 @@ def embedded_platform(tmp_path, tail):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
-    env.update({"PLATFORM_VAR_DIR": str(tmp_path / "var"), "RUN_HEARTBEAT_SECONDS": "1"})
+    env.update({"PLATFORM_VAR_DIR": str(tmp_path / "var"), "RUN_HEARTBEAT_SECONDS": "1", "PLATFORM_PORT": str(port),
+                "PLATFORM_DEMO_USERNAME": LOGIN[0], "PLATFORM_DEMO_PASSWORD": LOGIN[1]})
     log = tmp_path / "platform.log"
     # A child inherits an ignored SIGINT (a shell ignores it in the commands it starts in the
     # background), and Python then raises no KeyboardInterrupt in it: Ctrl-C would do nothing. A
@@ -34,7 +38,7 @@ def embedded_platform(tmp_path, tail):
     # that a platform that does not stop is killed with its web server and worker, none left behind.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        process = subprocess.Popen([sys.executable, "manage.py", "platform", "--port", str(port)], cwd=ROOT, env=env,
+        process = subprocess.Popen([sys.executable, "manage.py", "platform"], cwd=ROOT, env=env,
                                    stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -60,7 +64,9 @@ def test_the_demo_run_goes_live_in_the_browser_and_cancels(embedded_platform, br
     page = browser.new_page()
     page.set_default_timeout(60_000)
     try:
-        log_in(page, embedded_platform["url"], "demo", "demo")
+        banner = embedded_platform["log"].read_text()
+        assert f"Platform running at {embedded_platform['url']}/" in banner and f"login: {LOGIN[0]} / {LOGIN[1]}" in banner
+        log_in(page, embedded_platform["url"], *LOGIN)
         page.goto(embedded_platform["url"] + "/runs/1/")  # the demo run, the first of a new database
         page.wait_for_selector("#dash-live.on")
         # The web process joined the run's group on the shared folder, where the worker publishes.
