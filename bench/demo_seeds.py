@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REACHED = re.compile(r"reward passed [\d.]+ after ([\d.]+)s of training")
-DONE = re.compile(r"done: (\d+) steps in ([\d.]+)s, last reward ([-\d.na]+)")
+DONE = re.compile(r"training \w+: (\d+) (?:of \d+ )?steps, .*; ([\d.]+)s, last reward ([-\d.na]+)")
 
 
 def parse_seeds(text: str) -> list[int]:

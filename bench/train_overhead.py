@@ -200,13 +200,13 @@ def run_demo() -> dict:
         [sys.executable, "-m", "training", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=900
     )
     wall = time.perf_counter() - started
-    reached = [line for line in result.stdout.splitlines() if line.startswith("reward passed")]
-    done = [line for line in result.stdout.splitlines() if line.startswith("done:")]
+    done = [line for line in result.stdout.splitlines() if line.startswith("training ")]
+    reached = [line.split("(", 1)[1] for line in done if "(reward passed" in line]
     return {
         "exit_code": result.returncode,
         "wall_seconds_including_startup": round(wall, 1),
-        "training_seconds_to_target": float(reached[0].split("after ")[1].rstrip("s of training")) if reached else None,
-        "summary": (done + reached)[-2:] if done else result.stderr[-2000:],
+        "training_seconds_to_target": float(reached[0].split("after ")[1].split("s of training")[0]) if reached else None,
+        "summary": done[-1:] if done else result.stderr[-2000:],
     }
 
 

@@ -166,20 +166,27 @@ def main(argv: list[str] | None = None) -> int:
         result = trainer.train()
     except TrainingFailed as exc:  # the run did not succeed; its message names why
         print(f"error: the run failed: {exc}", file=sys.stderr)
+        print(f"training failed: {sinks[0].last_step} of {total} steps, status failed (the error above says why)")
         return 1
     except ValueError as exc:  # bad input found only once training started (e.g. the model)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - started
     reward = result.metrics.get("reward", float("nan"))
-    print(f"done: {result.steps} steps in {elapsed:.1f}s, last reward {reward:.3f}, run directory {result.run_path}")
+    warnings = getattr(result, "warnings", None) or []
     code = 0
-    if target is not None:
-        if target.reached():
-            print(f"reward passed {args.target} after {target.reached_at:.1f}s of training")
-        else:
-            print(f"reward did not pass {args.target} within {result.steps} steps")
-            code = 1
-    for warning in getattr(result, "warnings", None) or []:  # trained, but learnt nothing: not a failure, said last
+    if target is not None and target.reached():
+        outcome = f"finished: {result.steps} steps, status succeeded (reward passed {args.target} after {target.reached_at:.1f}s of training)"
+    elif target is not None:
+        outcome = f"ended: {result.steps} steps, status target not reached (reward did not pass {args.target})"
+        code = 1
+    elif result.stopped:
+        outcome = f"stopped: {result.steps} of {total} steps, status stopped on request"
+    else:
+        outcome = f"finished: {result.steps} steps, status succeeded"
+    if warnings:  # trained, but learnt nothing: not a failure, but not to be read as a success either
+        outcome += f", but it learnt nothing ({len(warnings)} warning{'s' if len(warnings) > 1 else ''} below)"
+    print(f"training {outcome}; {elapsed:.1f}s, last reward {reward:.3f}, run directory {result.run_path}")
+    for warning in warnings:  # said last: the one thing to read
         print(f"warning: {warning}")
     return code

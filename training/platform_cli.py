@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     login.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
 
     create = commands.add_parser("create", help="validate and queue a run (the run form's checks)")
-    for name in ("agent", "dataset", "backend"):
-        create.add_argument(f"--{name}", required=True, help=f"{name} name in the registry")
+    for name in ("agent", "dataset"):
+        create.add_argument(f"--{name}", required=True, help=f"{name} name (or id) in the registry; a wrong one is answered with the names you may use")
+    create.add_argument("--backend", required=True, help="backend name")
     create.add_argument("--reward", default="", help="reward function name")
     create.add_argument("--model", default="")
     create.add_argument("--name", default="")
@@ -100,10 +101,23 @@ def follow_run(client: PlatformClient, run_id: int, out: TextIO, interval: float
             print(step_line(step, total, by_step[step]), file=out)
         after_step = max(after_step, news["last_step"])
         if run["status"] in FINAL:
-            print(f"run {run_id} {run['status']}" + (f": {run['error']}" if run["error"] else ""), file=out)
+            print(final_line(run), file=out)
+            for warning in run.get("warnings") or []:
+                print(f"warning: {warning}", file=out)
             return run["status"]
         out.flush()
         time.sleep(interval)
+
+
+def final_line(run: dict) -> str:
+    """``run 12: training finished: 150 steps, status succeeded``; any other end says what it was."""
+    status, steps = run["status"], run.get("steps") or 0
+    verb = {"succeeded": "finished", "failed": "failed", "cancelled": "cancelled", "pruned": "stopped"}.get(status, "ended")
+    if status == "succeeded" and run.get("warnings"):
+        status += ", but it learnt nothing (warning below)"
+    elif status == "pruned":
+        status += " (its sweep stopped it early)"
+    return f"run {run['id']}: training {verb}: {steps} step{'' if steps == 1 else 's'}, status {status}" + (f": {run['error']}" if run.get("error") else "")
 
 
 def step_line(step: int, total: int | None, metrics: dict[str, Any]) -> str:

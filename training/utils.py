@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+
+MAX_LISTED = 20  # names listed in an error
 
 
 def leaves(value: Any, whole: Callable[[Any], Any] = lambda value: False) -> Iterator[Any]:
@@ -39,7 +43,18 @@ def import_object(path: str, what: str = "object") -> Any:
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise ValueError(f"Cannot load {what} {path!r}: module has no attribute {attr!r}.") from None
+        raise ValueError(f"Cannot load {what} {path!r}: module has no attribute {attr!r}{_names_in(module, attr)}.") from None
+
+
+def _names_in(module: Any, missing: str) -> str:
+    """What the module defines itself (its public classes and functions), the closest to ``missing`` first."""
+    names = sorted(name for name, value in vars(module).items()
+                   if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == module.__name__)
+    if not names:
+        return ""
+    close = difflib.get_close_matches(missing, names, n=1)
+    listed = ", ".join(names[:MAX_LISTED]) + (", ..." if len(names) > MAX_LISTED else "")
+    return (f". Did you mean {close[0]!r}?" if close else ".") + f" It defines: {listed}"
 
 
 def import_file(file_path: str | Path, what: str = "module") -> Any:

@@ -28,7 +28,7 @@ def envbool(name: str, default: str) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false (1/0, yes/no, on/off), not {value!r}.")
 
 
-def envint(name: str, default: str, minimum: int | None = None) -> int:
+def envint(name: str, default: str, minimum: int | None = None, maximum: int | None = None) -> int:
     value = os.environ.get(name, default).strip()
     try:
         number = int(value)
@@ -36,7 +36,17 @@ def envint(name: str, default: str, minimum: int | None = None) -> int:
         raise ImproperlyConfigured(f"{name} must be a whole number, not {value!r}.") from None
     if minimum is not None and number < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {number}.")
+    if maximum is not None and number > maximum:
+        raise ImproperlyConfigured(f"{name} must be at most {maximum}, not {number}.")
     return number
+
+
+def envtext(name: str, default: str) -> str:
+    """A variable that must not be blank when set (a login name, a host)."""
+    value = os.environ.get(name, default).strip()
+    if not value:
+        raise ImproperlyConfigured(f"{name} is set but empty; unset it for the default {default!r}, or give a value.")
+    return value
 
 
 def envlist(name: str, default: str) -> list[str]:
@@ -341,7 +351,16 @@ ALERT_QUEUE = os.environ.get("ALERT_QUEUE", "cpu")
 # servers) at loopback, private, link-local and other non-public addresses, except these hosts:
 # comma-separated "host" or "host:port" entries, e.g. "mlflow.internal,10.0.0.5:5000".
 EGRESS_ALLOWED_HOSTS = envhosts("EGRESS_ALLOWED_HOSTS")
-PLATFORM_URL = os.environ.get("PLATFORM_URL", "http://127.0.0.1:8000")
+# `make run` (python manage.py platform): the address it serves and the administrator login it makes
+# (created, or its password reset to this one, at each start); its --host, --port, --username and
+# --password flags win over these.
+PLATFORM_HOST = envtext("PLATFORM_HOST", "127.0.0.1")
+PLATFORM_PORT = envint("PLATFORM_PORT", "8000", minimum=1, maximum=65535)
+PLATFORM_DEMO_USERNAME = envtext("PLATFORM_DEMO_USERNAME", "demo")
+PLATFORM_DEMO_PASSWORD = envtext("PLATFORM_DEMO_PASSWORD", "demo")
+# The address in links the platform sends (alert messages); `manage.py platform` sets it for its web
+# server and worker to the address it serves, unless it is set.
+PLATFORM_URL = os.environ.get("PLATFORM_URL", f"http://127.0.0.1:{PLATFORM_PORT}")
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
 EMAIL_PORT = envint("EMAIL_PORT", "25", minimum=1)

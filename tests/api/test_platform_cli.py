@@ -71,4 +71,24 @@ def test_follow_prints_one_line_per_step(live_server, owner, token_of):
     assert steps == ["step 1 reward=0.25 loss=0.5 kl=0.01", "step 2 reward=0.5 loss=0.5 kl=0.01",
                      "step 3 reward=0.75 loss=0.5 kl=0.01"]
     assert any("a warning worth reading" in line for line in lines)
-    assert lines[-1] == f"run {sink.run_id} succeeded" and Run.objects.get(pk=sink.run_id).status == "succeeded"
+    assert lines[-1] == f"run {sink.run_id}: training finished: 3 steps, status succeeded"
+    assert lines[-2].startswith("step 3 ") and Run.objects.get(pk=sink.run_id).status == "succeeded"
+
+
+def test_follow_says_a_failed_run_failed_not_finished(live_server, owner, token_of):
+    sink = RemoteSink(live_server.url, token_of(owner), capture_logger=None)
+    sink.log_metrics(1, {"reward": 0.5})
+    sink.close(status="failed", error="ValueError: the reward raised")
+    out = io.StringIO()
+    assert cli(["--url", live_server.url, "--token", token_of(owner), "follow", str(sink.run_id), "--interval", "0.1"], out=out) == 1
+    assert out.getvalue().splitlines()[-1] == f"run {sink.run_id}: training failed: 1 step, status failed: ValueError: the reward raised"
+
+
+def test_a_wrong_agent_or_dataset_name_is_answered_with_the_names_to_choose(live_server, owner, token_of, registry, capsys):
+    code = cli(["--url", live_server.url, "--token", token_of(owner), "create", "--agent", "copy-tsk", "--dataset", "copi",
+                "--reward", "char-accuracy", "--backend", "trl", "--model", "tiny-char"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "No agent named 'copy-tsk' among those you may use; choose one of: calculator, copy-task, countdown, frozenlake." in err
+    assert "No dataset named 'copi' among those you may use; choose one of: arithmetic, copy, countdown, frozenlake." in err
+    assert not Run.objects.exists()

@@ -47,7 +47,8 @@ def test_create_validates_and_queues_like_the_form(owner, api_client, registry, 
 
 @pytest.mark.parametrize("change,field,message", [
     ({"overrides": {"data.train_batch_size": 0}}, "overrides", "train_batch_size"),
-    ({"agent": "no-such-agent"}, "agent", "Select a valid choice"),
+    ({"agent": "no-such-agent"}, "agent", "No agent named 'no-such-agent' among those you may use; choose one of: calculator, copy-task,"),
+    ({"backend": "trll"}, "backend", "No backend named 'trll' among those you may use; choose one of: fireworks, swift, tinker, trl."),
     ({"overrides": {"actor_rollout_ref.model.path": "x"}}, "overrides", "Model field"),
 ])
 def test_create_reports_the_forms_errors_by_field(change, field, message, owner, api_client, registry, no_queue, copy_form_data):

@@ -54,7 +54,7 @@ def test_the_playground_answers_while_a_run_trains_and_a_queued_run_says_what_it
         api.wait(long["id"], lambda r: r["status"] == "running" and r["steps"] >= 1, "trained a step")
         behind = api.create("behind", steps=2)
 
-        log_in(page, url, "demo", "demo")
+        log_in(page, url, *embedded_platform["login"])
         # The queued run's page says where it is and behind what, in words.
         page.goto(f"{url}/runs/{behind['id']}/")
         eta = page.locator("#run-eta")
@@ -107,7 +107,7 @@ def test_without_its_own_worker_a_question_says_which_run_it_waits_behind(embedd
         long = api.create("long", steps=5000)
         api.wait(long["id"], lambda r: r["status"] == "running" and r["steps"] >= 1, "trained a step")
 
-        log_in(page, url, "demo", "demo")
+        log_in(page, url, *embedded_platform["login"])
         page.goto(f"{url}/runs/{trained['id']}/playground/")
         assert "waits behind them" in page.text_content("#playground-about")
         page.fill("#chat-input", "abc")

@@ -134,3 +134,29 @@ def test_a_project_rule_covers_team_visible_runs_only_and_a_persons_rule_their_o
     assert [body["title"] for body in receiver.bodies] == [f"[failed] run #{shared.pk} shared"]
     assert sorted(message.subject for message in mail.outbox) == sorted(
         [f"[failed] run #{private.pk} my secret experiment", f"[failed] run #{shared.pk} shared"])
+
+
+CONSOLE = "django.core.mail.backends.console.EmailBackend"
+
+
+@pytest.mark.parametrize("backend", [CONSOLE, "django.core.mail.backends.smtp.EmailBackend"])
+def test_email_alerts_say_when_they_only_go_to_the_console(backend, settings, page_client, owner, make_run, capsys):
+    """Embedded mode prints email to the console: the page where the alert is set up, the rule and
+    its deliveries say so, where a person would otherwise wait for mail that never comes."""
+    from webapp.integrations.alerts import EMAIL_PRINTED_NOTE
+
+    settings.EMAIL_BACKEND = backend
+    client = page_client(owner)
+    added = client.post("/alerts/", {"target": "owner@example.org", "events": ["succeeded"]}, follow=True)
+    text = added.content.decode().replace("&#x27;", "'")
+    printed = backend == CONSOLE
+    assert (EMAIL_PRINTED_NOTE in text) is printed  # the form's note and the "added" message
+    assert text.count(EMAIL_PRINTED_NOTE) == (2 if printed else 0)
+    assert ("(printed to the console, not sent)" in text) is printed
+
+    if printed:
+        running(make_run, name="done").finish("succeeded", steps=2)
+        assert deliver_due()["sent"] == 1
+        assert "owner@example.org" in capsys.readouterr().out  # where the mail went: this process's console
+        page = client.get("/alerts/").content.decode()
+        assert "printed to the console, not sent</span>" in page

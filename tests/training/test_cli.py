@@ -16,8 +16,12 @@ def test_train_from_a_run_file(tmp_path):
     result = run_cli("train", "examples/configs/copy.yaml", "--run-path", str(tmp_path),
                      "--set", "trainer.total_training_steps=2", "--set", "data.train_batch_size=2")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "done: 2 steps" in result.stdout and str(tmp_path) in result.stdout
     assert "step 2/2 reward=" in result.stderr + result.stdout  # the one-line summary per log step
+    lines = result.stdout.strip().splitlines()
+    last_step = max(i for i, line in enumerate(lines) if line.startswith("step "))
+    finished = lines[last_step + 1]  # the summary right after the last step's line (then warnings, if any)
+    assert lines[last_step].startswith("step 2/2 reward="), result.stdout
+    assert finished.startswith("training finished: 2 steps, status succeeded") and str(tmp_path) in finished
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == [0, 1, 2]  # step 0: the test split, scored before training
@@ -46,7 +50,8 @@ def test_every_episode_raising_exits_non_zero_with_the_count_and_the_agents_trac
     assert "unexpected keyword argument 'confidence_score'" in result.stderr
     assert 'misported_agent.py", line' in result.stderr  # the agent's own traceback ...
     assert "site-packages" not in result.stderr  # ... and none of the library's or TRL's frames
-    assert "done:" not in result.stdout
+    assert "training finished" not in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "training failed: 0 of 2 steps, status failed (the error above says why)"
 
 
 def test_header_only_csv_is_refused_before_training(tmp_path):
@@ -70,5 +75,31 @@ def test_a_run_that_learnt_nothing_succeeds_and_says_so_last(tmp_path):
     result = run_cli("train", str(run_file), "--run-path", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-2000:]  # a warning is not a failure
     *_, done, warning = result.stdout.strip().splitlines()
-    assert done.startswith("done: 2 steps")
+    assert done.startswith("training finished: 2 steps, status succeeded, but it learnt nothing (1 warning below); ")
     assert warning.startswith("warning: reward was 0 at every step (steps 1 to 2)") and "exact_match" in warning
+
+
+def test_a_misspelt_agent_class_is_answered_with_what_its_module_defines(tmp_path):
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text("agent:\n  agent_class: examples.frozenlake.FrozenLakeAgnt\n  env_class: examples.frozenlake.FrozenLakeEnv\n"
+                        "train_dataset: frozenlake:train\nbackend: trl\nconfig:\n  actor_rollout_ref.model.path: tiny-char\n")
+    result = run_cli("train", str(run_file), "--run-path", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert ("module has no attribute 'FrozenLakeAgnt'. Did you mean 'FrozenLakeAgent'? It defines: FrozenLakeAgent, "
+            "FrozenLakeEnv, goal_distances, make_tasks.") in result.stderr
+    assert "Traceback" not in result.stderr and "training finished" not in result.stdout
+
+
+def test_a_wrong_backend_reward_or_dataset_name_lists_the_valid_ones(tmp_path):
+    cases = {
+        "backend: trll": "Unknown training backend 'trll'; known backends: fireworks, swift, tinker, trl, verl.",
+        "reward_func: exact_mach": "unknown reward 'exact_mach': built-in rewards are char_accuracy, code, countdown,",
+        "train_dataset: copy:trian": "dataset 'copy' has no split 'trian'; available splits: train, test.",
+    }
+    for change, message in cases.items():
+        key = change.split(":")[0]
+        lines = [line for line in (ROOT / "examples/configs/copy.yaml").read_text().splitlines() if not line.startswith(f"{key}:")]
+        run_file = tmp_path / "run.yaml"
+        run_file.write_text("\n".join([*lines, change]) + "\n")
+        result = run_cli("train", str(run_file), "--run-path", str(tmp_path / "run"))
+        assert result.returncode == 2 and message in result.stderr, (change, result.stderr[-1000:])

@@ -74,7 +74,7 @@ def test_the_installed_command_trains_the_copy_task_from_an_unrelated_directory(
     (tmp_path / "copy.yaml").write_text(RUN_FILE)
     trained = _run([installed / "agent-trainer", "train", "copy.yaml"], tmp_path, timeout=600)
     assert trained.returncode == 0, trained.stdout + trained.stderr[-3000:]
-    assert "done: 3 steps" in trained.stdout
+    assert "training finished: 3 steps, status succeeded" in trained.stdout
     run_dir = tmp_path / "out" / "copy"
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "reward" in s] == [1, 2, 3]

@@ -233,11 +233,16 @@ def test_async_clients_a_flow_leaves_open_are_closed_on_their_own_loop(caplog):
     assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
 
 
-@pytest.mark.slow
-def test_solver_judge_cookbook_trains_unchanged_and_learns(tmp_path, monkeypatch):
-    """cookbooks/solver_judge_flow trained: two solvers in parallel and a judge, each its own call
-    and trajectory; the evaluator scores each trajectory with countdown's compute_score (1 only for
-    an answer that uses the number 7 once and reaches 7)."""
+SOLVER_JUDGE_STEPS = 5
+
+
+def train_solver_judge(directory: Path, seed: int = 0, steps: int = SOLVER_JUDGE_STEPS, extra: tuple[str, ...] = ()) -> dict:
+    """cookbooks/solver_judge_flow's train.py on the tiny model warmed up from ``seed`` (which also
+    seeds the trainer's sampling), in ``directory``: the rewarded solver answer's log-probability
+    before and after, the per-step metrics and the run folder. bench/solver_judge_seeds.py runs this
+    same recipe over many seeds; ``extra`` (hydra overrides) is how it tries others."""
+    import contextlib
+
     from rllm_cookbook_solver_judge_flow import _create_judge_prompt, _format_countdown_problem
     from rllm_cookbook_solver_judge_train import main
 
@@ -245,24 +250,40 @@ def test_solver_judge_cookbook_trains_unchanged_and_learns(tmp_path, monkeypatch
     solver_prompt = [{"role": "user", "content": f"{problem}. Output the final answer within <answer>...</answer>"}]
     # Four answers warmed alike, one rewarded: a quarter of the solvers' samples are right at the
     # start, enough signal in 5 steps of 16 episodes (with ten answers, one in ten, the move of the
-    # policy in CI ranged from +0.25 to +1.0).
+    # policy in CI ranged from +0.25 to +1.0). At lr 1e-3 one seed in three broke the policy in its
+    # first step (reward 0.56 -> 0, the answer's log-probability -1.59 -> -6.96, as on a fresh install
+    # once); 5e-4 learns on every seed of bench/solver_judge_seeds.py.
     pairs = [(solver_prompt, f"<answer>{d}</answer>") for d in (3, 5, 7, 9)]
     for solutions in (["<answer>7</answer>", "<answer>3</answer>"], ["No solution found", "<answer>7</answer>"]):
         judge = [{"role": "user", "content": _create_judge_prompt(problem, solutions)}]
         pairs += [(judge, "<answer>1</answer>"), (judge, "<answer>2</answer>")]
-    model = warm_tiny_model(tmp_path / "warm", pairs, steps=80)
+    model = warm_tiny_model(directory / "warm", pairs, steps=80, seed=seed)
     DatasetRegistry.register_dataset("countdown", COUNTDOWN, "train")
     DatasetRegistry.register_dataset("countdown", COUNTDOWN[:1], "test")
-    monkeypatch.chdir(tmp_path)
-    main(hydra_config(
-        "solver_judge", "rllm/backend=trl", f"model.name={model}", "training.group_size=8", "data.train_batch_size=2",
-        "data.val_batch_size=1", "data.max_prompt_length=2048", "data.max_response_length=24", "rllm.trainer.logger=[jsonl]",
-        "rllm.trainer.total_epochs=100", "actor_rollout_ref.actor.optim.lr=1e-3", "rllm.agent.max_tokens_per_turn=22",
-        "rllm.agent.trajectory_timeout=1800", "trainer.total_training_steps=5",
-    ))
-    run = tmp_path / "runs"
-    metrics, records, episodes = read_run(run)
-    assert len(metrics) == 5 and all(m["termination/error"] == m["termination/timeout"] == 0.0 for m in metrics), metrics
+    with contextlib.chdir(directory):  # train.py writes its run under ./runs, as rLLM's does
+        main(hydra_config(
+            "solver_judge", "rllm/backend=trl", f"model.name={model}", "training.group_size=8", "data.train_batch_size=2",
+            "data.val_batch_size=1", "data.max_prompt_length=2048", "data.max_response_length=24", "rllm.trainer.logger=[jsonl]",
+            "rllm.trainer.total_epochs=100", "actor_rollout_ref.actor.optim.lr=5e-4", "rllm.agent.max_tokens_per_turn=22",
+            "rllm.agent.trajectory_timeout=1800", f"trainer.total_training_steps={steps}", f"trainer.seed={seed}", *extra,
+        ))
+    run = directory / "runs"
+    warm, trained = (AutoModelForCausalLM.from_pretrained(path) for path in (model, run / "final_model"))
+    before, after = (answer_logprob(m, [solver_prompt], "<answer>7</answer>") for m in (warm, trained))
+    metrics, _, episodes = read_run(run)
+    return {"before": before, "after": after, "metrics": metrics, "episodes": episodes, "model": model, "run": run}
+
+
+@pytest.mark.slow
+def test_solver_judge_cookbook_trains_unchanged_and_learns(tmp_path):
+    """cookbooks/solver_judge_flow trained: two solvers in parallel and a judge, each its own call
+    and trajectory; the evaluator scores each trajectory with countdown's compute_score (1 only for
+    an answer that uses the number 7 once and reaches 7). The recipe learns on every seed of
+    bench/solver_judge_seeds.py (bench/results/solver_judge_seeds.json)."""
+    trained = train_solver_judge(tmp_path)
+    metrics, episodes, run = trained["metrics"], trained["episodes"], trained["run"]
+    assert len(metrics) == SOLVER_JUDGE_STEPS, metrics
+    assert all(m["termination/error"] == m["termination/timeout"] == 0.0 for m in metrics), metrics
     assert all(m["rows"] == 3 * 16 for m in metrics)  # both solvers and the judge trained, each its own row
     assert all("solver_acc" in m and "judge_acc" in m for m in metrics)  # the evaluator's signals
     for episode in episodes:
@@ -270,10 +291,9 @@ def test_solver_judge_cookbook_trains_unchanged_and_learns(tmp_path, monkeypatch
         for trajectory in episode["trajectories"]:
             [step] = trajectory["steps"]
             assert len(step["logprobs"]) == len(step["response_ids"]) > 0
-    warm, trained = (AutoModelForCausalLM.from_pretrained(path) for path in (model, run / "final_model"))
-    before, after = (answer_logprob(m, [solver_prompt], "<answer>7</answer>") for m in (warm, trained))
+    before, after = trained["before"], trained["after"]
     assert after > before + 0.3, (before, after, [m["reward"] for m in metrics])
-    assert_weights_changed(model, run)
+    assert_weights_changed(trained["model"], run)
 
 
 # -- cookbooks/frozenlake -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from webapp.api.serializers import (
 from webapp.dashboard import series
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs import table
-from webapp.runs.access import can_in_project, get_run_for_user, projects_for
+from webapp.runs.access import can_in_project, get_run_for_user, projects_for, usable_entries
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.runs.models import Run
 from webapp.runs.submission import QuotaExceeded
@@ -32,6 +32,7 @@ from webapp.runs.submission import QuotaExceeded
 
 # Ids in paths are numbers: anything else is a 404 from the router, never a lookup.
 ID_PATTERN = r"[0-9]{1,18}"
+MAX_LISTED_NAMES = 30  # in a refusal that lists the valid names
 
 
 class ProjectViewSet(viewsets.ReadOnlyModelViewSet):
@@ -252,25 +253,60 @@ class QuotaFull(APIException):
 
 
 def _create_platform(user, data: dict) -> Run:
-    """Exactly the run form's validation (registry rows by name instead of id)."""
+    """Exactly the run form's validation (registry rows by name; an agent or a dataset also by id)."""
     form = RunForm({
         "name": data["name"], "project": data["project"] or "", "visibility": data["visibility"],
-        "agent": data["agent"], "dataset": data["dataset"], "reward": data["reward"], "backend": data["backend"],
+        "agent": _entry_pk(Agent, data["agent"], user, data["project"]),
+        "dataset": _entry_pk(Dataset, data["dataset"], user, data["project"]),
+        "reward": data["reward"], "backend": data["backend"],
         "model": data["model"], "overrides": overrides_text(data["overrides"]), "tags": ", ".join(data["tags"]),
         "notes": data["notes"],
     }, user=user)
-    for name in ("agent", "dataset", "reward", "backend"):
+    for name in ("reward", "backend"):  # names unique on the platform
         form.fields[name].to_field_name = "name"
-    for name in ("agent", "dataset"):  # a name means one entry among the run's project's and the shared ones
-        form.fields[name].queryset = form.fields[name].queryset.usable_in(data["project"])
     if not form.is_valid():
         if form.quota_full is not None:
             raise QuotaFull(form.quota_full)
-        raise ValidationError(form.errors)
+        errors = {field: list(messages) for field, messages in form.errors.items()}
+        for name in ("agent", "dataset", "reward", "backend"):
+            if str(form.fields[name].error_messages["invalid_choice"]) in form.errors.get(name, []):
+                errors[name] = [_no_such_choice(name, data[name], form.fields[name].queryset, data["project"])]
+        raise ValidationError(errors)
     try:
         return form.save(owner=user)
     except QuotaExceeded as exc:
         raise QuotaFull(str(exc)) from None
+
+
+def _entry_pk(model, value: str, user, project: int | None) -> str:
+    """The agent or dataset ``value`` names for a run in ``project``, as the form's choice (its id).
+
+    A name means the run's project's entry or the shared one of that name (names are unique among
+    those), else the one entry of that name in another project ``user`` may see (a viewer there uses
+    it in their own runs: ``access.usable_entries``); a number is an entry's id (``GET /api/datasets/``),
+    for a name that several such projects have. Anything else is left for the form to refuse."""
+    usable = usable_entries(user, model)
+    here = usable.usable_in(project).filter(name=value).first()
+    if here is not None:
+        return str(here.pk)
+    elsewhere = list(usable.filter(name=value).select_related("project")[:MAX_LISTED_NAMES])
+    if len(elsewhere) > 1:
+        ids = ", ".join(f"{row.pk} (project {row.project})" for row in elsewhere)
+        raise ValidationError({model._meta.model_name: [
+            f"Several {model._meta.verbose_name_plural} named {value!r} are in projects you can see: {ids}; give its id instead."]})
+    if elsewhere:
+        return str(elsewhere[0].pk)
+    return value  # not a name of an entry ``user`` may use: a number is judged as an id, the rest refused
+
+
+def _no_such_choice(name: str, value: str, choices, project: int | None) -> str:
+    """A name that is not among the rows the run may use, said with the names it may use (only
+    those this person may see: the field's choices)."""
+    rows = choices.filter(enabled=True) if name == "backend" else choices
+    names = list(rows.order_by("name").values_list("name", flat=True).distinct()[:MAX_LISTED_NAMES + 1])
+    listed = ", ".join(names[:MAX_LISTED_NAMES]) + (", ..." if len(names) > MAX_LISTED_NAMES else "")
+    where = " in this project" if project else ""
+    return f"No {name} named {value!r} among those you may use{where}; choose one of: {listed or 'none yet'}."
 
 
 def _create_external(user, data: dict) -> Run:
@@ -282,11 +318,16 @@ def _create_external(user, data: dict) -> Run:
     if data["visibility"] == Run.Visibility.TEAM and project is None:
         raise ValidationError({"visibility": "A run without a project has no team to share it with; choose a project."})
     rows = {}
-    for name, model in (("agent", Agent), ("dataset", Dataset), ("reward", RewardFunction)):
+    for name, model in (("agent", Agent), ("dataset", Dataset)):
         if data[name]:
-            rows[name] = model.objects.visible_to(user).filter(name=data[name]).first()
+            pk = _entry_pk(model, data[name], user, project.pk if project else None)
+            rows[name] = usable_entries(user, model).filter(pk=pk).first() if pk.isdigit() else None
             if rows[name] is None:
                 raise ValidationError({name: f"No {name} named {data[name]!r}."})
+    if data["reward"]:
+        rows["reward"] = usable_entries(user, RewardFunction).filter(name=data["reward"]).first()
+        if rows["reward"] is None:
+            raise ValidationError({"reward": f"No reward named {data['reward']!r}."})
     if data["backend"]:
         rows["backend"] = Backend.objects.filter(name=data["backend"]).first()
         if rows["backend"] is None:

@@ -105,6 +105,17 @@ def _canonical(scheme: str, plugin) -> str:
     return f"{scheme}://{auth}{plugin.host}{port}{quote(plugin.fullpath or '/', safe='/')}"
 
 
+CONSOLE_EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+EMAIL_PRINTED_NOTE = ("Email alerts are printed to the platform's console (the terminal running its server and "
+                      "worker, e.g. make run), not sent: EMAIL_BACKEND is Django's console backend, the embedded "
+                      "default. To send mail, an administrator sets EMAIL_BACKEND and EMAIL_HOST.")
+
+
+def emails_printed() -> bool:
+    """Whether an email alert only goes to the console (embedded mode's default), not to anyone's inbox."""
+    return settings.EMAIL_BACKEND == CONSOLE_EMAIL_BACKEND
+
+
 def target_label(target: str) -> str:
     """The target without its secret parts (webhook tokens, passwords, paths): shown on pages. A
     server's host is the one apprise posts to."""

@@ -124,6 +124,10 @@ class AlertRule(models.Model):
         self.target_sealed = seal(value)
         self.target_label = target_label(value)
 
+    @property
+    def is_email(self) -> bool:
+        return "://" not in self.target_label  # a webhook is always a URL (alerts.check_target)
+
     def describe_threshold(self) -> str:
         if not self.metric:
             return ""

@@ -13,6 +13,7 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from webapp.integrations.alerts import EMAIL_PRINTED_NOTE, emails_printed
 from webapp.integrations.forms import AlertRuleForm, TrackingTargetForm
 from webapp.integrations.models import AlertDelivery, AlertRule, TrackingTarget
 from webapp.runs.access import can_in_project
@@ -40,6 +41,7 @@ def project_integrations(request, pk: int, tracking_form=None, rule_form=None):
         "rule_form": rule_form or AlertRuleForm(),
         "rules": project.alert_rules.all(),
         "deliveries": AlertDelivery.objects.filter(rule__project=project).select_related("rule", "run")[:50],
+        "emails_printed": emails_printed(), "email_printed_note": EMAIL_PRINTED_NOTE,
     })
 
 
@@ -66,8 +68,8 @@ def add_project_rule(request, pk: int):
     form = AlertRuleForm(request.POST)
     if not form.is_valid():
         return project_integrations(request, pk, rule_form=form)
-    form.save(creator=request.user, project=project)
-    messages.success(request, "Alert added.")
+    rule = form.save(creator=request.user, project=project)
+    messages.success(request, "Alert added." + _printed_note(rule))
     return redirect("integrations:project", pk=pk)
 
 
@@ -75,13 +77,19 @@ def add_project_rule(request, pk: int):
 def my_alerts(request):
     form = AlertRuleForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        form.save(creator=request.user, user=request.user)
-        messages.success(request, "Alert added: it covers the runs you own.")
+        rule = form.save(creator=request.user, user=request.user)
+        messages.success(request, "Alert added: it covers the runs you own." + _printed_note(rule))
         return redirect("integrations:mine")
     return render(request, "integrations/my_alerts.html", {
         "rule_form": form, "rules": request.user.alert_rules.all(),
         "deliveries": AlertDelivery.objects.filter(rule__user=request.user).select_related("rule", "run")[:50],
+        "emails_printed": emails_printed(), "email_printed_note": EMAIL_PRINTED_NOTE,
     })
+
+
+def _printed_note(rule) -> str:
+    """Said when the rule just added emails someone who, in this mode, will get nothing."""
+    return f" {EMAIL_PRINTED_NOTE}" if emails_printed() and rule.is_email else ""
 
 
 @login_required

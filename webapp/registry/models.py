@@ -19,6 +19,8 @@ from django.db import models
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
+from training.secrets import reference
+from training.utils import leaves
 from webapp.runs.limits import check_limit_table
 
 # A Hugging Face hub id: "name" or "owner/name", letters, digits, '-', '_' and '.', never a path.
@@ -175,6 +177,12 @@ class Agent(ProjectEntry):
     @property
     def is_chat(self) -> bool:
         return bool(self.system_prompt or self.llm_config or (self.pk and self.tools.exists()))
+
+    def secret_names(self) -> set[str]:
+        """The secrets (``{"$secret": NAME}``) its arguments take, by name."""
+        values = (self.workflow_args, self.agent_args, self.env_args, self.llm_config)
+        return {name for value in values for item in leaves(value, whole=lambda v: reference(v) is not None)
+                if (name := reference(item)) is not None}
 
     def clean(self) -> None:
         check_default_config(self.default_config, "an agent's")

@@ -10,11 +10,18 @@ Every page, API endpoint and websocket asks ``can`` (or ``get_run_for_user``, wh
 - A ``team``-visible run in a project: the team's owners and admins may do everything, members may
   view it and run it again (clone), viewers may view it.
 - In a project, owners, admins and members may start runs; viewers may only look.
+- Registry entries (agents, datasets, rewards) a person may see, they may use in the runs they may
+  start: a viewer of project X who is a member of Y trains on X's dataset in Y (or in a personal
+  run), as a W&B artifact one may read can be used by one's own runs; they still start nothing in X.
+  Except an agent of another project that takes secrets (``{"$secret": ...}`` in its arguments):
+  it would hand that project's secrets to a run outside it, so only runs in its own project use it.
 """
 
 from __future__ import annotations
 
 from django.http import Http404
+
+from django.db.models import Q
 
 from webapp.runs.models import Run
 from webapp.teams.models import Membership, Project, ShareLink, role_in
@@ -89,3 +96,27 @@ def get_run_for_user(user, pk: int, action: str = "view", share_token: str | Non
     if not can(user, run, action, share_token):
         raise Http404("No such run.")
     return run
+
+
+def usable_entries(user, model):
+    """The registry entries of ``model`` (Agent, Dataset, RewardFunction) ``user`` may choose for a
+    run: the shared ones and those of every project ``user`` may view. Where the run may go is
+    ``projects_for(user, "run")``'s to say; ``entry_problem`` judges an entry against that project."""
+    if user is None or not user.is_authenticated:
+        return model.objects.none()
+    if user.is_superuser:
+        return model.objects.all()
+    return model.objects.filter(Q(project__isnull=True) | Q(project__in=projects_for(user, "view")))
+
+
+def entry_problem(user, entry, project: Project | None) -> str | None:
+    """Why ``user`` may not use registry ``entry`` in a run in ``project`` (None: they may)."""
+    if entry.project_id is None or (project is not None and entry.project_id == project.pk):
+        return None
+    if not usable_entries(user, type(entry)).filter(pk=entry.pk).exists():
+        return f"No such {entry._meta.verbose_name}."  # a stranger learns nothing of another project's entries
+    secrets = sorted(entry.secret_names()) if hasattr(entry, "secret_names") else []
+    if secrets:
+        return (f"{entry._meta.verbose_name.capitalize()} {entry.name!r} uses secrets of project {entry.project} "
+                f"({', '.join(secrets)}): only runs in that project may use it.")
+    return None

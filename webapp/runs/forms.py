@@ -208,10 +208,10 @@ class RunForm(forms.Form):
             self.fields[name].widget.attrs["placeholder"] = fields[key]["default"]
             self.fields[name].widget.attrs["data-key"] = key
         if user is not None:  # the registry entries and projects this user may use
-            from webapp.runs.access import projects_for
+            from webapp.runs.access import projects_for, usable_entries
 
             for name, model in (("agent", Agent), ("dataset", Dataset), ("reward", RewardFunction)):
-                self.fields[name].queryset = model.objects.visible_to(user)
+                self.fields[name].queryset = usable_entries(user, model)
             self.fields["project"].queryset = projects_for(user, "run")
         self.fields["model"].widget.choices = self._model_choices(user)
         self.fields["backend"].find_unusable()
@@ -305,6 +305,13 @@ class RunForm(forms.Form):
         cleaned = super().clean()
         if cleaned.get("visibility") == Run.Visibility.TEAM and not cleaned.get("project"):
             self.add_error("visibility", "A run without a project has no team to share it with; choose a project.")
+        if self.user is not None:  # another project's entry: one its secrets do not go with (access.entry_problem)
+            from webapp.runs.access import entry_problem
+
+            for name in ("agent", "dataset", "reward"):
+                problem = cleaned.get(name) and entry_problem(self.user, cleaned[name], cleaned.get("project"))
+                if problem:
+                    self.add_error(name, problem)
         self.quota_full = quota_problem(self.user, cleaned.get("project")) if self.user is not None else None
         if self.quota_full is not None:  # said before the run's check, which would cost a child process for nothing
             self.add_error(None, self.quota_full)

@@ -3,7 +3,8 @@
 Migrates, seeds the registry, creates a demo login, starts the web server (uvicorn, webapp/server.py), a Celery
 worker with one slot for runs and one for the playground (a worker of its own on the ``playground`` queue, so a
 question to a trained model is answered while a run trains), queues a demo run, prints the URL and login, and
-runs until Ctrl-C.
+runs until Ctrl-C. The address and the login are $PLATFORM_HOST, $PLATFORM_PORT, $PLATFORM_DEMO_USERNAME and
+$PLATFORM_DEMO_PASSWORD (settings), or these flags.
 
 Without REDIS_URL the worker and the web server talk through kombu's filesystem transport
 (messages are files under var/broker/), so no broker server is needed; with REDIS_URL set they
@@ -40,10 +41,12 @@ class Command(BaseCommand):
     help = "Run the whole platform (web server + worker) on this machine until Ctrl-C."
 
     def add_arguments(self, parser):
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--username", default="demo")
-        parser.add_argument("--password", default="demo")
+        parser.add_argument("--host", default=settings.PLATFORM_HOST, help="default: $PLATFORM_HOST, else 127.0.0.1")
+        parser.add_argument("--port", type=int, default=settings.PLATFORM_PORT, help="default: $PLATFORM_PORT, else 8000")
+        parser.add_argument("--username", default=settings.PLATFORM_DEMO_USERNAME,
+                            help="the administrator login to create: $PLATFORM_DEMO_USERNAME, else demo")
+        parser.add_argument("--password", default=settings.PLATFORM_DEMO_PASSWORD,
+                            help="its password (reset to this at each start): $PLATFORM_DEMO_PASSWORD, else demo")
         parser.add_argument("--queues", default=None, help="Queues the worker takes (default: cpu, plus gpu with a GPU).")
         parser.add_argument("--no-demo-run", action="store_true", help="Do not queue the demo run.")
         parser.add_argument("--no-worker", action="store_true", help="Start no worker (start your own).")
@@ -58,6 +61,8 @@ class Command(BaseCommand):
         call_command("seed_registry", enable_gpu_backends=self._gpu_count() > 0)
         user = self._demo_user(options["username"], options["password"])
 
+        url = f"http://{options['host']}:{options['port']}/"
+        os.environ.setdefault("PLATFORM_URL", url)  # the web server's and worker's links (alerts) point here
         children: list[subprocess.Popen] = []
         signal.signal(signal.SIGTERM, _interrupt)  # docker stop / kill: shut down like Ctrl-C
         try:
@@ -68,7 +73,6 @@ class Command(BaseCommand):
                 children.append(self._start_worker(options["queues"]))
             children.append(self._start_web(options["host"], options["port"]))
             demo = None if options["no_demo_run"] else self._queue_demo_run(user)
-            url = f"http://{options['host']}:{options['port']}/"
             broker = "Redis" if settings.REDIS_URL else f"files under {settings.BROKER_DIR}"
             watch = f"  demo run (multi-turn FrozenLake, reward climbs in a minute or two): {url.rstrip('/')}{demo.get_absolute_url()}\n" if demo else ""
             self.stdout.write(self.style.SUCCESS(
