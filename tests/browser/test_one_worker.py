@@ -17,9 +17,9 @@ TINY = {"data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2, "data.max_
 
 
 class Api:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, login: tuple[str, str]) -> None:
         self.url = url
-        token = requests.post(f"{url}/api/token/", json={"username": "demo", "password": "demo"}, timeout=30).json()["token"]
+        token = requests.post(f"{url}/api/token/", json={"username": login[0], "password": login[1]}, timeout=30).json()["token"]
         self.headers = {"Authorization": f"Token {token}"}
 
     def create(self, name: str, steps: int) -> dict:
@@ -47,7 +47,7 @@ def test_the_playground_answers_while_a_run_trains_and_a_queued_run_says_what_it
     page = browser.new_page()
     page.set_default_timeout(60_000)
     try:
-        api = Api(url)
+        api = Api(url, embedded_platform["login"])
         trained = api.create("trained", steps=2)
         api.wait(trained["id"], lambda r: r["status"] == "succeeded", "succeeded")
         long = api.create("long", steps=5000)
@@ -101,7 +101,7 @@ def test_without_its_own_worker_a_question_says_which_run_it_waits_behind(embedd
     page = browser.new_page()
     page.set_default_timeout(60_000)
     try:
-        api = Api(url)
+        api = Api(url, embedded_platform["login"])
         trained = api.create("trained", steps=2)
         api.wait(trained["id"], lambda r: r["status"] == "succeeded", "succeeded")
         long = api.create("long", steps=5000)
