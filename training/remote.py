@@ -227,6 +227,7 @@ class RemoteSink:
         self._send_lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False
+        self._outcome: tuple[str, str] | None = None
         self._since_heartbeat = 0.0
         self._thread = threading.Thread(target=self._loop, name="remote-sink", daemon=True)
         self._handler = _LineHandler(self) if capture_logger else None
@@ -270,8 +271,16 @@ class RemoteSink:
             self._lines.append({"level": level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "INFO",
                                 "message": message.replace("\x00", "")})
 
-    def close(self, status: str = "succeeded", error: str = "") -> None:
-        """Send what is buffered and record the run's end (``cancelled`` if it was cancelled meanwhile)."""
+    def log_outcome(self, status: str, error: str = "") -> None:
+        """How the run ended, when it raised: the backend tells its sinks before closing them
+        (``MultiSink.__exit__``), and ``close`` then records this instead of ``succeeded``."""
+        self._outcome = (status, error)
+
+    def close(self, status: str | None = None, error: str = "") -> None:
+        """Send what is buffered and record the run's end: ``status`` when given, else what
+        ``log_outcome`` said, else ``succeeded`` (``cancelled`` if it was cancelled meanwhile)."""
+        if status is None:
+            status, error = self._outcome or ("succeeded", error)
         if self._closed:
             return
         self._closed = True

@@ -27,7 +27,11 @@ class MetricSink(Protocol):
         """Sample episodes of that step, each an ``Episode.to_dict()``."""
 
     def close(self) -> None:
-        """The run is over; flush what is buffered."""
+        """The run is over; flush what is buffered.
+
+        A sink that records how a run ended (``RemoteSink``) may also define
+        ``log_outcome(status, error)``: it is called just before ``close`` when the run raised
+        (``failed``, or ``cancelled`` for Ctrl-C), so ``close`` never reports a failed run as done."""
 
 
 class ConsoleSink:
@@ -105,6 +109,16 @@ class MultiSink:
         """A checkpoint of ``step`` is saved whole at ``path``. Optional for a sink: those that keep
         files (``training.artifacts.CheckpointUploadSink``) define it."""
         self._each("log_checkpoint", step, path, optional=True)
+
+    def __enter__(self) -> "MultiSink":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Closes every sink; when the run raised, first tells those that record an outcome."""
+        if exc is not None:
+            status = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"
+            self._each("log_outcome", status, f"{exc_type.__name__}: {exc}", optional=True)
+        self.close()
 
     def close(self) -> None:
         for source in self.sources:

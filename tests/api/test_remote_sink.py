@@ -43,6 +43,41 @@ def test_a_training_run_started_outside_reports_live(live_server, owner, token_o
     assert {e["type"] for rid, e in published if rid == run.pk} >= {"run.metrics", "run.logs", "run.status"}
 
 
+def picky(task, response):
+    """Passes the trainer's construction probe (row 0) and raises on row 1, in step 1."""
+    if task["prompt"] == "y=":
+        raise KeyError("answer")
+    return 0.0
+
+
+@pytest.mark.parametrize("with_block", [True, False], ids=["with", "close"])
+def test_a_run_that_fails_outside_reads_failed_with_its_cause(live_server, owner, token_of, tmp_path, with_block):
+    """The trainer closes its sinks before its error reaches the caller: the sink is told the run
+    failed first, so the platform never reads 'succeeded' for it, however the sink is used."""
+    from training.outcomes import RewardFailed
+    from training.trainer import AgentTrainer
+
+    sink = RemoteSink(live_server.url, token_of(owner), flush_seconds=0.2, capture_logger=None)
+    trainer = AgentTrainer(train_dataset=[{"prompt": "x="}, {"prompt": "y="}], reward_func=picky, backend="trl",
+                           run_path=str(tmp_path), sinks=[sink],
+                           config={"trainer.total_training_steps": 2, "data.train_batch_size": 2,
+                                   "actor_rollout_ref.rollout.n": 2, "data.max_response_length": 2,
+                                   "actor_rollout_ref.model.path": "tiny-char", "trainer.logger": [], "trainer.cpu_threads": 1})
+    with pytest.raises(RewardFailed):
+        if with_block:
+            with sink:
+                trainer.train()
+        else:
+            sink.start()
+            try:
+                trainer.train()
+            finally:
+                sink.close()  # as the module's docstring shows: no status given
+    run = Run.objects.get(pk=sink.run_id)
+    assert run.status == "failed", run.status
+    assert run.error.startswith("RewardFailed: reward function picky raised KeyError: 'answer' on row 1"), run.error
+
+
 def test_cancel_on_the_platform_stops_the_remote_run(live_server, owner, token_of):
     sink = RemoteSink(live_server.url, token_of(owner), flush_seconds=0.1, heartbeat_seconds=0.1, capture_logger=None)
     sink.log_metrics(1, {"reward": 0.5, "bad": float("nan")})
@@ -98,7 +133,7 @@ def test_cli_create_list_follow_cancel(live_server, owner, token_of, registry, m
     out = io.StringIO()
     assert cli([*auth, "follow", str(sink.run_id), "--interval", "0.1"], out=out) == 0
     text = out.getvalue()
-    assert "first line" in text and "step 1 reward=0.25" in text and f"run {sink.run_id} succeeded" in text
+    assert "first line" in text and "step 1 reward=0.25" in text and f"run {sink.run_id}: training finished: 1 step, status succeeded" in text
 
 
 def test_cli_reports_the_platforms_validation_errors(live_server, owner, token_of, registry, capsys):

@@ -313,11 +313,8 @@ class RemoteProcessor(BuiltinProcessor):
 
     def train(self) -> TrainResult:
         self.attach_default_sinks()
-        try:
-            with _terminate_as_exception():
-                return RemoteTrainingLoop(self).run()
-        finally:
-            self.sinks.close()
+        with self.sinks, _terminate_as_exception():
+            return RemoteTrainingLoop(self).run()
 
 
 class Terminated(BaseException):

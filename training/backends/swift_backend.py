@@ -177,10 +177,8 @@ class SwiftProcessor(BuiltinProcessor):
     # -- training --------------------------------------------------------------------------
     def train(self) -> TrainResult:
         self.attach_default_sinks()
-        try:
+        with self.sinks:
             return self._train()
-        finally:
-            self.sinks.close()
 
     def _train(self) -> TrainResult:
         job = self.write_job()

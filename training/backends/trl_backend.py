@@ -101,10 +101,8 @@ class TRLProcessor(BuiltinProcessor):
         model, tokenizer, _ = load_policy(config, self.run_path)
         self.attach_default_sinks()
         run = _TRLRun(self, model, tokenizer)
-        try:
+        with self.sinks:
             return run.train()
-        finally:
-            self.sinks.close()
 
     def checkpoint_dir(self) -> Path:
         configured = self.config.trainer.default_local_dir

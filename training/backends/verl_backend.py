@@ -752,18 +752,18 @@ class VerlProcessor(BuiltinProcessor):
         bridge = VerlMetricsBridge(
             self.sinks, metrics_path, verl.trainer.rollout_data_dir, on_poll=honour_stop, outcomes=outcomes
         )
-        bridge.start()
-        try:
-            run_ppo(OmegaConf.create(OmegaConf.to_container(verl)), task_runner_class=runner)
-        except Exception:
-            if not stopped.is_set():
-                raise
-        finally:
-            bridge.stop()
-            self.sinks.close()
-        if bridge.failure is not None:
-            raise bridge.failure
-        outcomes.check_finished(bridge.last_step, stopped.is_set())
+        with self.sinks:  # closed once the run is judged, so a sink that records the outcome has it
+            bridge.start()
+            try:
+                run_ppo(OmegaConf.create(OmegaConf.to_container(verl)), task_runner_class=runner)
+            except Exception:
+                if not stopped.is_set():
+                    raise
+            finally:
+                bridge.stop()
+            if bridge.failure is not None:
+                raise bridge.failure
+            outcomes.check_finished(bridge.last_step, stopped.is_set())
         return TrainResult(
             run_path=self.run_path,
             steps=bridge.last_step,
