@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from webapp.batching import BackgroundFlusher
 from webapp.dashboard.live import publish_logs
-from webapp.runs.models import RunLog
+from webapp.runs.models import RunLog, lock_for_attempt
 
 
 class RunRecorder(BackgroundFlusher):
@@ -31,9 +32,10 @@ class RunRecorder(BackgroundFlusher):
     spool_kind = "records"
 
     def __init__(self, run_id: int, flush_seconds: float = 1.0, max_log_lines: int | None = None,
-                 spool_dir: str | Path | None = None) -> None:
+                 spool_dir: str | Path | None = None, attempt: int | None = None) -> None:
         super().__init__(f"run-{run_id}-recorder", flush_seconds, spool_dir)
         self.run_id = run_id
+        self.attempt = attempt  # the fencing token: lines of an attempt that no longer holds the run are refused
         self.max_log_lines = max_log_lines or settings.RUN_LOG_MAX_LINES
         self._logs: list[RunLog] = []
         self._log_count = RunLog.objects.filter(run_id=run_id).count()
@@ -78,8 +80,10 @@ class RunRecorder(BackgroundFlusher):
     def write(self, batch) -> None:
         logs = batch
         if logs:
-            # A line already stored (a spooled batch written again) is left as it is.
-            RunLog.objects.bulk_create(logs, update_conflicts=True, unique_fields=["uid"], update_fields=["uid"])
+            with transaction.atomic():
+                lock_for_attempt(self.run_id, self.attempt)
+                # A line already stored (a spooled batch written again) is left as it is.
+                RunLog.objects.bulk_create(logs, update_conflicts=True, unique_fields=["uid"], update_fields=["uid"])
             publish_logs(self.run_id, [
                 {"id": line.pk, "time": line.time.isoformat(), "level": line.level, "message": line.message} for line in logs
             ])
