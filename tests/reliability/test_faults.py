@@ -209,3 +209,25 @@ def test_an_attempt_frozen_past_its_takeover_changes_nothing_of_the_finished_run
     time.sleep(3)  # anything still in flight from it
     assert finished_run_state(run) == before
     assert lost_and_doubled(run.pk, STEPS) == (0, 0)
+
+
+def test_postgres_away_while_a_run_starts_delays_it_and_it_then_succeeds(queue, env, workers, slow_run):
+    db = connection.settings_dict
+    proxy = TcpProxy(db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))
+    through_proxy = database_url({**db, "HOST": "127.0.0.1", "PORT": str(proxy.port)})
+    # No warm process: the training process imports its libraries for seconds after the claim, so
+    # its first query (loading the run) certainly falls in the outage.
+    worker = workers(queue, "a", {**env, "DATABASE_URL": through_proxy, "RUN_WARM_PROCESS": "0"})
+    try:
+        run = slow_run(steps=4)
+        wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.RUNNING, RUN_TIMEOUT, "the claim", (worker,), poll=0.05)
+        proxy.cut()
+        time.sleep(15)
+        assert Run.objects.get(pk=run.pk).steps == 0  # it waited for the database
+        proxy.restore()
+        run = finished(run, worker)
+        assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
+        assert run.lost_attempts == 0 and run.steps == 4
+        assert lost_and_doubled(run.pk, 4) == (0, 0)
+    finally:
+        proxy.close()
