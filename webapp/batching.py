@@ -46,19 +46,31 @@ class Spool:
         self._path: Path | None = None
         self._count = 0
         self._created: list[Path] = []
+        # Why the last record was refused: the size limit, or the disk (ENOSPC) named by its error.
+        self.refused_because = ""
 
     def append(self, record: Any) -> bool:
         """Write one record through to the operating system (it survives the process being killed).
         False when the spool is full: the record is not kept."""
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         if self._bytes + len(line) > self.max_bytes:
+            self.refused_because = f"more waited to be stored than {self.max_bytes // (1024 * 1024)} MB of spool on disk hold"
             return False
-        if self._file is None:
-            self._count += 1
-            self._path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}.jsonl"
-            self._file = open(self._path, "ab", buffering=0)
-            self._created.append(self._path)
-        self._file.write(line)
+        try:
+            if self._file is None:
+                self._count += 1
+                self._path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}.jsonl"
+                self._file = open(self._path, "ab", buffering=0)
+                self._created.append(self._path)
+            start = self._file.tell()
+            try:
+                self._file.write(line)
+            except OSError:
+                self._file.truncate(start)  # no torn line for the next record to be appended to
+                raise
+        except OSError as exc:  # a full disk (ENOSPC) or a failing one: the record is dropped and counted, training goes on
+            self.refused_because = f"the spool's disk refused it ({exc.strerror or exc})"
+            return False
         self._bytes += len(line)
         return True
 
@@ -150,6 +162,10 @@ class BackgroundFlusher:
         """Put a batch that could not be written back in front of what arrived since (under ``_lock``)."""
         raise NotImplementedError
 
+    def keep_unspooled(self, batch: Any) -> None:
+        """After a failed write of a batch whose records wait in the spool: keep what the spool does
+        not hold (a drop count) for the next batch (under ``_lock``)."""
+
     def batch_from_records(self, records: list[Any]) -> Any:
         """The batch a spooled segment's records stand for (only with a spool)."""
         raise NotImplementedError
@@ -186,9 +202,11 @@ class BackgroundFlusher:
                 self.on_superseded()
             raise
         except BaseException:
-            if segment is None:
-                with self._lock:
+            with self._lock:
+                if segment is None:
                     self.restore(batch)
+                else:
+                    self.keep_unspooled(batch)
             raise
         if segment is not None:
             self._waiting.remove(segment)

@@ -111,6 +111,9 @@ class DashboardSink(BackgroundFlusher):
         self._episodes = episodes + self._episodes
         self._dropped_unreported += dropped
 
+    def keep_unspooled(self, batch) -> None:
+        self._dropped_unreported += batch[3]  # the drop notice is in no segment: made again with the next batch
+
     def batch_from_records(self, records: list) -> tuple:
         steps, episodes = [], []
         for record in records:
@@ -137,13 +140,18 @@ class DashboardSink(BackgroundFlusher):
         if dropped:
             RunLog.objects.create(run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
                 f"{dropped} metric point(s) were dropped ({self.dropped} in all, through step {self._last_step}): "
-                f"more waited to be stored than the buffer holds ({self.max_points} points in memory, "
-                f"{settings.RUN_SPOOL_MAX_MB} MB on disk): the database was unreachable or too slow."))
+                f"{self._why_dropped()}."))
         if episodes:
             EpisodeSample.objects.bulk_create(
                 episodes, update_conflicts=True, unique_fields=["run", "step", "position"],
                 update_fields=["reward", "num_turns", "termination_reason", "data"],
             )
+
+    def _why_dropped(self) -> str:
+        if self.spool is not None and self.spool.refused_because.startswith("the spool's disk"):
+            return self.spool.refused_because
+        return (f"more waited to be stored than the buffer holds ({self.max_points} points in memory, "
+                f"{settings.RUN_SPOOL_MAX_MB} MB on disk): the database was unreachable or too slow")
 
     def close(self) -> None:
         super().close()

@@ -40,6 +40,7 @@ class RunRecorder(BackgroundFlusher):
         self._logs: list[RunLog] = []
         self._log_count = RunLog.objects.filter(run_id=run_id).count()
         self._dropped = 0
+        self._dropped_taken = 0  # in the batch being written: counted again should it fail
 
     # -- producers (any thread) --------------------------------------------------------------
     def add_log(self, level: str, message: str) -> None:
@@ -61,13 +62,17 @@ class RunRecorder(BackgroundFlusher):
     # -- the writer ---------------------------------------------------------------------------
     def take(self):
         logs, self._logs = self._logs, []
-        if self._dropped:
-            dropped, self._dropped = self._dropped, 0
-            # Not spooled (the spool is what is full): written with this batch or, failing that, lost.
-            logs.append(RunLog(uid=uuid.uuid4(), run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
-                f"{dropped} log line(s) were dropped: the database was unreachable for longer than "
-                f"{settings.RUN_SPOOL_MAX_MB} MB of spool on disk lasts.")))
+        self._dropped_taken, self._dropped = self._dropped, 0
+        if self._dropped_taken:
+            # Not spooled (the spool is what refused them): written with this batch, else made again with the next.
+            why = (self.spool.refused_because if self.spool is not None and self.spool.refused_because.startswith("the spool's disk")
+                   else f"the database was unreachable for longer than {settings.RUN_SPOOL_MAX_MB} MB of spool on disk lasts")
+            logs.append(RunLog(uid=uuid.uuid4(), run_id=self.run_id, level="ERROR", time=timezone.now(),
+                               message=f"{self._dropped_taken} log line(s) were dropped: {why}."))
         return logs
+
+    def keep_unspooled(self, batch) -> None:
+        self._dropped += self._dropped_taken
 
     def batch_from_records(self, records: list) -> list:
         # Metric points in segments left by older versions are in the dashboard's spool too.
