@@ -12,6 +12,11 @@ from training.sinks import MetricSink, MultiSink
 from training.utils import import_object
 
 
+class RunSuperseded(RuntimeError):
+    """Another process owns the run now (``AgentTrainer(may_write=...)`` said so): this one writes
+    nothing more of it."""
+
+
 class TrainerProcessor(ABC):
     """A training backend. ``AgentTrainer`` calls, in this order: ``check_agent``,
     ``check_dataset``, ``check_reward``, ``check_config``, then ``mark_initialized`` and ``train``.
@@ -33,6 +38,7 @@ class TrainerProcessor(ABC):
         self._initialized = False
         self._stop = threading.Event()
         self._stop_checks: list[Callable[[], bool]] = []
+        self._write_checks: list[Callable[[], bool]] = []
 
     @abstractmethod
     def train(self) -> Any:
@@ -88,6 +94,18 @@ class TrainerProcessor(ABC):
     def add_stop_check(self, check: Callable[[], bool]) -> None:
         """A callable polled once per step; training stops when it returns True."""
         self._stop_checks.append(check)
+
+    def add_write_check(self, check: Callable[[], bool]) -> None:
+        """A callable asked before each file of the run is written (a checkpoint, the final model):
+        False when another process owns the run now (a platform's later attempt of it)."""
+        self._write_checks.append(check)
+
+    def check_may_write(self, what: str) -> None:
+        """Before writing ``what`` into the run's folder: raise ``RunSuperseded`` (and stop training)
+        when a write check says this process may not write any more."""
+        if not all(check() for check in self._write_checks):
+            self._stop.set()
+            raise RunSuperseded(f"Not writing {what}: another process owns this run now.")
 
     @classmethod
     def environment_status(cls, config: Any = None) -> dict[str, str | None]:

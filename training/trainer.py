@@ -77,6 +77,7 @@ class AgentTrainer:
         train_engine_name: str | None = None,
         sinks: list[MetricSink] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        may_write: Callable[[], bool] | None = None,
     ) -> None:
         rllm_agent = any(
             v is not None for v in (workflow_class, agent_class, env_class, agent_run_func, agent_flow, evaluator)
@@ -117,6 +118,8 @@ class AgentTrainer:
             self.train_processor.add_sink(sink)
         if should_stop is not None:
             self.train_processor.add_stop_check(should_stop)
+        if may_write is not None:  # a platform's fencing token: asked before every checkpoint and final model
+            self.train_processor.add_write_check(may_write)
 
         self._check_inputs()
         self.final_config = self.train_processor.check_config(self.config)

@@ -20,10 +20,12 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from django.conf import settings
 from django.db import close_old_connections, connection
+
+from webapp.runs.models import AttemptSuperseded
 
 logger = logging.getLogger(__name__)
 
@@ -43,18 +45,32 @@ class Spool:
         self._file = None
         self._path: Path | None = None
         self._count = 0
+        self._created: list[Path] = []
+        # Why the last record was refused: the size limit, or the disk (ENOSPC) named by its error.
+        self.refused_because = ""
 
     def append(self, record: Any) -> bool:
         """Write one record through to the operating system (it survives the process being killed).
         False when the spool is full: the record is not kept."""
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         if self._bytes + len(line) > self.max_bytes:
+            self.refused_because = f"more waited to be stored than {self.max_bytes // (1024 * 1024)} MB of spool on disk hold"
             return False
-        if self._file is None:
-            self._count += 1
-            self._path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}.jsonl"
-            self._file = open(self._path, "ab", buffering=0)
-        self._file.write(line)
+        try:
+            if self._file is None:
+                self._count += 1
+                self._path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}.jsonl"
+                self._file = open(self._path, "ab", buffering=0)
+                self._created.append(self._path)
+            start = self._file.tell()
+            try:
+                self._file.write(line)
+            except OSError:
+                self._file.truncate(start)  # no torn line for the next record to be appended to
+                raise
+        except OSError as exc:  # a full disk (ENOSPC) or a failing one: the record is dropped and counted, training goes on
+            self.refused_because = f"the spool's disk refused it ({exc.strerror or exc})"
+            return False
         self._bytes += len(line)
         return True
 
@@ -65,6 +81,15 @@ class Spool:
         self._file.close()
         path, self._file, self._path = self._path, None, None
         return path
+
+    def abandon(self) -> None:
+        """Delete every segment this spool wrote: its process's attempt no longer holds the run, and
+        a later attempt resuming in this folder must not store what it reported."""
+        if self._file is not None:
+            self._file.close()
+            self._file = self._path = None
+        for path in self._created:
+            path.unlink(missing_ok=True)
 
     def discard(self, path: Path) -> None:
         self._bytes -= _size(path)
@@ -107,6 +132,10 @@ class BackgroundFlusher:
 
     def __init__(self, name: str, flush_seconds: float, spool_dir: str | Path | None = None) -> None:
         self.flush_seconds = flush_seconds
+        # Set once a write was refused because the attempt no longer holds its run: nothing more is
+        # written or kept, and ``on_superseded`` (if set) stops the attempt.
+        self.superseded = False
+        self.on_superseded: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._flush_loop, name=name, daemon=True)
@@ -133,6 +162,10 @@ class BackgroundFlusher:
         """Put a batch that could not be written back in front of what arrived since (under ``_lock``)."""
         raise NotImplementedError
 
+    def keep_unspooled(self, batch: Any) -> None:
+        """After a failed write of a batch whose records wait in the spool: keep what the spool does
+        not hold (a drop count) for the next batch (under ``_lock``)."""
+
     def batch_from_records(self, records: list[Any]) -> Any:
         """The batch a spooled segment's records stand for (only with a spool)."""
         raise NotImplementedError
@@ -140,12 +173,16 @@ class BackgroundFlusher:
     def spooled(self, record: Any) -> bool:
         """Append ``record`` to the spool (call under ``_lock``). False when the spool is full and
         the report must be dropped; True, and nothing done, without a spool."""
+        if self.superseded:
+            return False
         return self.spool.append(record) if self.spool is not None else True
 
     # -- the writer ------------------------------------------------------------------------------
     def flush(self) -> Any:
         """Write what is buffered, after what waits in the spool. On failure the batch is kept for
         the next try (on disk with a spool, else in memory) and the error raised."""
+        if self.superseded:
+            return None
         with self._lock:
             batch = self.take()
             segment = self.spool.seal() if self.spool is not None else None
@@ -158,10 +195,18 @@ class BackgroundFlusher:
                 self._waiting.pop(0)
                 self.spool.discard(path)
             result = self.write(batch)
+        except AttemptSuperseded:
+            logger.error("%s: a write was refused: this attempt no longer holds the run.", self._thread.name)
+            self.abandon()
+            if self.on_superseded is not None:
+                self.on_superseded()
+            raise
         except BaseException:
-            if segment is None:
-                with self._lock:
+            with self._lock:
+                if segment is None:
                     self.restore(batch)
+                else:
+                    self.keep_unspooled(batch)
             raise
         if segment is not None:
             self._waiting.remove(segment)
@@ -171,6 +216,15 @@ class BackgroundFlusher:
                            self._thread.name, time.monotonic() - self._failing_since)
             self._failing_since = None
         return result
+
+    def abandon(self) -> None:
+        """Write nothing more, and delete what this writer spooled: its attempt no longer holds the run."""
+        with self._lock:
+            self.superseded = True
+            self.take()
+            if self.spool is not None:
+                self.spool.abandon()
+        self._waiting = []
 
     def close(self) -> None:
         """Stop the thread and write what is left (from the calling thread), retrying for up to
@@ -183,6 +237,8 @@ class BackgroundFlusher:
         while True:
             try:
                 self.flush()
+                return
+            except AttemptSuperseded:
                 return
             except Exception as exc:
                 if time.monotonic() > deadline:
@@ -203,6 +259,8 @@ class BackgroundFlusher:
             while not self._stop.wait(self.flush_seconds):
                 try:
                     self.flush()
+                except AttemptSuperseded:
+                    return
                 except Exception as exc:
                     self._note_failure(exc)
                     close_old_connections()

@@ -18,7 +18,7 @@ def main() -> int:
 
     django.setup()
     from webapp.runs.models import Run
-    from workers.execute import EXIT_REQUEUED, train_run
+    from workers.execute import EXIT_REQUEUED, kill_this_attempt, train_run
 
     if sys.argv[1] == "--wait":
         import training.trainer  # noqa: F401 (what takes a new training process seconds: torch, transformers, TRL)
@@ -37,7 +37,7 @@ def main() -> int:
         os.close(fd)
     else:
         run_id = int(sys.argv[1])
-    return EXIT_REQUEUED if train_run(run_id) == Run.Status.QUEUED else 0
+    return EXIT_REQUEUED if train_run(run_id, on_lost=kill_this_attempt) == Run.Status.QUEUED else 0
 
 
 if __name__ == "__main__":

@@ -29,13 +29,15 @@ from typing import Callable, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from training.artifacts import ArtifactStoreError, CheckpointUploadSink
+from training.processor import RunSuperseded
 from webapp.dashboard.recording import DashboardSink
 from webapp.integrations.tracking import prepare_run
 from webapp.registry.models import Backend
-from webapp.runs.models import Run, RunLog
+from webapp.runs.models import AttemptSuperseded, Run, RunLog, lock_for_attempt
 from webapp.runs.trainer_args import check_spec, load_training_plugins, private_values, redact, run_trainer_kwargs
 from webapp.runs.recording import DatabaseSink, RunLogHandler, RunRecorder
 from webapp.runs import artifacts
@@ -55,14 +57,18 @@ EXIT_REQUEUED = 75
 T = TypeVar("T")
 
 
-def claim(run_id: int, worker_name: str) -> str | Run:
+def claim(run_id: int, worker_name: str, retried: bool = False) -> str | Run:
     """Claim a queued run, respecting its backend's ``max_concurrent_runs``.
 
     Returns the claimed Run, SKIPPED (not queued any more: cancelled, or another worker has it)
     or BUSY (the backend is at its limit: the dispatcher sends it again in BUSY_RETRY_SECONDS).
+    ``retried``: an earlier try failed with the database unreachable, perhaps after its claim went
+    through; a run running for this worker is then this claim's.
     """
     with transaction.atomic():
         run = Run.objects.select_related("backend").filter(pk=run_id).first()
+        if retried and run is not None and run.status == Run.Status.RUNNING and run.worker == worker_name:
+            return _with_folder(run)
         if run is None or run.status != Run.Status.QUEUED:
             return SKIPPED
         # Lock the backend row so two workers cannot both take its last free slot.
@@ -73,6 +79,10 @@ def claim(run_id: int, worker_name: str) -> str | Run:
             return BUSY
         if not run.claim(worker_name):
             return SKIPPED
+    return _with_folder(run)
+
+
+def _with_folder(run: Run) -> Run:
     # A resumed attempt gets the folder (and checkpoints) of the first; with a shared artifact store,
     # a scratch folder on this worker, filled from the store.
     run.run_path = str(artifacts.scratch_folder(run))
@@ -83,7 +93,15 @@ def claim(run_id: int, worker_name: str) -> str | Run:
 def execute_run(run_id: int, worker_name: str) -> str:
     """Claim run ``run_id`` and see this attempt through. Returns the status the run has after it
     (final, or queued when it was re-queued), SKIPPED or BUSY."""
-    claimed = claim(run_id, worker_name)
+    tries = 0
+
+    def claiming() -> str | Run:
+        nonlocal tries
+        tries += 1
+        return claim(run_id, worker_name, retried=tries > 1)
+
+    # A database away at the claim delays the run; it neither fails it nor costs it a lost attempt.
+    claimed = _with_database(claiming, "claim the run")
     if not isinstance(claimed, Run):
         return claimed
     run = claimed
@@ -96,7 +114,7 @@ def execute_run(run_id: int, worker_name: str) -> str:
         env = _child_env(run)
         process = _take_spare(env)
         how = "the training process started ahead takes it" if process else "starting the training process"
-        _log(run, "INFO", f"Claimed by {worker_name}{resuming}; {how}.")
+        _with_database(lambda: _log(run, "INFO", f"Claimed by {worker_name}{resuming}; {how}."), "log the claim")
         if process is not None and not _hand_over(process, run.pk, output_path):
             process = None
         if process is None:
@@ -196,8 +214,9 @@ def _supervise(run: Run, process: subprocess.Popen, output_path: Path) -> str:
         try:
             if now - last_beat >= settings.RUN_HEARTBEAT_SECONDS:
                 if not run.heartbeat() and _given_up(run):
-                    logger.warning("Run %s: attempt %s was given up on; stopping its training process.", run.pk, run.attempts)
-                    _terminate_group(process)
+                    # Not SIGTERM: that asks for a checkpoint, and this attempt may write nothing more.
+                    logger.warning("Run %s: attempt %s was given up on; killing its training process.", run.pk, run.attempts)
+                    _kill_group(process)
                     return Run.objects.get(pk=run.pk).status
                 last_beat = now
             if cancel_seen_at is None and run.cancel_requested():
@@ -275,6 +294,14 @@ def _with_database(action: Callable[[], T], what: str) -> T:
             close_old_connections()
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    process.wait()
 
 
 def _terminate_group(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:
@@ -363,8 +390,9 @@ class _StopCheck:
     is no reason to stop.
     """
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, fence: "_Fence") -> None:
         self.run = run
+        self.fence = fence
         self._last = 0.0
         self._parent = os.getppid()
         self.cancelled = False
@@ -382,34 +410,113 @@ class _StopCheck:
             if os.getppid() != self._parent:
                 self.pause("the supervising worker process is gone.")
             try:
-                self.cancelled = self.run.cancel_requested()
+                row = Run.objects.filter(pk=self.run.pk).values_list("cancel_requested_at", "status", "attempts").first()
             except DatabaseError:
                 close_old_connections()
-        return self.cancelled or bool(self.pause_reason)
+            else:
+                self.cancelled = row is not None and row[0] is not None
+                if row is None or row[1] != Run.Status.RUNNING or row[2] != self.fence.attempt:
+                    self.fence.superseded()
+        return self.cancelled or bool(self.pause_reason) or self.fence.lost
 
 
-def train_run(run_id: int) -> str:
+class _Fence:
+    """The attempt's fencing token in its training process: the attempt number.
+
+    Every write of the run carries it. The metric store and the log writer check it under a lock
+    on the run's row in the write's own transaction (``lock_for_attempt``); status changes check it
+    in their filtered update; the files the library writes (checkpoints, the final model) ask
+    ``may_write`` first. Once the run is found held by another attempt (or ended), the attempt
+    stops: ``on_lost`` runs (the training process kills its own process group), so a process paused
+    past its takeover writes nothing more when it wakes.
+    """
+
+    def __init__(self, run: Run, on_lost: Callable[[], None] | None = None) -> None:
+        self.run_id, self.attempt = run.pk, run.attempts
+        self.on_lost = on_lost
+        self.writers: list = []  # the attempt's report writers: their spooled reports are deleted when it is lost
+        self.lost = False
+        self._renewed = time.monotonic()
+
+    def may_write(self) -> bool:
+        """Before a file of the run is written: whether this attempt still holds the run. Asking
+        renews the run's heartbeat, a lease: no other attempt can take the run over within
+        RUN_STALE_SECONDS of it. With the database away, a recent lease answers; past half the
+        stale window the write waits for the database (a cut-off worker cannot know whether the
+        run was taken over meanwhile)."""
+        if self.lost:
+            return False
+        deadline = time.monotonic() + settings.RUN_DATABASE_RETRY_SECONDS
+        delay = 0.5
+        while True:
+            asked = time.monotonic()
+            try:
+                held = Run.objects.filter(pk=self.run_id, attempts=self.attempt, status=Run.Status.RUNNING).update(
+                    heartbeat_at=Now()) == 1
+                break
+            except DatabaseError:
+                close_old_connections()
+                if asked - self._renewed < settings.RUN_STALE_SECONDS / 2:
+                    return True
+                if asked > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        if held:
+            self._renewed = asked
+            return True
+        self.superseded()
+        return False
+
+    def superseded(self) -> None:
+        """Another attempt holds the run (or it ended): stop writing, and stop."""
+        if self.lost:
+            return
+        self.lost = True
+        logger.error("Run %s: attempt %s no longer holds the run; it writes nothing more and stops.", self.run_id, self.attempt)
+        for writer in self.writers:
+            writer.abandon()
+        if self.on_lost is not None:
+            self.on_lost()
+
+
+def kill_this_attempt() -> None:
+    """``on_lost`` of a training process (its own process group): nothing of it runs on."""
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
     """Train a claimed (running) run in this process and record its end. Returns the run's status
-    after it: final, or queued when the run stopped to be resumed by a later attempt."""
+    after it: final, or queued when the run stopped to be resumed by a later attempt.
+
+    ``on_lost`` is called once the attempt is found superseded (``_Fence``); the training process
+    passes ``kill_this_attempt``. Without it the attempt stops at its next step or file write."""
     from training.probe import check_platform_keys
     from training.trainer import AgentTrainer
 
-    run = Run.objects.select_related("agent", "dataset", "reward", "backend").get(pk=run_id)
+    # A database away at start-up delays the run (RUN_DATABASE_RETRY_SECONDS at most), never fails it.
+    run = _with_database(lambda: Run.objects.select_related("agent", "dataset", "reward", "backend").get(pk=run_id),
+                         "load the run")
     if run.status != Run.Status.RUNNING:
         raise ValueError(f"Run {run_id} is {run.status}, not running; claim it first.")
     run_path = str(run.folder())
+    fence = _Fence(run, on_lost)
     # Reports are spooled in the run's folder until stored: what a killed attempt reported but did
     # not store, this one writes first, so a step logged before a checkpoint is never lost.
-    recorder = RunRecorder(run.pk, spool_dir=run_path).start()
+    recorder = _with_database(lambda: RunRecorder(run.pk, spool_dir=run_path, attempt=run.attempts), "count the run's log lines")
+    recorder.on_superseded = fence.superseded
+    fence.writers.append(recorder)
+    recorder.start()
     handler = RunLogHandler(recorder)
     training_logger = logging.getLogger("training")
     training_logger.addHandler(handler)
     if training_logger.getEffectiveLevel() > logging.INFO:
         training_logger.setLevel(logging.INFO)
-    should_stop = _StopCheck(run)
+    should_stop = _StopCheck(run, fence)
     previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: should_stop.pause("the worker is shutting down.")) \
         if threading.current_thread() is threading.main_thread() else None
     uploader = None
+    training = False
     try:
         load_training_plugins()
         kwargs = run_trainer_kwargs(run, run_path)
@@ -417,22 +524,37 @@ def train_run(run_id: int) -> str:
         handler.redact = lambda text: redact(text, hidden)  # what the run's viewers read
         uploader = artifacts.start_uploads(run, Path(run_path))  # a shared store: what earlier attempts stored
         artifacts.fetch_trained_model(run.model)  # a model another run trained, from the store
-        sinks = [DatabaseSink(recorder), DashboardSink(run.pk, spool_dir=run_path), *prepare_run(run, kwargs)]  # the project's trackers, alerts
+        dashboard = DashboardSink(run.pk, spool_dir=run_path, attempt=run.attempts)
+        dashboard.on_superseded = fence.superseded
+        fence.writers.append(dashboard)
+        sinks = [DatabaseSink(recorder), dashboard, *prepare_run(run, kwargs)]  # the project's trackers, alerts
         if uploader is not None:
             sinks.append(CheckpointUploadSink(uploader))
             # The backend's own rotation could delete a checkpoint before it is stored; the store keeps
             # the project's number and the uploader clears stored ones from the scratch folder.
             kwargs["config"]["trainer.max_checkpoints"] = 0
-        trainer = AgentTrainer(**kwargs, sinks=sinks, should_stop=should_stop)
+        trainer = AgentTrainer(**kwargs, sinks=sinks, should_stop=should_stop, may_write=fence.may_write)
         spec = check_spec(kwargs, run.config_overrides)  # what the form checked, checked again where it runs
         check_platform_keys(trainer, spec["pinned"], spec["user_keys"])
         if hasattr(trainer.train_processor, "remote_ids_callback"):  # remote backends: show job/deployment ids as they appear
-            trainer.train_processor.remote_ids_callback = lambda ids: Run.objects.filter(pk=run.pk).update(remote_ids=ids)
+            trainer.train_processor.remote_ids_callback = lambda ids: _this_attempts(run).update(remote_ids=ids)
         final_config = trainer.final_config
-        Run.objects.filter(pk=run.pk).update(final_config=final_config.to_dict() if hasattr(final_config, "to_dict") else None)
+        _this_attempts(run).update(final_config=final_config.to_dict() if hasattr(final_config, "to_dict") else None)
         training_logger.info("Run %s: training on backend %s in %s (attempt %s)", run.pk, trainer.train_engine_name, run_path, run.attempts)
+        training = True
         result = trainer.train()
     except BaseException as exc:  # also KeyboardInterrupt/SystemExit: the row must not stay running
+        if fence.lost or isinstance(exc, RunSuperseded):
+            fence.superseded()
+            recorder.abandon()
+            training_logger.removeHandler(handler)
+            return _with_database(lambda: Run.objects.get(pk=run.pk).status, "read the run's status")
+        if not training and _database_unreachable(exc):
+            # Not the run's fault, nor a lost attempt: the next attempt starts once the database is back.
+            recorder.close()
+            training_logger.removeHandler(handler)
+            reason = f"The database was unreachable while the run started ({exc.__class__.__name__})."
+            return _with_database(lambda: _requeue_or_recover(run, reason), "re-queue the run")
         training_logger.error("Run %s failed: %s", run.pk, exc)
         _store_what_is_left(uploader, run, run_path, timeout=30)
         recorder.close()
@@ -453,6 +575,10 @@ def train_run(run_id: int) -> str:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
 
+    if fence.lost:
+        recorder.abandon()
+        training_logger.removeHandler(handler)
+        return _with_database(lambda: Run.objects.get(pk=run.pk).status, "read the run's status")
     stopped = bool(getattr(result, "stopped", False))
     steps = int(getattr(result, "steps", 0) or 0)
     checkpoint = getattr(result, "checkpoint", None) or ""
@@ -464,6 +590,10 @@ def train_run(run_id: int) -> str:
         reason = f"{should_stop.pause_reason[0].upper()}{should_stop.pause_reason[1:-1]}; stopped after step {steps} with a checkpoint."
         return _with_database(lambda: _requeue_or_recover(run, reason), "re-queue the run")
     try:  # never succeeded before its final model is stored
+        if uploader is not None and not fence.may_write():
+            recorder.abandon()
+            training_logger.removeHandler(handler)
+            return _with_database(lambda: Run.objects.get(pk=run.pk).status, "read the run's status")
         artifacts.finish_uploads(uploader, run, Path(run_path), checkpoint, settings.ARTIFACTS_FINISH_SECONDS)
     except ArtifactStoreError as exc:
         training_logger.error("Run %s: its files could not be stored: %s", run.pk, exc)
@@ -497,6 +627,15 @@ def _store_what_is_left(uploader, run: Run, run_path: str, timeout: float) -> No
 
 
 def _record_end(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint: str, warnings: list[str] | None = None) -> str:
+    with transaction.atomic():  # the checkpoint row and the end, both only while this attempt holds the run
+        try:
+            lock_for_attempt(run.pk, run.attempts)
+        except AttemptSuperseded:
+            return Run.objects.get(pk=run.pk).status
+        return _record_end_locked(run, cancelled, steps, metrics, checkpoint, warnings)
+
+
+def _record_end_locked(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint: str, warnings: list[str] | None) -> str:
     if checkpoint:
         from webapp.runs.models import Checkpoint
 
@@ -512,6 +651,19 @@ def _record_end(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint
         fields["steps"] = max(steps, Run.objects.get(pk=run.pk).steps)
     run.finish(status, **fields)
     return status
+
+
+def _this_attempts(run: Run):
+    """The run's row while this attempt holds it (an update through it changes nothing otherwise)."""
+    return Run.objects.filter(pk=run.pk, attempts=run.attempts, status=Run.Status.RUNNING)
+
+
+def _database_unreachable(exc: BaseException) -> bool:
+    while exc is not None:
+        if isinstance(exc, DatabaseError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _finite(value) -> bool:

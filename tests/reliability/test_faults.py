@@ -156,3 +156,78 @@ def test_a_postgres_outage_buffers_reports_and_training_goes_on(queue, env, work
         assert lost_and_doubled(run.pk, 20) == (0, 0)
     finally:
         proxy.close()
+
+
+def finished_run_state(run: Run) -> dict:
+    """Everything of a finished run an attempt could write: its row, points, log lines, checkpoint
+    rows, and its checkpoints and final model byte for byte."""
+    import hashlib
+
+    from webapp.dashboard import series
+    from webapp.runs.models import Checkpoint
+
+    run.refresh_from_db()
+    folder = run.folder()
+    files = {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+             for part in ("checkpoints", "final_model") for path in sorted((folder / part).rglob("*")) if path.is_file()}
+    return {
+        "row": (run.status, run.attempts, run.steps, run.latest_values, run.final_metrics, run.checkpoint, run.finished_at),
+        "points": series.points_after(run.pk, -1),
+        "logs": list(RunLog.objects.filter(run=run).values_list("id", "level", "message")),
+        "checkpoint_rows": list(Checkpoint.objects.filter(run=run).values_list("step", "path")),
+        "files": files,
+    }
+
+
+def test_an_attempt_frozen_past_its_takeover_changes_nothing_of_the_finished_run(queue, env, workers, slow_run):
+    first = workers(queue, "a", env)
+    run = slow_run()
+    wait_for(lambda: latest_step(run.pk) >= 3, RUN_TIMEOUT, "step 3", (first,))
+    # A VM freeze (or a long GC, a partition): the worker and its training process stop mid-step.
+    frozen = first.tree()
+    training_pids = {p.pid for p in first.training_processes()}
+    for process in frozen:
+        process.suspend()
+    second = workers(queue, "b", env)
+    run = finished(run, second)  # taken over by the second worker, resumed and finished there
+    assert run.status == Run.Status.SUCCEEDED and run.attempts == 2, f"{run.error}\n{run.traceback}"
+    assert (run.folder() / "final_model").is_dir()
+    before = finished_run_state(run)
+
+    for process in frozen:
+        process.resume()
+    # The old attempt is killed (by its supervisor, or by itself at its first refused write), never asked to checkpoint.
+    import psutil
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(lambda: all(gone(pid) for pid in training_pids), 60, "the old training process to stop", (first,))
+    time.sleep(3)  # anything still in flight from it
+    assert finished_run_state(run) == before
+    assert lost_and_doubled(run.pk, STEPS) == (0, 0)
+
+
+def test_postgres_away_while_a_run_starts_delays_it_and_it_then_succeeds(queue, env, workers, slow_run):
+    db = connection.settings_dict
+    proxy = TcpProxy(db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))
+    through_proxy = database_url({**db, "HOST": "127.0.0.1", "PORT": str(proxy.port)})
+    # No warm process: the training process imports its libraries for seconds after the claim, so
+    # its first query (loading the run) certainly falls in the outage.
+    worker = workers(queue, "a", {**env, "DATABASE_URL": through_proxy, "RUN_WARM_PROCESS": "0"})
+    try:
+        run = slow_run(steps=4)
+        wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.RUNNING, RUN_TIMEOUT, "the claim", (worker,), poll=0.05)
+        proxy.cut()
+        time.sleep(15)
+        assert Run.objects.get(pk=run.pk).steps == 0  # it waited for the database
+        proxy.restore()
+        run = finished(run, worker)
+        assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
+        assert run.lost_attempts == 0 and run.steps == 4
+        assert lost_and_doubled(run.pk, 4) == (0, 0)
+    finally:
+        proxy.close()

@@ -110,3 +110,62 @@ def test_a_full_spool_drops_reports_and_says_how_many(make_run, tmp_path, settin
     assert 0 < stored < 40
     dropped = RunLog.objects.get(run=run, level="ERROR").message
     assert dropped.startswith(f"{(40 - stored) * 2000} metric point(s) were dropped")
+
+
+def test_the_first_drop_notice_survives_a_failed_write(make_run, tmp_path, settings, monkeypatch):
+    settings.RUN_SPOOL_MAX_MB = 1
+    run = make_run()
+    sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=tmp_path)
+    big = {f"metric_{i:04d}": float(i) for i in range(2000)}
+    for step in range(1, 41):
+        sink.log_metrics(step, big)
+    assert sink.dropped > 0
+    write_steps = series.SeriesWriter.write_steps
+    calls = []
+
+    def down_once(self, logged):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("the database is away")
+        return write_steps(self, logged)
+
+    monkeypatch.setattr(series.SeriesWriter, "write_steps", down_once)
+    with pytest.raises(OperationalError):  # the batch with the first drop notice: its points wait in the spool
+        sink.flush()
+    sink.close()
+    told = sum(int(m.split()[0]) for m in RunLog.objects.filter(run=run, level="ERROR").values_list("message", flat=True))
+    assert told == sink.dropped
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MB filesystem (tmpfs), mounted for the test."""
+    import subprocess
+
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_spool_on_a_full_disk_reports_its_drops_and_training_goes_on(make_run, full_disk):
+    run = make_run()
+    sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=full_disk)  # far under RUN_SPOOL_MAX_MB
+    recorder = RunRecorder(run.pk, spool_dir=full_disk)
+    big = {f"metric_{i:04d}": float(i) for i in range(2000)}  # about 50 kB a step: the disk is full after ~20
+    for step in range(1, 41):
+        sink.log_metrics(step, big)  # never raises: training goes on
+        recorder.add_log("INFO", f"step {step}")
+    sink.close()
+    recorder.close()
+    stored = len(series.points_after(run.pk, -1)["metric_0000"])
+    assert 0 < stored < 40 and sink.dropped == (40 - stored) * 2000
+    errors = list(RunLog.objects.filter(run=run, level="ERROR").values_list("message", flat=True))
+    assert any(m.startswith(f"{sink.dropped} metric point(s) were dropped") and "No space left on device" in m for m in errors), errors
+    # Small log lines may still fit where a step's points did not: each is stored or told.
+    told_lines = sum(int(m.split()[0]) for m in errors if "log line(s) were dropped" in m and "No space left on device" in m)
+    assert RunLog.objects.filter(run=run, level="INFO").count() + told_lines == 40
+    assert series.points_after(run.pk, -1)["overload/dropped_points"][-1][1] == sink.dropped  # charted on the run page

@@ -256,13 +256,19 @@ class _TRLRun:
         stopped = self.processor.should_stop()
         steps = self.trainer.state.global_step
         self.outcomes.check_finished(steps, stopped, hint=self._steps_hint())
+        if stopped:  # only a run that finished publishes a model; a stopped one keeps its last checkpoint
+            checkpoint = last_complete_checkpoint(checkpoint_dir) if checkpoint_dir.is_dir() else None
+            logger.info("training stopped after %d steps; last checkpoint %s", steps, checkpoint)
+            return TrainResult(run_path=self.processor.run_path, steps=steps, metrics=dict(self.last_metrics),
+                               checkpoint=checkpoint, stopped=True)
         final_dir = self.processor.path / "final_model"
+        self.processor.check_may_write("the final model")
         self.trainer.save_model(str(final_dir))
         self.tokenizer.save_pretrained(str(final_dir))
-        logger.info("training %s after %d steps; model saved to %s", "stopped" if stopped else "finished", steps, final_dir)
+        logger.info("training finished after %d steps; model saved to %s", steps, final_dir)
         return TrainResult(
             run_path=self.processor.run_path, steps=steps, metrics=dict(self.last_metrics),
-            checkpoint=str(final_dir), stopped=stopped,
+            checkpoint=str(final_dir), stopped=False,
         )
 
     # -- single turn -----------------------------------------------------------------------
@@ -552,6 +558,10 @@ def _agent_grpo_trainer_class():
             weights = self.reward_weights.to(rewards_per_func.device)
             self.episode_rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # as TRL sums them
             return rewards_per_func
+
+        def _save_checkpoint(self, model, trial):
+            self.agent_run.processor.check_may_write(f"the checkpoint of step {self.state.global_step}")
+            return super()._save_checkpoint(model, trial)
 
         def _generate_and_score_completions(self, inputs):
             run = self.agent_run

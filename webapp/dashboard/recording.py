@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from webapp.batching import BackgroundFlusher
 from webapp.dashboard import live
 from webapp.dashboard.models import EpisodeSample
 from webapp.dashboard.series import SeriesWriter
-from webapp.runs.models import RunLog
+from webapp.runs.models import RunLog, lock_for_attempt
 
 logger = logging.getLogger(__name__)
 DROPPED_KEY = "overload/dropped_points"
@@ -44,11 +45,12 @@ class DashboardSink(BackgroundFlusher):
     spool_kind = "dashboard"
 
     def __init__(self, run_id: int, flush_seconds: float = 0.5, publish: bool = True,
-                 spool_dir: str | Path | None = None) -> None:
+                 spool_dir: str | Path | None = None, attempt: int | None = None) -> None:
         super().__init__(f"run-{run_id}-dashboard", flush_seconds, spool_dir)
         self.run_id = run_id
+        self.attempt = attempt  # the fencing token: points of an attempt that no longer holds the run are refused
         self.publish = publish
-        self.writer = SeriesWriter(run_id)
+        self.writer = SeriesWriter(run_id, attempt)
         self._steps: list[tuple[int, dict[str, float | None]]] = []
         self._buffered = 0  # points in _steps
         self._episodes: list[EpisodeSample] = []
@@ -109,6 +111,9 @@ class DashboardSink(BackgroundFlusher):
         self._episodes = episodes + self._episodes
         self._dropped_unreported += dropped
 
+    def keep_unspooled(self, batch) -> None:
+        self._dropped_unreported += batch[3]  # the drop notice is in no segment: made again with the next batch
+
     def batch_from_records(self, records: list) -> tuple:
         steps, episodes = [], []
         for record in records:
@@ -123,19 +128,30 @@ class DashboardSink(BackgroundFlusher):
 
     def write(self, batch) -> int:
         steps, buffered, episodes, dropped = batch
-        if steps:
-            self.writer.write_steps(steps)
+        with transaction.atomic():  # one check of the attempt's token (the run's row locked) for the whole batch
+            if steps:
+                self.writer.write_steps(steps)
+            elif dropped or episodes:
+                lock_for_attempt(self.run_id, self.attempt)
+            self._write_rest(dropped, episodes)
+        return buffered
+
+    def _write_rest(self, dropped: int, episodes: list[EpisodeSample]) -> None:
         if dropped:
             RunLog.objects.create(run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
                 f"{dropped} metric point(s) were dropped ({self.dropped} in all, through step {self._last_step}): "
-                f"more waited to be stored than the buffer holds ({self.max_points} points in memory, "
-                f"{settings.RUN_SPOOL_MAX_MB} MB on disk): the database was unreachable or too slow."))
+                f"{self._why_dropped()}."))
         if episodes:
             EpisodeSample.objects.bulk_create(
                 episodes, update_conflicts=True, unique_fields=["run", "step", "position"],
                 update_fields=["reward", "num_turns", "termination_reason", "data"],
             )
-        return buffered
+
+    def _why_dropped(self) -> str:
+        if self.spool is not None and self.spool.refused_because.startswith("the spool's disk"):
+            return self.spool.refused_because
+        return (f"more waited to be stored than the buffer holds ({self.max_points} points in memory, "
+                f"{settings.RUN_SPOOL_MAX_MB} MB on disk): the database was unreachable or too slow")
 
     def close(self) -> None:
         super().close()

@@ -32,7 +32,7 @@ from webapp.dashboard.models import (
     BLOCK_SIZE, DIGEST_SPAN, SUMMARY_BLOCKS, TAIL_FOLD_POINTS, SeriesBlock, SeriesSummary, SeriesTail, digest_of, unpack,
     unpack_digest,
 )
-from webapp.runs.models import Run
+from webapp.runs.models import Run, lock_for_attempt
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +59,9 @@ class SeriesWriter:
     sent again is stored again and the later value counts: a replayed step is stored once.
     """
 
-    def __init__(self, run_id: int) -> None:
+    def __init__(self, run_id: int, attempt: int | None = None) -> None:
         self.run_id = run_id
+        self.attempt = attempt  # a platform attempt's fencing token: its writes are refused once it no longer holds the run
 
     def write(self, points: Iterable[tuple[str, int, float | None]]) -> int:
         """Store ``(key, step, value)`` points; a step sent again replaces its value. Returns how many."""
@@ -106,8 +107,7 @@ class SeriesWriter:
         latest = _latest_per_key(names, ids, step_array, value_array)
         ranges = _ranges_per_key(names, ids, value_array)
         with transaction.atomic():
-            run = (Run.objects.select_for_update().filter(pk=self.run_id)
-                   .values("latest_values", "value_ranges", "steps", "tail_points").first())
+            run = lock_for_attempt(self.run_id, self.attempt)
             if run is None:
                 raise Run.DoesNotExist(f"run {self.run_id} does not exist")
             SeriesTail.objects.create(

@@ -34,6 +34,23 @@ from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
 run_status_changed = Signal()
 
 
+class AttemptSuperseded(Exception):
+    """A write of a run attempt that no longer holds its run (another attempt took it over, or it
+    ended): refused, and the attempt must stop."""
+
+
+def lock_for_attempt(run_id: int, attempt: int | None) -> dict | None:
+    """(Inside a transaction.) Lock run ``run_id``'s row for a write and return its metric-store
+    fields, or None when it does not exist. With ``attempt`` (a platform attempt's fencing token),
+    raise ``AttemptSuperseded`` unless the run is running in that attempt: checked where the write
+    is made, so a takeover (which updates the row) can never slip between the check and the write."""
+    row = (Run.objects.select_for_update().filter(pk=run_id)
+           .values("status", "attempts", "latest_values", "value_ranges", "steps", "tail_points").first())
+    if row is not None and attempt is not None and (row["status"] != Run.Status.RUNNING or row["attempts"] != attempt):
+        raise AttemptSuperseded(f"run {run_id} is {row['status']} in attempt {row['attempts']}; attempt {attempt} may not write to it")
+    return row
+
+
 class RunQuerySet(models.QuerySet):
     def visible_to(self, user) -> "RunQuerySet":
         """Runs ``user`` may see: the same rule as ``access.can(user, run, "view")``, as a query."""

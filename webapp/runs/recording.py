@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from webapp.batching import BackgroundFlusher
 from webapp.dashboard.live import publish_logs
-from webapp.runs.models import RunLog
+from webapp.runs.models import RunLog, lock_for_attempt
 
 
 class RunRecorder(BackgroundFlusher):
@@ -31,13 +32,15 @@ class RunRecorder(BackgroundFlusher):
     spool_kind = "records"
 
     def __init__(self, run_id: int, flush_seconds: float = 1.0, max_log_lines: int | None = None,
-                 spool_dir: str | Path | None = None) -> None:
+                 spool_dir: str | Path | None = None, attempt: int | None = None) -> None:
         super().__init__(f"run-{run_id}-recorder", flush_seconds, spool_dir)
         self.run_id = run_id
+        self.attempt = attempt  # the fencing token: lines of an attempt that no longer holds the run are refused
         self.max_log_lines = max_log_lines or settings.RUN_LOG_MAX_LINES
         self._logs: list[RunLog] = []
         self._log_count = RunLog.objects.filter(run_id=run_id).count()
         self._dropped = 0
+        self._dropped_taken = 0  # in the batch being written: counted again should it fail
 
     # -- producers (any thread) --------------------------------------------------------------
     def add_log(self, level: str, message: str) -> None:
@@ -59,13 +62,17 @@ class RunRecorder(BackgroundFlusher):
     # -- the writer ---------------------------------------------------------------------------
     def take(self):
         logs, self._logs = self._logs, []
-        if self._dropped:
-            dropped, self._dropped = self._dropped, 0
-            # Not spooled (the spool is what is full): written with this batch or, failing that, lost.
-            logs.append(RunLog(uid=uuid.uuid4(), run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
-                f"{dropped} log line(s) were dropped: the database was unreachable for longer than "
-                f"{settings.RUN_SPOOL_MAX_MB} MB of spool on disk lasts.")))
+        self._dropped_taken, self._dropped = self._dropped, 0
+        if self._dropped_taken:
+            # Not spooled (the spool is what refused them): written with this batch, else made again with the next.
+            why = (self.spool.refused_because if self.spool is not None and self.spool.refused_because.startswith("the spool's disk")
+                   else f"the database was unreachable for longer than {settings.RUN_SPOOL_MAX_MB} MB of spool on disk lasts")
+            logs.append(RunLog(uid=uuid.uuid4(), run_id=self.run_id, level="ERROR", time=timezone.now(),
+                               message=f"{self._dropped_taken} log line(s) were dropped: {why}."))
         return logs
+
+    def keep_unspooled(self, batch) -> None:
+        self._dropped += self._dropped_taken
 
     def batch_from_records(self, records: list) -> list:
         # Metric points in segments left by older versions are in the dashboard's spool too.
@@ -78,8 +85,10 @@ class RunRecorder(BackgroundFlusher):
     def write(self, batch) -> None:
         logs = batch
         if logs:
-            # A line already stored (a spooled batch written again) is left as it is.
-            RunLog.objects.bulk_create(logs, update_conflicts=True, unique_fields=["uid"], update_fields=["uid"])
+            with transaction.atomic():
+                lock_for_attempt(self.run_id, self.attempt)
+                # A line already stored (a spooled batch written again) is left as it is.
+                RunLog.objects.bulk_create(logs, update_conflicts=True, unique_fields=["uid"], update_fields=["uid"])
             publish_logs(self.run_id, [
                 {"id": line.pk, "time": line.time.isoformat(), "level": line.level, "message": line.message} for line in logs
             ])
