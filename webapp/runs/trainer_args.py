@@ -1,8 +1,9 @@
 """From registry rows and a run's overrides to ``AgentTrainer(...)`` arguments, and from the
 library's validation errors back to the form field at fault.
 
-Used twice with the same inputs: by the run form (validate before queueing) and by the worker
-(build the trainer that trains), so what was validated is what runs.
+Resolved once: the run form builds the arguments, validates them in the sandbox and stores them on
+the run (its spec, ``run_spec``); each attempt of the worker builds the trainer from that spec
+(``attempt_kwargs``), so what was validated is what runs, whatever the registry rows say later.
 """
 
 from __future__ import annotations
@@ -372,12 +373,13 @@ def clone_overrides(run) -> dict[str, Any]:
     """Overrides that give a new run of ``run``'s choices the config ``run`` was validated with:
     its own, and each key whose value the registry rows give differently now (an agent's or a
     backend's default an administrator changed since). The registry's arguments are the rows' own."""
-    own = permitted_overrides(dict(run.config_overrides or {}))
+    own = dict(run.config_overrides or {})  # as written: a key the form refuses is refused by name again
     if not run.spec:
         return own
     validated = permitted_overrides(run.spec["trainer"]["config"])
     now = merged_config(run.backend, run.dataset, {}, {}, model_defaults(run.model), run.agent)
-    changed = {key: value for key, value in validated.items() if key not in own and (key not in now or now[key] != value)}
+    written = {*own, *limits.config_leaves(own)}
+    changed = {key: value for key, value in validated.items() if key not in written and (key not in now or now[key] != value)}
     return {**own, **changed}
 
 

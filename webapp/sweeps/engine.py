@@ -126,7 +126,8 @@ def _params_text(params: dict[str, Any]) -> str:
 def submit_trial(sweep: Sweep, number: int, params: dict[str, Any]) -> Run:
     """The trial's run, submitted through the run form as its owner would submit it (the same
     checks of the choices and overrides, the run's sandboxed check, the quota): the base run's
-    choices and the config it was validated with (``clone_overrides``), with ``params`` over them. Raises ``TrialRefused`` saying why not."""
+    choices and the config it was validated with (``clone_overrides``), with ``params`` over them.
+    Raises ``TrialRefused`` saying why not."""
     base = sweep.base_run
     form = RunForm({
         "name": f"{sweep.name[:180]} #{number}", "project": base.project_id or "", "visibility": base.visibility,
