@@ -190,3 +190,16 @@ def test_a_clone_starts_from_the_spec_not_from_the_rows_as_they_are_now(make_run
     form = owner_client.get(f"/runs/new/?clone={run.pk}").context["form"]
     assert f"{TEMPERATURE}: 0.9" in form.initial["overrides"]
     assert form.initial["steps"] == 2 and form.initial["batch_size"] == 2
+
+
+@pytest.mark.django_db
+def test_a_run_created_over_the_api_stores_the_spec_its_check_validated(owner, api_client, registry, no_queue):
+    response = api_client(owner).post("/api/runs/", {
+        "agent": "copy-task", "dataset": "copy", "reward": "char-accuracy", "backend": "trl", "model": "tiny-char",
+        "overrides": {"trainer.total_training_steps": 2, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2}},
+        format="json")
+    assert response.status_code == 201, response.json()
+    run = Run.objects.get(pk=response.json()["id"])
+    assert run.spec["trainer"]["config"]["trainer.total_training_steps"] == 2
+    assert response.json()["spec"] == api_client(owner).get(f"/api/runs/{run.pk}/").json()["spec"]
+    assert response.json()["spec"]["config"]["data.max_response_length"] == 4  # the agent's default, resolved
