@@ -38,7 +38,7 @@ from webapp.dashboard.recording import DashboardSink
 from webapp.integrations.tracking import prepare_run
 from webapp.registry.models import Backend
 from webapp.runs.models import AttemptSuperseded, Run, RunLog, lock_for_attempt
-from webapp.runs.trainer_args import check_spec, load_training_plugins, private_values, redact, run_trainer_kwargs
+from webapp.runs.trainer_args import attempt_kwargs, check_spec, load_training_plugins, private_values, redact
 from webapp.runs.recording import DatabaseSink, RunLogHandler, RunRecorder
 from webapp.runs import artifacts
 
@@ -519,7 +519,7 @@ def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
     training = False
     try:
         load_training_plugins()
-        kwargs = run_trainer_kwargs(run, run_path)
+        kwargs = attempt_kwargs(run, run_path)  # the spec the run was validated with, revocations checked again
         hidden = private_values(kwargs)
         handler.redact = lambda text: redact(text, hidden)  # what the run's viewers read
         uploader = artifacts.start_uploads(run, Path(run_path))  # a shared store: what earlier attempts stored

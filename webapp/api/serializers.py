@@ -11,6 +11,7 @@ from rest_framework import serializers
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs import limits, table
 from webapp.runs.models import Run, RunLog
+from webapp.runs.trainer_args import shown_spec
 from webapp.teams.models import Project
 
 MAX_STEP = 2**31 - 1  # Run.steps, which the metric store keeps, is a 32-bit column on every database
@@ -83,6 +84,12 @@ class RunSerializer(serializers.ModelSerializer):
         child=serializers.CharField(), read_only=True,
         help_text="A succeeded run that learnt nothing (its reward the same at every step): each names the likely cause.",
     )
+    spec = serializers.SerializerMethodField(
+        help_text="What the run trains, resolved and validated once when it was submitted (the AgentTrainer "
+                  "arguments, the merged config among them): every attempt trains exactly this. The registry's "
+                  "arguments of the agent, environment or workflow are hidden. Null: a run from before specs, "
+                  "or an external run, until its first attempt.",
+    )
     waiting = serializers.SerializerMethodField(
         help_text="A queued run: what it waits for (its place in its queue and the runs ahead, or that no worker "
                   "serves its queue); empty otherwise.",
@@ -92,11 +99,14 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = [
             "id", "url", "name", "owner", "project", "visibility", "kind", "status", "tags", "notes",
-            "agent", "dataset", "reward", "backend", "model", "config_overrides",
+            "agent", "dataset", "reward", "backend", "model", "config_overrides", "spec",
             "created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at",
             "worker", "steps", "error", "traceback", "warnings", "waiting", "final_metrics", "value_ranges", "remote_ids",
         ]
         read_only_fields = [f for f in fields if f not in ("visibility", "tags", "notes")]
+
+    def get_spec(self, run: Run) -> dict | None:
+        return shown_spec(run.spec)
 
     def get_waiting(self, run: Run) -> str:
         from webapp.fleet.queues import QueueBoard

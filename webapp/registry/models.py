@@ -253,9 +253,16 @@ class Dataset(ProjectEntry):
         if unknown:
             raise ValidationError({"column_mapping": f"Unknown role(s) {unknown}; use {sorted(self.COLUMN_ROLES)}."})
 
+    def stored_file(self, split: str):
+        """An uploaded dataset's stored file for ``split`` (None for the other sources). Its name is
+        never reused (a new upload gets a new one), so it names the exact rows a run trained on."""
+        if self.source != self.Source.UPLOAD:
+            return None
+        return self.test_file if split == self.val_split and self.test_file else self.file
+
     def _spec(self, split: str) -> str:
         if self.source == self.Source.UPLOAD:
-            return local_path(self.test_file if split == self.val_split and self.test_file else self.file)
+            return local_path(self.stored_file(split))
         if self.source == self.Source.PATH:
             return self.identifier
         return f"{self.identifier}:{split}"

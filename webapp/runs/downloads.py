@@ -26,6 +26,7 @@ from training.artifacts import STORED_MARKER, iter_chunks
 from webapp.runs import artifacts
 from webapp.runs.access import get_run_for_user
 from webapp.runs.models import Run
+from webapp.runs.trainer_args import shown_spec
 
 # Steps of the metrics CSV read from the metric store at a time.
 CSV_STEPS = 2000
@@ -63,6 +64,12 @@ def config_yaml(run: Run) -> str:
         body = run.config_overrides or {}
         head = f"# run {run.pk} ({run}): the overrides it was created with (the final config appears once it starts)\n"
     return head + yaml.safe_dump(body, sort_keys=True, default_flow_style=False, allow_unicode=True)
+
+
+def spec_yaml(run: Run) -> str:
+    """The run's spec as its viewers read it (``trainer_args.shown_spec``), empty for a run without one."""
+    shown = shown_spec(run.spec)
+    return yaml.safe_dump(shown, sort_keys=True, default_flow_style=False, allow_unicode=True) if shown else ""
 
 
 def archives(run: Run) -> list[dict]:

@@ -14,7 +14,8 @@ from webapp.runs import limits
 from webapp.runs.models import Run
 from webapp.runs.submission import quota_problem, submit
 from webapp.runs.trainer_args import (
-    check_isolated, check_spec, field_for_error, model_config, permitted_overrides, refused_overrides, trainer_kwargs,
+    check_isolated, check_spec, clone_overrides, field_for_error, model_config, permitted_overrides, refused_overrides,
+    run_spec, trainer_kwargs,
 )
 from webapp.teams.models import Project
 
@@ -196,6 +197,7 @@ class RunForm(forms.Form):
     def __init__(self, *args: Any, user=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.final_config: dict[str, Any] | None = None
+        self.spec: dict[str, Any] | None = None  # the run's spec, once the sandbox validated it (``clean``)
         self.quota_full: str | None = None  # why the owner's or the project's quota refuses the run (``clean``)
         self.user = user
         from webapp.runs.config_fields import config_fields
@@ -245,9 +247,9 @@ class RunForm(forms.Form):
 
     @staticmethod
     def initial_from(run: Run) -> dict[str, Any]:
-        """A run's choices and config as the initial data of a new run (clone): the common settings
-        in their own fields, the other keys in the overrides."""
-        overrides = dict(run.config_overrides or {})
+        """A run's choices and the config of its spec as the initial data of a new run (clone): the
+        common settings in their own fields, the other keys in the overrides."""
+        overrides = clone_overrides(run)  # the config it was validated with, not what its rows give now
         common = {}
         for name, key in COMMON_FIELDS.items():
             value = overrides.get(key)
@@ -339,6 +341,7 @@ class RunForm(forms.Form):
             owner=owner, name=data["name"], project=data.get("project"), visibility=data["visibility"],
             agent=data["agent"], dataset=data["dataset"], reward=data["reward"], backend=data["backend"],
             model=data["model"], config_overrides=data["overrides"], tags=data["tags"], notes=data["notes"],
+            spec=self.spec,
         )
 
     def _validate_with_trainer(self, cleaned: dict[str, Any]) -> None:
@@ -356,6 +359,7 @@ class RunForm(forms.Form):
         answer = check_isolated(check_spec(kwargs, overrides))
         if answer["ok"]:
             self.final_config = answer["final_config"]
+            self.spec = run_spec(kwargs, cleaned["dataset"])  # what every attempt trains
             return
         for problem in answer.get("problems") or [answer]:
             message = reward_named(problem["message"], cleaned.get("reward"))

@@ -116,6 +116,10 @@ class Run(models.Model):
     backend = models.ForeignKey(Backend, on_delete=models.PROTECT, related_name="runs", null=True, blank=True)
     model = models.CharField(max_length=500, blank=True, help_text="Hub id or path of the policy model; empty: the backend's default.")
     config_overrides = models.JSONField(default=dict, blank=True, help_text="Flat dotted keys, as the owner entered them.")
+    # What the run trains, resolved once when it was submitted and checked in the sandbox
+    # (``trainer_args.run_spec``): every attempt builds its trainer from this, never from the
+    # registry rows as they are later. Null: a run from before specs (resolved at its next attempt).
+    spec = models.JSONField(null=True, blank=True)
 
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -1,12 +1,14 @@
 """From registry rows and a run's overrides to ``AgentTrainer(...)`` arguments, and from the
 library's validation errors back to the form field at fault.
 
-Used twice with the same inputs: by the run form (validate before queueing) and by the worker
-(build the trainer that trains), so what was validated is what runs.
+Resolved once: the run form builds the arguments, validates them in the sandbox and stores them on
+the run (its spec, ``run_spec``); each attempt of the worker builds the trainer from that spec
+(``attempt_kwargs``), so what was validated is what runs, whatever the registry rows say later.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import re
@@ -277,6 +279,132 @@ def run_trainer_kwargs(run, run_path: str) -> dict[str, Any]:
         agent=run.agent, dataset=run.dataset, reward=run.reward, backend=run.backend,
         model=run.model, overrides=run.config_overrides, run_path=run_path, user=run.owner,
     )
+
+
+# -- a run's spec: resolved once, at submission ------------------------------------------------
+
+class Revoked(Exception):
+    """An administrator withdrew something a queued run was validated with (its backend disabled,
+    its model unregistered, no longer trusted or moved out of the model roots): the run is not trained."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.summary = message  # the run's error, as the worker records a library failure's
+
+
+def run_spec(kwargs: dict[str, Any], dataset: Dataset) -> dict[str, Any]:
+    """What a run trains, from the ``AgentTrainer`` kwargs its check validated: all of them but
+    where it runs (``run_path``). An uploaded dataset's rows are named by their stored file, which
+    no later upload replaces, so every attempt reads the rows that were validated."""
+    trainer = copy.deepcopy({key: value for key, value in kwargs.items() if key != "run_path"})
+    stored = {}
+    for key, split in (("train_dataset", dataset.train_split), ("val_dataset", dataset.val_split)):
+        file = dataset.stored_file(split) if trainer.get(key) else None
+        if file:
+            stored[key] = file.name
+            trainer[key] = None  # a path of the process that checked it; each attempt finds its own
+    return {"trainer": trainer, "stored_files": stored}
+
+
+def revocations(run) -> list[str]:
+    """What an administrator withdrew since ``run`` was validated, each in words for its owner.
+    Revocations only: settings changed since (a row's defaults, a dataset's mapping) are not read."""
+    from webapp.registry.models import Model, path_under_model_roots
+
+    since = "since this run was queued"
+    problems = []
+    backend = Backend.objects.get(pk=run.backend_id)
+    if not backend.enabled:
+        problems.append(f"Backend '{backend.name}' was disabled by an administrator {since}; clone the run onto another backend.")
+    if RUN_MODEL.match(run.model or ""):
+        return problems  # the trained model is looked up again at each attempt (``attempt_kwargs``)
+    config = run.spec["trainer"]["config"]
+    entry = Model.objects.filter(name=run.model).first()
+    if entry is None:
+        problems.append(f"Model '{run.model}' was removed from the registry by an administrator {since}.")
+        return problems
+    if config.get(TRUST_KEY) and not entry.trust_remote_code:
+        problems.append(f"Model '{run.model}' is no longer trusted to run its own code (an administrator turned "
+                        f"trust_remote_code off {since}).")
+    for key, what in ((MODEL_KEY, "model"), ("actor_rollout_ref.model.tokenizer_path", "tokenizer")):
+        value = config.get(key)
+        if isinstance(value, str) and os.path.isabs(value):
+            try:
+                path_under_model_roots(value, what)
+            except ValueError as exc:
+                problems.append(f"Model '{run.model}': {exc}")
+    return problems
+
+
+def attempt_kwargs(run, run_path: str) -> dict[str, Any]:
+    """``AgentTrainer(...)`` arguments of this attempt of ``run``: its stored spec, with where it runs
+    filled in (``run_path``, this worker's copy of the dataset's file, of a run's trained model).
+    Raises ``Revoked`` when an administrator withdrew what it was validated with. A run from before
+    specs gets its spec resolved from the rows now, and stored: its later attempts train the same."""
+    from webapp.runs.models import Run
+
+    if run.spec is None:
+        kwargs = run_trainer_kwargs(run, run_path)
+        run.spec = run_spec(kwargs, run.dataset)
+        Run.objects.filter(pk=run.pk, spec__isnull=True).update(spec=run.spec)
+        run.spec = Run.objects.values_list("spec", flat=True).get(pk=run.pk)
+    problems = revocations(run)
+    if problems:
+        raise Revoked(" ".join(problems) + " It was not trained.")
+    kwargs = copy.deepcopy(run.spec["trainer"])
+    kwargs["run_path"] = run_path
+    field = Dataset._meta.get_field("file")
+    for key, name in run.spec.get("stored_files", {}).items():
+        if not field.storage.exists(name):
+            raise Revoked(f"The dataset file this run was validated with ({name}, of dataset '{run.dataset.name}') "
+                          "was deleted since it was queued. It was not trained.")
+        from webapp.registry.models import local_path
+
+        kwargs[key] = local_path(field.attr_class(run.dataset, field, name))
+    if RUN_MODEL.match(run.model or ""):  # its folder on this worker, and still one the owner may see
+        try:
+            kwargs["config"].update(model_config(run.model, run.owner))
+        except ValueError as exc:
+            raise Revoked(f"{exc} It was not trained.") from None
+    return kwargs
+
+
+def clone_overrides(run) -> dict[str, Any]:
+    """Overrides that give a new run of ``run``'s choices the config ``run`` was validated with:
+    its own, and each key whose value the registry rows give differently now (an agent's or a
+    backend's default an administrator changed since). The registry's arguments are the rows' own."""
+    own = dict(run.config_overrides or {})  # as written: a key the form refuses is refused by name again
+    if not run.spec:
+        return own
+    validated = permitted_overrides(run.spec["trainer"]["config"])
+    now = merged_config(run.backend, run.dataset, {}, {}, model_defaults(run.model), run.agent)
+    written = {*own, *limits.config_leaves(own)}
+    changed = {key: value for key, value in validated.items() if key not in written and (key not in now or now[key] != value)}
+    return {**own, **changed}
+
+
+def shown_spec(spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A run's spec as its viewers read it: the registry's arguments (``ARGUMENT_KWARGS``) hidden,
+    as in its errors and log, and an uploaded dataset named by its stored file, not a worker's path."""
+    if not spec:
+        return None
+    trainer = copy.deepcopy(spec["trainer"])
+    hidden = private_values(trainer)
+    for name in ARGUMENT_KWARGS:
+        if trainer.get(name):
+            trainer[name] = dict.fromkeys(trainer[name], HIDDEN)
+
+    def shown(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: shown(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [shown(item) for item in value]
+        return redact(value, hidden) if isinstance(value, str) else value
+
+    trainer = shown(trainer)
+    for key, name in (spec.get("stored_files") or {}).items():
+        trainer[key] = f"uploaded file {name}"
+    return trainer
 
 
 # Which form field a library error belongs to, by the name the message starts with.

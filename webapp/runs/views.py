@@ -259,6 +259,7 @@ def run_detail(request, pk: int):
         "total_steps": downloads.total_steps(run),
         "waiting": QueueBoard.load().run_waiting(run, request.user) if run.status == Run.Status.QUEUED else "",
         "config_yaml": downloads.config_yaml(run),
+        "spec_yaml": downloads.spec_yaml(run),
         "archives": downloads.archives(run),
         "stored_files": downloads.stored_files(run),
         "may": {action: can(request.user, run, action) for action in ("edit", "run", "cancel", "delete")},

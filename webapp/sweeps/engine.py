@@ -31,6 +31,7 @@ from webapp.runs.forms import RunForm, overrides_text
 from webapp.runs.limits import MAX_NOTES_CHARS
 from webapp.runs.models import Run
 from webapp.runs.submission import QuotaExceeded
+from webapp.runs.trainer_args import clone_overrides
 from webapp.sweeps.models import Sweep, Trial
 
 logger = logging.getLogger(__name__)
@@ -125,13 +126,14 @@ def _params_text(params: dict[str, Any]) -> str:
 def submit_trial(sweep: Sweep, number: int, params: dict[str, Any]) -> Run:
     """The trial's run, submitted through the run form as its owner would submit it (the same
     checks of the choices and overrides, the run's sandboxed check, the quota): the base run's
-    choices and overrides with ``params`` over them. Raises ``TrialRefused`` saying why not."""
+    choices and the config it was validated with (``clone_overrides``), with ``params`` over them.
+    Raises ``TrialRefused`` saying why not."""
     base = sweep.base_run
     form = RunForm({
         "name": f"{sweep.name[:180]} #{number}", "project": base.project_id or "", "visibility": base.visibility,
         "agent": base.agent_id or "", "dataset": base.dataset_id or "", "reward": base.reward_id or "",
         "backend": base.backend_id or "", "model": base.model,
-        "overrides": overrides_text({**base.config_overrides, **params}), "tags": f"sweep-{sweep.pk}",
+        "overrides": overrides_text({**clone_overrides(base), **params}), "tags": f"sweep-{sweep.pk}",
         "notes": f"Trial {number} of sweep {sweep.name!r}: {_params_text(params)}"[:MAX_NOTES_CHARS],
     }, user=sweep.owner)
     if not form.is_valid():

@@ -140,7 +140,7 @@ class Command(BaseCommand):
         data = form.cleaned_data
         return submit(
             owner=user, name="demo: FrozenLake", agent=data["agent"], dataset=data["dataset"], reward=data["reward"],
-            backend=data["backend"], model=data["model"], config_overrides=data["overrides"],
+            backend=data["backend"], model=data["model"], config_overrides=data["overrides"], spec=form.spec,
         )
 
     def _stop(self, children: list[subprocess.Popen]) -> None:
