@@ -627,19 +627,18 @@ def _store_what_is_left(uploader, run: Run, run_path: str, timeout: float) -> No
 
 
 def _record_end(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint: str, warnings: list[str] | None = None) -> str:
-    with transaction.atomic():  # the checkpoint row and the end, both only while this attempt holds the run
-        try:
-            lock_for_attempt(run.pk, run.attempts)
-        except AttemptSuperseded:
-            return Run.objects.get(pk=run.pk).status
-        return _record_end_locked(run, cancelled, steps, metrics, checkpoint, warnings)
-
-
-def _record_end_locked(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint: str, warnings: list[str] | None) -> str:
     if checkpoint:
         from webapp.runs.models import Checkpoint
 
-        Checkpoint.objects.update_or_create(run=run, step=steps, defaults={"path": checkpoint})
+        with transaction.atomic():  # the checkpoint row only while this attempt holds the run
+            try:
+                lock_for_attempt(run.pk, run.attempts)
+            except AttemptSuperseded:
+                return Run.objects.get(pk=run.pk).status
+            Checkpoint.objects.update_or_create(run=run, step=steps, defaults={"path": checkpoint})
+    # The end itself is fenced by its own filtered update (this attempt, still running), outside
+    # the lock's transaction: its status is pushed to the run's viewers as it changes, and a page
+    # told "succeeded" before the commit would read the row still running.
     status = run.stopped_status() if cancelled else Run.Status.SUCCEEDED
     fields = {"final_metrics": metrics, "checkpoint": checkpoint}
     if status == Run.Status.SUCCEEDED and not steps:  # never a success without a trained step
@@ -649,7 +648,8 @@ def _record_end_locked(run: Run, cancelled: bool, steps: int, metrics: dict, che
         fields["warnings"] = warnings or []
     if steps:
         fields["steps"] = max(steps, Run.objects.get(pk=run.pk).steps)
-    run.finish(status, **fields)
+    if not run.finish(status, **fields):
+        return Run.objects.get(pk=run.pk).status
     return status
 
 
