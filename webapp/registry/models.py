@@ -21,7 +21,9 @@ from django.dispatch import receiver
 
 from training.secrets import reference
 from training.utils import leaves
-from webapp.runs.limits import check_limit_table
+from webapp.policy.checks import check_isolated
+from webapp.policy.keys import refused_overrides
+from webapp.policy.limits import check_limit_table
 
 # A Hugging Face hub id: "name" or "owner/name", letters, digits, '-', '_' and '.', never a path.
 _HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$")
@@ -31,7 +33,6 @@ BUILTIN_MODELS = ("tiny-char",)
 def check_default_config(value: dict, whose: str) -> None:
     """An entry's ``default_config``: only keys a run may set itself, with values the config accepts."""
     from training.config import Config, ConfigError
-    from webapp.runs.trainer_args import refused_overrides
 
     refused = refused_overrides(dict(value or {}))  # judged on every key it sets, as a run's overrides are
     if refused:
@@ -132,8 +133,6 @@ class Tool(models.Model):
     def clean(self) -> None:
         """The tool must load and have a schema the model can read; checked in a sandboxed child
         process, as registry code never runs in the web server."""
-        from webapp.runs.trainer_args import check_isolated
-
         answer = check_isolated({"plugins": list(settings.TRAINING_PLUGINS), "tools": [self.path]})
         if not answer["ok"]:
             raise ValidationError({"path": answer["message"]})

@@ -351,7 +351,7 @@ def fetch_trained_model(model_choice: str) -> Path | None:
     final model, fetched into this machine's folder for it (where ``model_config`` points). None
     for any other model."""
     from webapp.runs.models import Run
-    from webapp.runs.trainer_args import RUN_MODEL
+    from webapp.policy.keys import RUN_MODEL
 
     match = RUN_MODEL.match((model_choice or "").strip())
     if not shared() or not match:

@@ -9,14 +9,13 @@ from typing import Any
 import yaml
 from django import forms
 
+from webapp.policy import limits
+from webapp.policy.checks import check_isolated, check_spec
+from webapp.policy.keys import permitted_overrides, refused_overrides
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
-from webapp.runs import limits
 from webapp.runs.models import Run
 from webapp.runs.submission import quota_problem, submit
-from webapp.runs.trainer_args import (
-    check_isolated, check_spec, clone_overrides, field_for_error, model_config, permitted_overrides, refused_overrides,
-    run_spec, trainer_kwargs,
-)
+from webapp.runs.trainer_args import clone_overrides, field_for_error, model_config, run_spec, trainer_kwargs
 from webapp.teams.models import Project
 
 _KEY_VALUE_LINE = re.compile(r"^\s*[A-Za-z_][\w.\-]*\s*=")
