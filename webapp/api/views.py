@@ -26,7 +26,7 @@ from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunctio
 from webapp.runs import table
 from webapp.runs.access import can_in_project, get_run_for_user, projects_for, usable_entries
 from webapp.runs.forms import RunForm, overrides_text
-from webapp.runs.models import Run
+from webapp.runs.models import Run, last_step_of
 from webapp.runs.submission import QuotaExceeded
 
 
@@ -166,7 +166,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         all_keys = series.keys_of(run.pk)
         wanted = [k for k in (q.get("keys") or "").split(",") if k] or all_keys
         return Response({
-            "run": run.pk, "keys": all_keys, "last_step": series.last_step_of(run.pk),
+            "run": run.pk, "keys": all_keys, "last_step": last_step_of(run.pk),
             "series": {key: series.downsample(run.pk, key, q.get("start"), q.get("end"), q["points"]) for key in wanted[:40]},
         })
 
