@@ -24,10 +24,11 @@ from webapp.api.serializers import (
 from webapp.dashboard import series
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs import table
-from webapp.runs.access import can_in_project, get_run_for_user, projects_for, usable_entries
+from webapp.runs.access import get_run_for_user, usable_entries
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.runs.models import Run, last_step_of
 from webapp.runs.submission import QuotaExceeded
+from webapp.teams.access import can_in_project, projects_for
 
 
 # Ids in paths are numbers: anything else is a 404 from the router, never a lookup.
