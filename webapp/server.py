@@ -44,7 +44,7 @@ def application():
     if os.environ.get("PLATFORM_WARM_CHECKER", "1") == "1":
         # The run form's checks run in a jailed child of this process's warm checking server;
         # start it now, so the first person to submit a run does not wait for torch's import.
-        from webapp.runs.trainer_args import warm_checker
+        from webapp.policy.checks import warm_checker
 
         threading.Thread(target=warm_checker, name="run-checker-warmup", daemon=True).start()
     return asgi_application

@@ -38,7 +38,8 @@ from webapp.dashboard.recording import DashboardSink
 from webapp.integrations.tracking import prepare_run
 from webapp.registry.models import Backend
 from webapp.runs.models import AttemptSuperseded, Run, RunLog, lock_for_attempt
-from webapp.runs.trainer_args import attempt_kwargs, check_spec, load_training_plugins, private_values, redact
+from webapp.policy.checks import check_spec, load_training_plugins, private_values, redact
+from webapp.runs.trainer_args import attempt_kwargs
 from webapp.runs.recording import DatabaseSink, RunLogHandler, RunRecorder
 from webapp.runs import artifacts
 

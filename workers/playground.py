@@ -161,7 +161,9 @@ def row_episode(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict
     from training.generation import HFBatchGenerator
     from training.episode_runner import EpisodeRunner
     from training.trainer import AgentTrainer
-    from webapp.runs.trainer_args import MODEL_KEY, PYTHON_KEY, TRUST_KEY, load_training_plugins, run_trainer_kwargs
+    from webapp.policy.checks import load_training_plugins
+    from webapp.policy.keys import MODEL_KEY, PYTHON_KEY, TRUST_KEY
+    from webapp.runs.trainer_args import run_trainer_kwargs
 
     load_training_plugins()
     run = asked.run

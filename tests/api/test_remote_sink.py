@@ -19,7 +19,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_training_run_started_outside_reports_live(live_server, owner, token_of, registry, published):
     """A real (tiny) AgentTrainer run with the sink: the run appears, fills up, and finishes."""
     from training.trainer import AgentTrainer
-    from webapp.runs.trainer_args import load_training_plugins, trainer_kwargs
+    from webapp.policy.checks import load_training_plugins
+    from webapp.runs.trainer_args import trainer_kwargs
 
     load_training_plugins()  # as a training process does: registers the copy dataset
     sink = RemoteSink(live_server.url, token_of(owner), name="from a notebook", tags=["notebook"], flush_seconds=0.2,

@@ -166,7 +166,8 @@ def test_without_a_shared_store_a_run_keeps_its_folder_and_deleting_it_removes_t
 
 
 def test_a_run_starts_from_another_runs_model_fetched_from_the_store(stored_run, owner, settings, tmp_path):
-    from webapp.runs.trainer_args import MODEL_KEY, model_config
+    from webapp.policy.keys import MODEL_KEY
+    from webapp.runs.trainer_args import model_config
 
     settings.RUNS_DIR = tmp_path / "another-machine" / "runs"
     source, weights = stored_run

@@ -1,6 +1,6 @@
 """A whole section given as one key (``rllm.workflow={"workflow_args": {...}}``) is many keys to the
 trainer: every place that takes a member's config judges the keys it sets, flattened to their
-leaves, on the rule of ``webapp.runs.trainer_args.refused_overrides``. Each attack goes through its
+leaves, on the rule of ``webapp.policy.keys.refused_overrides``. Each attack goes through its
 real entry as a team member: the run form, the API, a sweep (its space and its base run), a clone,
 and the worker's merge of a row stored before the rule."""
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from webapp.runs import limits
+from webapp.policy import limits
 from webapp.runs.models import Run
 
 FORM_URL = "/runs/new/"
@@ -109,7 +109,7 @@ def test_every_numeric_config_key_has_a_documented_bound():
     from pathlib import Path
 
     missing = sorted(set(limits.numeric_keys()) - set(limits.PLATFORM_LIMITS))
-    assert not missing, f"add these keys to webapp.runs.limits.PLATFORM_LIMITS: {missing}"
+    assert not missing, f"add these keys to webapp.policy.limits.PLATFORM_LIMITS: {missing}"
     assert not set(limits.PLATFORM_LIMITS) - set(limits.numeric_keys()), "a bound of a key that no longer exists"
     doc = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     undocumented = [key for key in limits.PLATFORM_LIMITS if f"`{key}`" not in doc]

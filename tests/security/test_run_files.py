@@ -222,7 +222,7 @@ def test_every_config_key_naming_a_place_is_set_by_the_platform_only():
     import re
 
     from training.config import valid_keys
-    from webapp.runs.trainer_args import platform_set_keys
+    from webapp.policy.keys import platform_set_keys
 
     looks_like_a_place = [key for key in valid_keys() if re.search(r"(path|dir|file|url|address|python|root)$", key)]
     assert looks_like_a_place and set(looks_like_a_place) <= set(platform_set_keys())

@@ -25,7 +25,7 @@ from training.tiny import save_tiny_model
 from webapp.playground.models import PlaygroundRequest
 from webapp.registry.models import Model
 from webapp.runs.models import Run
-from webapp.runs.trainer_args import load_training_plugins
+from webapp.policy.checks import load_training_plugins
 from webapp.teams.models import Membership
 from workers.execute import database_url
 from workers.playground import answer_request, dispatch_due_requests, trusts_remote_code

@@ -15,7 +15,8 @@ import training.trainer
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs.forms import RunForm
 from webapp.runs.models import Run
-from webapp.runs.trainer_args import HIDDEN, Revoked, attempt_kwargs, run_spec, run_trainer_kwargs
+from webapp.policy.checks import HIDDEN
+from webapp.runs.trainer_args import Revoked, attempt_kwargs, run_spec, run_trainer_kwargs
 from workers import execute
 from workers.execute import claim, train_run
 

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from webapp.registry.table_reader import nesting_exceeds
-from webapp.runs.limits import capped
+from webapp.policy.limits import capped
 
 # Overrides nest five levels deep, metrics three; nothing the API reads needs more.
 MAX_JSON_DEPTH = 32

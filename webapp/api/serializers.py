@@ -9,7 +9,8 @@ from typing import Any
 from rest_framework import serializers
 
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
-from webapp.runs import limits, table
+from webapp.policy import limits
+from webapp.runs import table
 from webapp.runs.models import Run, RunLog
 from webapp.runs.trainer_args import shown_spec
 from webapp.teams.models import Project

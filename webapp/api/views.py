@@ -24,10 +24,11 @@ from webapp.api.serializers import (
 from webapp.dashboard import series
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs import table
-from webapp.runs.access import can_in_project, get_run_for_user, projects_for, usable_entries
+from webapp.runs.access import get_run_for_user, usable_entries
 from webapp.runs.forms import RunForm, overrides_text
-from webapp.runs.models import Run
+from webapp.runs.models import Run, last_step_of
 from webapp.runs.submission import QuotaExceeded
+from webapp.teams.access import can_in_project, projects_for
 
 
 # Ids in paths are numbers: anything else is a 404 from the router, never a lookup.
@@ -166,7 +167,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         all_keys = series.keys_of(run.pk)
         wanted = [k for k in (q.get("keys") or "").split(",") if k] or all_keys
         return Response({
-            "run": run.pk, "keys": all_keys, "last_step": series.last_step_of(run.pk),
+            "run": run.pk, "keys": all_keys, "last_step": last_step_of(run.pk),
             "series": {key: series.downsample(run.pk, key, q.get("start"), q.get("end"), q["points"]) for key in wanted[:40]},
         })
 

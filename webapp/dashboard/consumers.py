@@ -43,7 +43,7 @@ from channels.layers import InMemoryChannelLayer
 
 from webapp.dashboard import live, series
 from webapp.runs.access import can
-from webapp.runs.models import Run
+from webapp.runs.models import Run, last_step_of
 
 # Past this many points behind, the browser is told to reload the downsampled view instead.
 BACKLOG_LIMIT = 20000
@@ -373,7 +373,7 @@ def _backlog(run_id: int, after: int, after_log: int) -> dict:
     status = {"type": "status", **live.status_of(run), "seq": seq}
     logs = list(run.logs.filter(id__gt=after_log).order_by("-id").values("id", "time", "level", "message")[:LOG_BACKLOG_LINES])
     logs = [{**line, "time": line["time"].isoformat()} for line in reversed(logs)]
-    last_step = series.last_step_of(run_id)
+    last_step = last_step_of(run_id)
     points = series.points_after_at_most(run_id, after, BACKLOG_LIMIT, through=last_step)
     if points is None:
         return {"status": status, "logs": logs, "resync": True, "points": {}, "last_step": last_step}

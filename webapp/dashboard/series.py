@@ -32,7 +32,7 @@ from webapp.dashboard.models import (
     BLOCK_SIZE, DIGEST_SPAN, SUMMARY_BLOCKS, TAIL_FOLD_POINTS, SeriesBlock, SeriesSummary, SeriesTail, digest_of, unpack,
     unpack_digest,
 )
-from webapp.runs.models import Run, lock_for_attempt
+from webapp.runs.models import Run, last_step_of, lock_for_attempt
 
 logger = logging.getLogger(__name__)
 
@@ -395,14 +395,6 @@ def keys_of(run_id: int) -> list[str]:
     """Every key the run has logged (kept on its row by the writer)."""
     values = Run.objects.filter(pk=run_id).values_list("latest_values", flat=True).first()
     return sorted(values or {})
-
-
-def last_step_of(run_id: int) -> int:
-    """The highest step any key of the run has reached (-1 for none)."""
-    block = SeriesBlock.objects.filter(run_id=run_id).aggregate(m=Max("last_step"))["m"]
-    tail = SeriesTail.objects.filter(run_id=run_id).aggregate(m=Max("last_step"))["m"]
-    found = [int(v) for v in (block, tail) if v is not None]
-    return max(found, default=-1)
 
 
 def points_after(run_id: int, after: int, through: int | None = None) -> dict[str, list[list]]:

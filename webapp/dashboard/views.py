@@ -22,7 +22,7 @@ from webapp.api.serializers import MAX_STEP
 from webapp.dashboard import consumers, series
 from webapp.dashboard.models import EpisodeSample
 from webapp.runs.access import get_run_for_user
-from webapp.runs.models import Run
+from webapp.runs.models import Run, last_step_of
 
 # The charts a run page opens with; every other key is one search away.
 HEADLINE_KEYS = ("reward", "reward_std", "loss", "kl", "entropy", "response_length", "turns", "step_time")
@@ -115,7 +115,7 @@ def run_series(request: HttpRequest, pk: int) -> JsonResponse:
     query = _range_query(request)
     start, end, points = query["start"], query["end"], query["points"] or series.DEFAULT_POINTS
     return JsonResponse({
-        "run": run.pk, "status": run.status, "keys": all_keys, "last_step": series.last_step_of(run.pk),
+        "run": run.pk, "status": run.status, "keys": all_keys, "last_step": last_step_of(run.pk),
         "series": {key: series.downsample(run.pk, key, start, end, points) for key in wanted[:MAX_KEYS_PER_REQUEST]},
     })
 
@@ -134,7 +134,7 @@ def _points_after(run: Run, after: int, keys: list[str] | None) -> JsonResponse:
     answer says ``too_many`` and carries none, and the page reloads its downsampled series.
     ``last_step`` is the highest step stored, which tells the page whether the store has caught
     up with the steps it saw live."""
-    last_step = series.last_step_of(run.pk)  # before the points: whatever it counts, they include
+    last_step = last_step_of(run.pk)  # before the points: whatever it counts, they include
     points = series.points_after_at_most(run.pk, after, consumers.BACKLOG_LIMIT, keys)
     return JsonResponse({
         "run": run.pk, "status": run.status, "after": after, "last_step": last_step,

@@ -16,8 +16,8 @@ from django.views.decorators.http import require_POST
 from webapp.integrations.alerts import EMAIL_PRINTED_NOTE, emails_printed
 from webapp.integrations.forms import AlertRuleForm, TrackingTargetForm
 from webapp.integrations.models import AlertDelivery, AlertRule, TrackingTarget
-from webapp.runs.access import can_in_project
 from webapp.teams import roster
+from webapp.teams.access import can_in_project
 from webapp.teams.models import Project
 
 

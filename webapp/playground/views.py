@@ -17,7 +17,7 @@ from webapp.fleet.queues import QueueBoard
 from webapp.playground.forms import AskForm, model_choices, playground_queue
 from webapp.playground.models import PlaygroundRequest
 from webapp.runs.access import can, get_run_for_user
-from webapp.runs.limits import capped
+from webapp.policy.limits import capped
 
 MAX_BODY_BYTES = 64_000
 

@@ -19,9 +19,15 @@ from django.db import models
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
+from training.chat_agent import ModelConfig
+from training.config import Config, ConfigError
+from training.processor import get_processor_class
 from training.secrets import reference
 from training.utils import leaves
-from webapp.runs.limits import check_limit_table
+from webapp.policy.checks import check_isolated
+from webapp.policy.keys import refused_overrides
+from webapp.policy.limits import check_limit_table
+from webapp.teams.models import teams_of
 
 # A Hugging Face hub id: "name" or "owner/name", letters, digits, '-', '_' and '.', never a path.
 _HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$")
@@ -30,8 +36,6 @@ BUILTIN_MODELS = ("tiny-char",)
 
 def check_default_config(value: dict, whose: str) -> None:
     """An entry's ``default_config``: only keys a run may set itself, with values the config accepts."""
-    from training.config import Config, ConfigError
-    from webapp.runs.trainer_args import refused_overrides
 
     refused = refused_overrides(dict(value or {}))  # judged on every key it sets, as a run's overrides are
     if refused:
@@ -50,8 +54,6 @@ def _dict_only(value: Any) -> None:
 class RegistryQuerySet(models.QuerySet):
     def visible_to(self, user) -> "RegistryQuerySet":
         """Shared entries (no project) and those of the projects of ``user``'s teams."""
-        from webapp.teams.models import teams_of
-
         if user.is_superuser:
             return self
         return self.filter(models.Q(project__isnull=True) | models.Q(project__team__in=teams_of(user)))
@@ -132,8 +134,6 @@ class Tool(models.Model):
     def clean(self) -> None:
         """The tool must load and have a schema the model can read; checked in a sandboxed child
         process, as registry code never runs in the web server."""
-        from webapp.runs.trainer_args import check_isolated
-
         answer = check_isolated({"plugins": list(settings.TRAINING_PLUGINS), "tools": [self.path]})
         if not answer["ok"]:
             raise ValidationError({"path": answer["message"]})
@@ -191,8 +191,6 @@ class Agent(ProjectEntry):
         if (self.system_prompt or self.llm_config) and (self.workflow_class or self.agent_class or self.env_class):
             raise ValidationError("A chat agent (system prompt, model config, tools) has no workflow or agent class.")
         if self.llm_config:
-            from training.chat_agent import ModelConfig
-
             try:
                 ModelConfig.coerce(self.llm_config)
             except ValueError as exc:
@@ -460,8 +458,6 @@ class Backend(models.Model):
         interpreter of its own (``python``) is checked in that interpreter, by a short subprocess
         that imports what its training process needs (cached for a while); the others, and the
         credentials, in this process, whose environment the workers share."""
-        from training.processor import get_processor_class
-
         try:
             processor = get_processor_class(self.processor)
         except ValueError as exc:

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_POST
 from webapp.registry import uploads
 from webapp.registry.forms import ChatAgentForm, ColumnMappingForm, DatasetUploadForm
 from webapp.registry.models import Agent, Dataset, PendingUpload
-from webapp.runs.access import can_in_project
+from webapp.teams.access import can_in_project
 from webapp.teams.models import Project
 
 

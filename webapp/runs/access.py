@@ -1,4 +1,4 @@
-"""The one place that decides who may do what with a run or a project.
+"""The one place that decides who may do what with a run (with a project: ``webapp.teams.access``).
 
 Every page, API endpoint and websocket asks ``can`` (or ``get_run_for_user``, which 404s).
 
@@ -24,10 +24,10 @@ from django.http import Http404
 from django.db.models import Q
 
 from webapp.runs.models import Run
+from webapp.teams.access import PROJECT_ACTIONS_BY_ROLE, projects_for
 from webapp.teams.models import Membership, Project, ShareLink, role_in
 
 ACTIONS = ("view", "edit", "run", "cancel", "delete")
-PROJECT_ACTIONS = ("view", "run")
 
 _ALL = frozenset(ACTIONS)
 # What each team role may do with a team-visible run that someone else owns.
@@ -35,12 +35,6 @@ RUN_ACTIONS_BY_ROLE = {
     Membership.Role.OWNER: _ALL,
     Membership.Role.ADMIN: _ALL,
     Membership.Role.MEMBER: frozenset({"view", "run"}),
-    Membership.Role.VIEWER: frozenset({"view"}),
-}
-PROJECT_ACTIONS_BY_ROLE = {
-    Membership.Role.OWNER: frozenset(PROJECT_ACTIONS),
-    Membership.Role.ADMIN: frozenset(PROJECT_ACTIONS),
-    Membership.Role.MEMBER: frozenset(PROJECT_ACTIONS),
     Membership.Role.VIEWER: frozenset({"view"}),
 }
 
@@ -62,29 +56,6 @@ def can(user, run: Run, action: str, share_token: str | None = None) -> bool:
     if mine:  # running puts new work on the project's workers: an owner who left its team, or a viewer there now, may not
         return role is not None and "run" in PROJECT_ACTIONS_BY_ROLE[role]
     return role is not None and action in RUN_ACTIONS_BY_ROLE[role]
-
-
-def can_in_project(user, project: Project, action: str) -> bool:
-    """``view``: see the project; ``run``: start runs (and register entries) in it."""
-    if action not in PROJECT_ACTIONS:
-        raise ValueError(f"Unknown project action {action!r}; known: {', '.join(PROJECT_ACTIONS)}.")
-    if user is None or not user.is_authenticated:
-        return False
-    if user.is_superuser:
-        return True
-    role = role_in(user, project.team_id)
-    return role is not None and action in PROJECT_ACTIONS_BY_ROLE[role]
-
-
-def projects_for(user, action: str = "view"):
-    """The projects where ``user`` may ``action`` (the same rule as ``can_in_project``)."""
-    if user is None or not user.is_authenticated:
-        return Project.objects.none()
-    projects = Project.objects.select_related("team")
-    if user.is_superuser:
-        return projects
-    roles = [role for role, actions in PROJECT_ACTIONS_BY_ROLE.items() if action in actions]
-    return projects.filter(team__memberships__user=user, team__memberships__role__in=roles)
 
 
 def get_run_for_user(user, pk: int, action: str = "view", share_token: str | None = None) -> Run:

@@ -35,6 +35,8 @@ from django.utils.deconstruct import deconstructible
 from training.artifacts import (
     STORED_MARKER, ArtifactStore, ArtifactStoreError, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints,
 )
+from webapp.policy.keys import RUN_MODEL
+from webapp.runs.models import Run, last_step_of
 
 logger = logging.getLogger("training")
 
@@ -159,8 +161,6 @@ def _run_deleted(sender, instance, **kwargs) -> None:
 def orphans(older_than: timedelta = timedelta(hours=1)) -> list[str]:
     """Keys of run folders whose run row is gone and of uploads no row names, last written more than
     ``older_than`` ago (younger ones may belong to a row being written right now)."""
-    from webapp.runs.models import Run
-
     found = []
     known = {f"{pk}-{uid.hex}" for pk, uid in Run.objects.values_list("pk", "uid")}
     recorded = {Path(p).name for p in Run.objects.exclude(run_path="").values_list("run_path", flat=True)}
@@ -290,8 +290,6 @@ def _last_recorded_step(run) -> int:
     """The last step the database holds reports of. An attempt lost with another machine may have
     saved (and stored) a checkpoint after it, with that step's reports still in the lost machine's
     spool: resuming from there would lose them, so an attempt elsewhere resumes from no later step."""
-    from webapp.dashboard.series import last_step_of
-
     return max(last_step_of(run.pk), 0)
 
 
@@ -350,9 +348,6 @@ def fetch_trained_model(model_choice: str) -> Path | None:
     """For a run that starts from another run's model (``run:<id>``) with a shared store: that run's
     final model, fetched into this machine's folder for it (where ``model_config`` points). None
     for any other model."""
-    from webapp.runs.models import Run
-    from webapp.runs.trainer_args import RUN_MODEL
-
     match = RUN_MODEL.match((model_choice or "").strip())
     if not shared() or not match:
         return None

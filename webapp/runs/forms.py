@@ -9,14 +9,17 @@ from typing import Any
 import yaml
 from django import forms
 
+from training.config import Config, ConfigError, flatten, parse_overrides
+from webapp.policy import limits
+from webapp.policy.checks import check_isolated, check_spec
+from webapp.policy.keys import permitted_overrides, refused_overrides
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
-from webapp.runs import limits
+from webapp.runs.access import entry_problem, usable_entries
+from webapp.runs.config_fields import config_fields
 from webapp.runs.models import Run
 from webapp.runs.submission import quota_problem, submit
-from webapp.runs.trainer_args import (
-    check_isolated, check_spec, clone_overrides, field_for_error, model_config, permitted_overrides, refused_overrides,
-    run_spec, trainer_kwargs,
-)
+from webapp.runs.trainer_args import clone_overrides, field_for_error, model_config, model_defaults, run_spec, trainer_kwargs
+from webapp.teams.access import projects_for
 from webapp.teams.models import Project
 
 _KEY_VALUE_LINE = re.compile(r"^\s*[A-Za-z_][\w.\-]*\s*=")
@@ -35,7 +38,6 @@ def parse_overrides_text(text: str) -> dict[str, Any]:
 
     Raises ``forms.ValidationError`` saying which line is wrong.
     """
-    from training.config import ConfigError, flatten, parse_overrides
 
     lines = [line for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
     if not lines:
@@ -62,7 +64,6 @@ def parse_overrides_text(text: str) -> dict[str, Any]:
 def check_each_key(overrides: dict[str, Any], text: str) -> tuple[dict[str, Any], list[str]]:
     """Each override checked on its own against the config's keys, types and bounds: the ones that
     pass, and one message per one that does not (``line 3: trainer.total_training_steps: ...``)."""
-    from training.config import Config, ConfigError
 
     def error(keys: dict[str, Any]) -> ConfigError | None:
         try:
@@ -200,7 +201,6 @@ class RunForm(forms.Form):
         self.spec: dict[str, Any] | None = None  # the run's spec, once the sandbox validated it (``clean``)
         self.quota_full: str | None = None  # why the owner's or the project's quota refuses the run (``clean``)
         self.user = user
-        from webapp.runs.config_fields import config_fields
 
         fields = {f["key"]: f for f in config_fields()}
         for name, key in COMMON_FIELDS.items():
@@ -210,8 +210,6 @@ class RunForm(forms.Form):
             self.fields[name].widget.attrs["placeholder"] = fields[key]["default"]
             self.fields[name].widget.attrs["data-key"] = key
         if user is not None:  # the registry entries and projects this user may use
-            from webapp.runs.access import projects_for, usable_entries
-
             for name, model in (("agent", Agent), ("dataset", Dataset), ("reward", RewardFunction)):
                 self.fields[name].queryset = usable_entries(user, model)
             self.fields["project"].queryset = projects_for(user, "run")
@@ -232,7 +230,6 @@ class RunForm(forms.Form):
         """What each common field gives when left empty, per choice: ``{"backends": {pk: {key: value}},
         "models": {choice: {...}}, "agents": {pk: {...}}}``, the keys of their ``default_config`` (an
         agent's win over a model's, a model's over a backend's, as in ``trainer_args.merged_config``)."""
-        from webapp.runs.trainer_args import model_defaults
 
         keys = set(COMMON_FIELDS.values())
 
@@ -308,7 +305,6 @@ class RunForm(forms.Form):
         if cleaned.get("visibility") == Run.Visibility.TEAM and not cleaned.get("project"):
             self.add_error("visibility", "A run without a project has no team to share it with; choose a project.")
         if self.user is not None:  # another project's entry: one its secrets do not go with (access.entry_problem)
-            from webapp.runs.access import entry_problem
 
             for name in ("agent", "dataset", "reward"):
                 problem = cleaned.get(name) and entry_problem(self.user, cleaned[name], cleaned.get("project"))

@@ -317,6 +317,14 @@ class Run(models.Model):
         return dict(self.final_metrics or self.latest_values or {})
 
 
+def last_step_of(run_id: int) -> int:
+    """The highest step any metric of the run has reached (-1 for none). The points are the
+    dashboard's (its series blocks and tail hang on the run), read here through their relations."""
+    runs = Run.objects.filter(pk=run_id)
+    found = [runs.aggregate(m=models.Max(f"{relation}__last_step"))["m"] for relation in ("series_blocks", "series_tail")]
+    return max((int(step) for step in found if step is not None), default=-1)
+
+
 class RunLog(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="logs")
     # Given by the training process's recorder, so a line written twice (a spooled batch replayed

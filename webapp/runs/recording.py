@@ -113,7 +113,7 @@ class DatabaseSink:
 
 class RunLogHandler(logging.Handler):
     """Sends log records (of the ``training`` logger) to the run's log lines, through ``redact``
-    (the registry's arguments taken out: ``trainer_args.redact``) once the run's are known."""
+    (the registry's arguments taken out: ``policy.checks.redact``) once the run's are known."""
 
     def __init__(self, recorder: RunRecorder, level: int = logging.INFO) -> None:
         super().__init__(level)

@@ -9,115 +9,30 @@ the run (its spec, ``run_spec``); each attempt of the worker builds the trainer 
 from __future__ import annotations
 
 import copy
-import importlib
 import os
 import re
 from typing import Any
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
+from webapp.policy import limits
+from webapp.policy.checks import ARGUMENT_KWARGS, HIDDEN, private_values, redact
+from webapp.policy.keys import (
+    CHECKPOINT_DIR_KEY, MODEL_KEY, PYTHON_KEY, RUN_MODEL, TRUST_KEY, permitted_overrides, platform_set_keys,
+)
+from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction, local_path, path_under_model_roots
+from webapp.runs import artifacts
+from webapp.runs.access import can
+from webapp.runs.models import Run
 
-from training.config import flatten
-from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
-from webapp.runs import limits
-
-MODEL_KEY = "actor_rollout_ref.model.path"
-TRUST_KEY = "actor_rollout_ref.model.trust_remote_code"
-CHECKPOINT_DIR_KEY = "trainer.default_local_dir"
-PYTHON_KEY = "trainer.python"
-RUN_MODEL = re.compile(r"^run:(\d{1,18})$")
-
-# Keys a run's overrides never set, with why. The platform sets each itself (from the chosen Model
-# entry, the Backend an admin configured, and the run's own folder): a path reaches other people's
-# files, an interpreter or a model's own code runs code, a service URL receives the platform's API key.
-# Every key the library marks as naming a location is one of them (``training.config.location_keys``).
-_WHY_PLATFORM_SET = {
-    MODEL_KEY: "the model is chosen in the Model field, among those an administrator registered",
-    "actor_rollout_ref.model.tokenizer_path": "the tokenizer comes with the chosen model",
-    TRUST_KEY: "a model's own code runs only for a model an administrator marked trusted",
-    CHECKPOINT_DIR_KEY: "checkpoints are always written in the run's own folder",
-    "trainer.ray_address": "the Ray cluster is chosen by the backend's administrator",
-    PYTHON_KEY: "the interpreter is chosen by the backend's administrator",
-    "remote.base_url": "the remote service's URL is chosen by the backend's administrator (it would receive the platform's API key)",
-    "actor_rollout_ref.rollout.server_url": "the vLLM server is chosen by the backend's administrator (workers connect where it points)",
-    "trainer.wandb_entity": "the W&B entity comes from the project's tracking targets (it would receive the project's W&B key)",
-}
-
-
-def platform_set_keys() -> dict[str, str]:
-    """Every key only the platform sets -> why, in words for the person who tried to set it."""
-    from training.config import location_keys
-
-    why = {key: "it names a location on the workers, which the platform chooses" for key in location_keys()}
-    return {**why, **_WHY_PLATFORM_SET}
-
-
-# Dict-valued keys (rLLM's) whose entries become arguments of registry code: set by the agent's entry.
-_ARGUMENT_PREFIXES = ("rllm.agent.agent_args", "rllm.agent.engine_args", "rllm.env.env_args", "rllm.workflow.workflow_args")
-_WHY_ARGUMENTS = "the arguments of the agent, environment or workflow come from the agent's registry entry"
-
-
-def refused_overrides(overrides: dict[str, Any]) -> dict[str, str]:
-    """The rule of what a member's config may set, for every place that takes one (run form, API,
-    sweeps, clones, the worker's merge): each key it sets that a run may not -> a message naming it.
-
-    Judged on the keys the trainer reads (``limits.config_leaves``: ``rllm.workflow={"workflow_args":
-    {...}}`` is the keys under ``rllm.workflow.workflow_args``), and on what lies under or above
-    them: a value under a platform-set key (``trainer.python.x``), and a section that holds one
-    (``actor_rollout_ref.model=null`` or ``{}`` stands for the keys under it)."""
-    return {leaf: message for leaf, _, message in _refusals(overrides)}
-
-
-def permitted_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    """``overrides`` without each key (as written, whole) that sets something ``refused_overrides`` refuses."""
-    refused = {written for _, written, _ in _refusals(overrides)}
-    return {key: value for key, value in overrides.items() if key not in refused}
-
-
-def _refusals(overrides: dict[str, Any]) -> list[tuple[str, Any, str]]:
-    """(leaf key, the key as written, message) for each key of ``overrides`` a run may not set."""
-    walled = {**platform_set_keys(), **dict.fromkeys(_ARGUMENT_PREFIXES, _WHY_ARGUMENTS)}
-    refusals = []
-    for leaf, (written, _) in limits.config_leaves(overrides).items():
-        why = None
-        for wall, reason in walled.items():
-            if leaf == wall or leaf.startswith(wall + "."):
-                why = reason
-                break
-            if wall.startswith(leaf + "."):  # a section given whole: it stands for every key under it
-                why = f"it holds {wall}, which cannot be set per run ({reason}); set the keys under it one by one"
-                break
-        if why is not None:
-            how = "" if written == leaf else f" (set by {written})"
-            refusals.append((leaf, written, f"{leaf}{how} cannot be set per run: {why}."))
-    return refusals
-
-
-def load_training_plugins() -> None:
-    """Import ``settings.TRAINING_PLUGINS`` (they register datasets, rewards, backends by name).
-    Only in processes that run registry code (the training process, the checks' sandbox), never the web server."""
-    for module in settings.TRAINING_PLUGINS:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ImproperlyConfigured(f"TRAINING_PLUGINS: cannot import {module!r}: {exc}") from exc
 
 
 def model_config(choice: str, user=None) -> dict[str, Any]:
     """The model keys of a run that chose ``choice``: a registered ``Model`` entry's name, or
     ``run:<id>``, the model a run ``user`` may see trained. ValueError naming the choice otherwise."""
-    from webapp.registry.models import Model
-    from webapp.runs.models import Run
-
     match = RUN_MODEL.match(choice.strip())
     if match:
-        from webapp.runs.access import can
-
         run = Run.objects.filter(pk=int(match.group(1))).first()
         if run is None or user is None or not can(user, run, "view"):
             raise ValueError(f"model {choice!r}: there is no run {match.group(1)} that you may see.")
-        from webapp.runs import artifacts
-
         if artifacts.shared():  # on the store: the worker fetches it into its own folder for that run
             stored = run.status == Run.Status.SUCCEEDED and artifacts.final_model_key(run)
             trained = artifacts.scratch_folder(run) / "final_model" if stored else None
@@ -142,9 +57,6 @@ def model_config(choice: str, user=None) -> dict[str, Any]:
 def model_defaults(choice: str) -> dict[str, Any]:
     """The config a run of the model ``choice`` gets under its own overrides: the registered entry's
     ``default_config``; for ``run:<id>``, that of the model the run trained from (the settings it learns with)."""
-    from webapp.registry.models import Model
-    from webapp.runs.models import Run
-
     match = RUN_MODEL.match(choice.strip())
     if match:
         choice = Run.objects.filter(pk=int(match.group(1))).values_list("model", flat=True).first() or ""
@@ -204,76 +116,6 @@ def trainer_kwargs(
     }
 
 
-def check_spec(kwargs: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """What ``training.probe`` checks for a run with these ``AgentTrainer`` kwargs: the platform-set
-    keys must come out as set, and the owner's ``overrides`` reach nothing unchecked. ``data_paths``:
-    the files the check reads (the datasets, the model's folder), the only ones its jail shows it."""
-    config = kwargs["config"]
-    named = [kwargs.get("train_dataset"), kwargs.get("val_dataset"), config.get(MODEL_KEY),
-             config.get("actor_rollout_ref.model.tokenizer_path")]
-    return {
-        "kwargs": kwargs,
-        "plugins": list(settings.TRAINING_PLUGINS),
-        "pinned": {key: config[key] for key in platform_set_keys()},
-        "user_keys": sorted({*flatten(overrides), *limits.config_leaves(overrides)}),
-        "load_model": True,
-        "data_paths": [path for path in named if isinstance(path, str) and os.path.isabs(path) and os.path.exists(path)],
-    }
-
-
-def check_isolated(spec: dict[str, Any]) -> dict[str, Any]:
-    """``training.probe.check_isolated`` with the platform's limits: the run's code never runs here.
-    Each check's data is linked under ``VAR_DIR/run-checks`` (beside the uploads: links, not copies).
-    The answer's message reaches the run's owner: the registry's arguments are taken out of it."""
-    from training import probe
-
-    probe.use_inbox(settings.VAR_DIR / "run-checks")
-    answer = probe.check_isolated(spec, timeout_s=settings.RUN_CHECK_TIMEOUT_SECONDS, memory_mb=settings.RUN_CHECK_MEMORY_MB)
-    hidden = private_values(spec.get("kwargs", {}))
-    for said in (answer, *answer.get("problems", [])):
-        if isinstance(said.get("message"), str):
-            said["message"] = redact(said["message"], hidden)
-    return answer
-
-
-# -- what members read of registry arguments ---------------------------------------------------
-
-ARGUMENT_KWARGS = ("agent_args", "env_args", "workflow_args")
-HIDDEN = "<set by the administrator>"
-_SHORTEST_HIDDEN = 8  # shorter values (a flag, a word such as "python") would blot out ordinary words
-
-
-def private_values(kwargs: dict[str, Any]) -> list[str]:
-    """The strings an administrator gave the run's agent, environment or workflow (a server's
-    arguments and environment, paths, names), and the secrets they name, as set here: text a member
-    reads (a validation error, the run's error and log) never shows them, whatever code quoted them."""
-    from training import secrets
-    from training.utils import leaves
-
-    found: set[str] = set()
-    for name in ARGUMENT_KWARGS:
-        for value in leaves(kwargs.get(name) or {}, whole=secrets.reference):
-            secret = os.environ.get(secrets.reference(value) or "") if isinstance(value, dict) else None
-            if secret or isinstance(value, str):
-                found.add(secret or value)
-    return sorted((v for v in found if len(v) >= _SHORTEST_HIDDEN), key=len, reverse=True)  # longest first
-
-
-def redact(text: str, values: list[str]) -> str:
-    """``text`` with each of ``values`` (``private_values``) replaced by a mark that says who set it."""
-    for value in values:
-        text = text.replace(value, HIDDEN)
-    return text
-
-
-def warm_checker() -> None:
-    """Start this process's checking server now (a web server does at startup), in its jail with the inbox above."""
-    from training import probe
-
-    probe.use_inbox(settings.VAR_DIR / "run-checks")
-    probe.warm()
-
-
 def run_trainer_kwargs(run, run_path: str) -> dict[str, Any]:
     return trainer_kwargs(
         agent=run.agent, dataset=run.dataset, reward=run.reward, backend=run.backend,
@@ -309,8 +151,6 @@ def run_spec(kwargs: dict[str, Any], dataset: Dataset) -> dict[str, Any]:
 def revocations(run) -> list[str]:
     """What an administrator withdrew since ``run`` was validated, each in words for its owner.
     Revocations only: settings changed since (a row's defaults, a dataset's mapping) are not read."""
-    from webapp.registry.models import Model, path_under_model_roots
-
     since = "since this run was queued"
     problems = []
     backend = Backend.objects.get(pk=run.backend_id)
@@ -341,8 +181,6 @@ def attempt_kwargs(run, run_path: str) -> dict[str, Any]:
     filled in (``run_path``, this worker's copy of the dataset's file, of a run's trained model).
     Raises ``Revoked`` when an administrator withdrew what it was validated with. A run from before
     specs gets its spec resolved from the rows now, and stored: its later attempts train the same."""
-    from webapp.runs.models import Run
-
     if run.spec is None:
         kwargs = run_trainer_kwargs(run, run_path)
         run.spec = run_spec(kwargs, run.dataset)
@@ -358,8 +196,6 @@ def attempt_kwargs(run, run_path: str) -> dict[str, Any]:
         if not field.storage.exists(name):
             raise Revoked(f"The dataset file this run was validated with ({name}, of dataset '{run.dataset.name}') "
                           "was deleted since it was queued. It was not trained.")
-        from webapp.registry.models import local_path
-
         kwargs[key] = local_path(field.attr_class(run.dataset, field, name))
     if RUN_MODEL.match(run.model or ""):  # its folder on this worker, and still one the owner may see
         try:

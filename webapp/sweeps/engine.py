@@ -28,7 +28,7 @@ from training.sweep import TrialRecord, ask_next, grid_size, parse_space, should
 from webapp.dashboard.series import all_points
 from webapp.runs.access import can
 from webapp.runs.forms import RunForm, overrides_text
-from webapp.runs.limits import MAX_NOTES_CHARS
+from webapp.policy.limits import MAX_NOTES_CHARS
 from webapp.runs.models import Run
 from webapp.runs.submission import QuotaExceeded
 from webapp.runs.trainer_args import clone_overrides

@@ -13,8 +13,8 @@ from django import forms
 
 from training.config import Config, ConfigError
 from training.sweep import SAMPLERS, grid_size, parse_space
-from webapp.runs import limits
-from webapp.runs.trainer_args import refused_overrides
+from webapp.policy import limits
+from webapp.policy.keys import refused_overrides
 from webapp.sweeps import engine
 from webapp.sweeps.engine import MAX_PARALLEL, MAX_TRIALS
 from webapp.sweeps.models import MAX_OBJECTIVE_STEPS, Sweep

@@ -12,11 +12,15 @@ backend's ``config_limits`` (registry admin): ``{"trainer.total_training_steps":
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import yaml
 from django.core.exceptions import ValidationError
+
+from training.config import UNIFIED_NAMES, UNIFIED_SECTIONS, Config, ConfigError, flatten, to_dict, valid_keys
+from training.trl_names import translate_trl_names
 
 # Sizes of what a person types. Overrides are short in practice (a few dozen keys).
 MAX_OVERRIDES_CHARS = 20_000
@@ -98,8 +102,6 @@ PLATFORM_LIMITS: dict[str, float] = {
 
 def numeric_keys() -> list[str]:
     """Every config key whose value is a number (int or float, optional or not)."""
-    from training.config import valid_keys
-
     return [key for key, field in valid_keys().items()
             if {"int", "float"} & set(str(field.type).replace(" ", "").split("|"))]
 
@@ -157,7 +159,6 @@ def _check_yaml_events(chunk: str) -> None:
 
 def check_json_overrides(value: dict) -> None:
     """The API's overrides (already parsed JSON): the same size limit as the form's text."""
-    import json
 
     size = len(json.dumps(value))
     if size > MAX_OVERRIDES_CHARS:
@@ -173,7 +174,6 @@ def config_leaves(overrides: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     ``+`` is dropped; rLLM's unified names are read as the keys they set (``rllm.trainer.python`` is
     ``trainer.python``, ``model.name`` is ``actor_rollout_ref.model.path``). A key ``Config.build``
     would refuse as unknown may be named here too: refusing it twice costs nothing."""
-    from training.config import flatten
 
     leaves: dict[str, tuple[str, Any]] = {}
     for written, value in overrides.items():
@@ -183,7 +183,6 @@ def config_leaves(overrides: dict[str, Any]) -> dict[str, tuple[str, Any]]:
 
 
 def _as_read(key: str) -> str:
-    from training.config import UNIFIED_NAMES, UNIFIED_SECTIONS
 
     key = ".".join(part.strip().lstrip("+") for part in key.split("."))
     if key in UNIFIED_NAMES:
@@ -235,8 +234,6 @@ def _our_keys(overrides: dict[str, Any]) -> dict[str, Any]:
     """TRL's names (keys without a dot) translated to ours; ours kept as they are."""
     if all("." in key for key in overrides):
         return overrides
-    from training.config import Config, ConfigError, to_dict
-    from training.trl_names import translate_trl_names
 
     try:
         return translate_trl_names(dict(overrides), to_dict(Config()), {})
