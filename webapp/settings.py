@@ -177,7 +177,14 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     VAR_DIR.mkdir(parents=True, exist_ok=True)  # the default database lives there
     # A file (not :memory:) so that worker processes started by tests share the test database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-platform.sqlite3")}
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30  # workers and web write at once
+    # Workers and the web server write at once. A transaction takes the write lock when it begins
+    # (IMMEDIATE), so it waits its turn up to the timeout: a deferred one that read first and then
+    # wrote while another process was writing failed at once with "database is locked" (SQLite
+    # cannot make it wait), which a run's locked metric writes made frequent. WAL: readers never
+    # wait for the writer.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    )
 # Connections kept open per process (psycopg's pool; 0: each request opens and closes its own). A
 # PostgreSQL connection costs ~30 ms to open on a loaded machine and a run page's websocket needs
 # several database reads to open: the web server (webapp/server.py) sets a pool of its own unless

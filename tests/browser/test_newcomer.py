@@ -165,7 +165,7 @@ def test_the_demo_run_learns_then_its_model_answers_and_it_clones(live_platform,
             assert time.monotonic() < deadline, f"no rise within {LEARN_LIMIT_S} s: {rewards}"
             time.sleep(2)
         demo.refresh_from_db()
-        if not demo.is_final:  # enough seen: stop it from the page (it saves its final model where it stops)
+        if not demo.is_final:  # enough seen: stop it from the page (its checkpoints stay)
             page.once("dialog", lambda dialog: dialog.accept())
             page.click("#run-cancel button")
         page.wait_for_function("() => ['cancelled', 'succeeded'].includes(document.getElementById('run-status').textContent)",
@@ -184,12 +184,19 @@ def test_the_demo_run_learns_then_its_model_answers_and_it_clones(live_platform,
         detail = page.text_content("#dash-episode-detail")
         assert "Turn 1" in detail and "Model response" in detail and "Environment observation" in detail
 
-        # Its final model, as an archive transformers can load after unpacking.
+        # Its newest model, as an archive transformers can load after unpacking: the final model of a
+        # run that ended succeeded; a stopped run publishes none, its checkpoints stay.
+        if demo.status == Run.Status.SUCCEEDED:
+            link, folder = "Final model", "final_model"
+        else:
+            assert "Final model" not in page.text_content("#run-models")
+            newest = demo.checkpoints.order_by("-step").first()
+            link, folder = f"Checkpoint at step {newest.step}", f"checkpoint-{newest.step}"
         with page.expect_download() as download:
-            page.click("#run-models a:text('Final model')")
+            page.click(f"#run-models a:text('{link}')")
         with tarfile.open(download.value.path()) as archive:
             names = archive.getnames()
-        assert f"run-{demo.pk}-final_model/config.json" in names and any(n.endswith(".safetensors") for n in names)
+        assert f"run-{demo.pk}-{folder}/config.json" in names and any(n.endswith(".safetensors") for n in names)
 
         # Chat with its checkpoint, on a phone: the worker of the run's queue answers, the page shows it.
         page.set_viewport_size({"width": PHONE["width"], "height": PHONE["height"]})
