@@ -522,7 +522,7 @@ def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
         kwargs = attempt_kwargs(run, run_path)  # the spec the run was validated with, revocations checked again
         hidden = private_values(kwargs)
         handler.redact = lambda text: redact(text, hidden)  # what the run's viewers read
-        uploader = artifacts.start_uploads(run, Path(run_path))  # a shared store: what earlier attempts stored
+        uploader = artifacts.start_uploads(run, Path(run_path), may_write=fence.may_write)  # a shared store: what earlier attempts stored
         artifacts.fetch_trained_model(run.model)  # a model another run trained, from the store
         dashboard = DashboardSink(run.pk, spool_dir=run_path, attempt=run.attempts)
         dashboard.on_superseded = fence.superseded
