@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -31,16 +32,24 @@ logger = logging.getLogger(__name__)
 
 
 class Spool:
-    """Segments of JSON lines in ``folder``, named ``<kind>-<nanoseconds>-<n>.jsonl`` so that their
-    names sort in the order they were written. One segment is open for appending at a time."""
+    """Segments of JSON lines in ``folder``, named ``<kind>-<nanoseconds>-<n>[-a<attempt>].jsonl``
+    so that their names sort in the order they were written. One segment is open for appending at
+    a time.
 
-    def __init__(self, folder: Path, kind: str, max_bytes: int) -> None:
+    With ``attempt`` (a platform attempt's fencing token) the spool is adopted: segments earlier
+    attempts left are renamed as this attempt's, and ``<kind>.attempt`` records that this attempt
+    holds the folder from now on. A segment named with an attempt older than the one recorded
+    there was written by a superseded attempt after it was taken over (a process paused past its
+    takeover, killed before it could delete its segments): it is deleted, never replayed."""
+
+    def __init__(self, folder: Path, kind: str, max_bytes: int, attempt: int | None = None) -> None:
         self.folder = Path(folder)
         self.kind = kind
         self.max_bytes = max_bytes
+        self.attempt = attempt
         self.folder.mkdir(parents=True, exist_ok=True)
         # What earlier processes (a killed attempt) left: written before anything of this one.
-        self.leftovers = sorted(self.folder.glob(f"{kind}-*.jsonl"))
+        self.leftovers = self._adopt()
         self._bytes = sum(_size(path) for path in self.leftovers)
         self._file = None
         self._path: Path | None = None
@@ -59,7 +68,8 @@ class Spool:
         try:
             if self._file is None:
                 self._count += 1
-                self._path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}.jsonl"
+                tag = f"-a{self.attempt}" if self.attempt is not None else ""
+                self._path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}{tag}.jsonl"
                 self._file = open(self._path, "ab", buffering=0)
                 self._created.append(self._path)
             start = self._file.tell()
@@ -73,6 +83,38 @@ class Spool:
             return False
         self._bytes += len(line)
         return True
+
+    def _adopt(self) -> list[Path]:
+        found = sorted(self.folder.glob(f"{self.kind}-*.jsonl"))
+        if self.attempt is None:
+            return found
+        marker = self.folder / f"{self.kind}.attempt"
+        try:
+            holder = int(marker.read_text())
+        except (OSError, ValueError):
+            holder = 0
+        if self.attempt < holder:  # this attempt is superseded itself: its writes are refused anyway
+            return []
+        kept = []
+        for path in found:
+            match = _ATTEMPT_TAG.search(path.name)
+            written_by = int(match.group(1)) if match else None  # untagged: an older version's, kept
+            if written_by is not None and written_by < holder:
+                logger.warning("%s was written by attempt %s after attempt %s took the run over: deleted, not stored.",
+                               path, written_by, holder)
+                path.unlink(missing_ok=True)
+                continue
+            if written_by is not None and written_by > self.attempt:
+                continue  # a later attempt's (this one is being superseded): left to it
+            if written_by is not None and written_by != self.attempt:
+                adopted = path.with_name(_ATTEMPT_TAG.sub(f"-a{self.attempt}.jsonl", path.name))
+                path.rename(adopted)
+                path = adopted
+            kept.append(path)
+        partial = marker.with_name(marker.name + ".partial")
+        partial.write_text(str(self.attempt))
+        partial.replace(marker)
+        return kept
 
     def seal(self) -> Path | None:
         """Close the open segment (its records are the batch being taken) and return it."""
@@ -111,6 +153,9 @@ class Spool:
         return records
 
 
+_ATTEMPT_TAG = re.compile(r"-a(\d+)\.jsonl$")
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -130,7 +175,8 @@ class BackgroundFlusher:
 
     spool_kind = "reports"
 
-    def __init__(self, name: str, flush_seconds: float, spool_dir: str | Path | None = None) -> None:
+    def __init__(self, name: str, flush_seconds: float, spool_dir: str | Path | None = None,
+                 attempt: int | None = None) -> None:
         self.flush_seconds = flush_seconds
         # Set once a write was refused because the attempt no longer holds its run: nothing more is
         # written or kept, and ``on_superseded`` (if set) stops the attempt.
@@ -143,7 +189,7 @@ class BackgroundFlusher:
         self.spool: Spool | None = None
         self._waiting: list[Path] = []  # spooled segments not stored yet, oldest first
         if spool_dir is not None:
-            self.spool = Spool(Path(spool_dir) / "spool", self.spool_kind, settings.RUN_SPOOL_MAX_MB * 1024 * 1024)
+            self.spool = Spool(Path(spool_dir) / "spool", self.spool_kind, settings.RUN_SPOOL_MAX_MB * 1024 * 1024, attempt)
             self._waiting = list(self.spool.leftovers)
 
     def start(self):

@@ -60,6 +60,29 @@ def test_reports_of_a_killed_process_are_written_by_the_next_attempt_once(make_r
     assert EpisodeSample.objects.filter(run=run).count() == 1
 
 
+def test_segments_a_superseded_attempt_wrote_after_its_takeover_are_never_replayed(make_run, tmp_path):
+    """Segments carry their attempt. An attempt adopts what earlier ones left (a lost attempt's
+    reports are still stored); what a superseded attempt wrote after the takeover (a process paused
+    past it, killed by its supervisor before it could delete its segments) is deleted by the next
+    attempt resuming in the folder, not stored."""
+    run = make_run()
+    first = RunRecorder(run.pk, spool_dir=tmp_path, attempt=1)
+    first.add_log("INFO", "attempt 1, before the takeover")  # never stored: its machine looked lost
+    second = RunRecorder(run.pk, spool_dir=tmp_path, attempt=2)  # takes the run over in the same folder
+    first.spool.seal()
+    first.add_log("INFO", "attempt 1, after the takeover")  # the paused process woke up
+    second.add_log("INFO", "attempt 2")
+    assert sorted(p.name.rsplit("-", 1)[1] for p in segments(tmp_path)) == ["a1.jsonl", "a2.jsonl", "a2.jsonl"]
+    # Both killed now, before anything was stored; the run is re-queued into the same folder.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, attempts=3)
+    third = RunRecorder(run.pk, spool_dir=tmp_path, attempt=3)
+    third.add_log("INFO", "attempt 3")
+    third.close()
+    assert list(RunLog.objects.filter(run=run).values_list("message", flat=True)) == [
+        "attempt 1, before the takeover", "attempt 2", "attempt 3"]
+    assert segments(tmp_path) == []
+
+
 def test_a_postgres_outage_keeps_reports_on_disk_and_writes_them_all_when_it_is_back(make_run, tmp_path):
     run = make_run()
     db = connection.settings_dict

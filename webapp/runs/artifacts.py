@@ -284,7 +284,7 @@ def _has_spooled_reports(scratch: Path) -> bool:
     """Whether an earlier attempt on this machine left reports in the run's spool (they are stored
     before this attempt trains, so its newest checkpoint loses no step)."""
     spool = scratch / "spool"
-    return spool.is_dir() and any(spool.iterdir())
+    return spool.is_dir() and any(spool.glob("*.jsonl"))
 
 
 def _last_recorded_step(run) -> int:
