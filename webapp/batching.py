@@ -15,6 +15,7 @@ segments in the folder it resumes in.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -24,8 +25,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.utils import timezone
 
+from training.processor import free_space
 from webapp.runs.models import AttemptSuperseded
 
 logger = logging.getLogger(__name__)
@@ -57,6 +60,7 @@ class Spool:
         self._created: list[Path] = []
         # Why the last record was refused: the size limit, or the disk (ENOSPC) named by its error.
         self.refused_because = ""
+        self.disk_full = False
 
     def append(self, record: Any) -> bool:
         """Write one record through to the operating system (it survives the process being killed).
@@ -80,7 +84,9 @@ class Spool:
                 raise
         except OSError as exc:  # a full disk (ENOSPC) or a failing one: the record is dropped and counted, training goes on
             self.refused_because = f"the spool's disk refused it ({exc.strerror or exc})"
+            self.disk_full = exc.errno == errno.ENOSPC
             return False
+        self.disk_full = False
         self._bytes += len(line)
         return True
 
@@ -153,6 +159,8 @@ class Spool:
         return records
 
 
+_paused_runs: set = set()  # runs told that a full disk paused them
+_paused_lock = threading.Lock()
 _ATTEMPT_TAG = re.compile(r"-a(\d+)\.jsonl$")
 
 
@@ -186,6 +194,7 @@ class BackgroundFlusher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._flush_loop, name=name, daemon=True)
         self._failing_since: float | None = None
+        self._paused_at: float | None = None  # when a full disk paused this writer's producers
         self.spool: Spool | None = None
         self._waiting: list[Path] = []  # spooled segments not stored yet, oldest first
         if spool_dir is not None:
@@ -221,7 +230,60 @@ class BackgroundFlusher:
         the report must be dropped; True, and nothing done, without a spool."""
         if self.superseded:
             return False
-        return self.spool.append(record) if self.spool is not None else True
+        if self.spool is None:
+            return True
+        while not self.spool.append(record):
+            if not (self.spool.disk_full and settings.RUN_ON_FULL_DISK == "pause") or self.superseded:
+                return False
+            self._wait_for_disk()
+        if self._paused_at is not None:
+            self._resumed()
+        return True
+
+    # -- a full disk, under RUN_ON_FULL_DISK=pause ----------------------------------------------
+    def _wait_for_disk(self) -> None:
+        """(under ``_lock``) The spool's disk is full: the producer (training) waits here, the lock
+        let go meanwhile so the writer goes on storing (and deleting) what waits."""
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+            if self._tell_once(True):
+                self.tell("ERROR", f"The disk of {self.spool.folder} is full ({free_space(self.spool.folder)} free): "
+                                   f"training is paused until it accepts writes again (checked every "
+                                   f"{settings.RUN_FULL_DISK_CHECK_SECONDS} s).")
+        self._lock.release()
+        try:
+            time.sleep(settings.RUN_FULL_DISK_CHECK_SECONDS)
+        finally:
+            self._lock.acquire()
+
+    def _resumed(self) -> None:
+        waited, self._paused_at = time.monotonic() - self._paused_at, None
+        if self._tell_once(False):
+            self.tell("INFO", f"The disk of {self.spool.folder} accepts writes again; training goes on after a pause of {waited:.0f} s.")
+
+    def _tell_once(self, paused: bool) -> bool:
+        """One line per pause for the run, whichever of its writers met the full disk first."""
+        key = getattr(self, "run_id", None)
+        with _paused_lock:
+            if paused == (key in _paused_runs):
+                return False
+            (_paused_runs.add if paused else _paused_runs.discard)(key)
+            return True
+
+    def tell(self, level: str, message: str) -> None:
+        """A line in the run's log written now, not through the spool (its disk may be full)."""
+        logger.warning("%s", message)
+        run_id = getattr(self, "run_id", None)
+        if run_id is None:
+            return
+        from webapp.runs.models import RunLog, lock_for_attempt
+
+        try:
+            with transaction.atomic():
+                lock_for_attempt(run_id, getattr(self, "attempt", None))
+                RunLog.objects.create(run_id=run_id, level=level, time=timezone.now(), message=message)
+        except (AttemptSuperseded, DatabaseError) as exc:
+            logger.warning("%s: could not tell the run's log (%s)", self._thread.name, exc)
 
     # -- the writer ------------------------------------------------------------------------------
     def flush(self) -> Any:

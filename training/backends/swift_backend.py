@@ -215,6 +215,12 @@ class SwiftProcessor(BuiltinProcessor):
             raise kind(failed["summary"], failed.get("traceback", ""))
         if child.returncode != 0:
             tail = log_path.read_text(errors="replace")[-3000:]
+            if "No space left on device" in tail:  # ms-swift's process writes the checkpoints
+                from training.processor import DiskFull, free_space
+
+                output = Path(json.loads(job.read_text())["swift_args"]["output_dir"])
+                raise DiskFull(28, f"The disk is full: the swift training process could not write in {output} "
+                                   f"({free_space(output)} free on its disk). Free space there and run it again.")
             raise RuntimeError(f"the swift training process ({python}) failed with exit code {child.returncode}:\n{tail}")
         done = next((e for e in events if e["event"] == "done"), {})
         steps = int(done.get("result", {}).get("global_step", self._last_step))
