@@ -23,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 logger = logging.getLogger("training")
 
@@ -281,11 +281,16 @@ class RunUploader:
     With ``keep_last``, only that many of the newest stored checkpoints are kept. Local copies of
     stored checkpoints older than the newest are removed from the scratch folder.
     ``finish`` stores the final model and the run files and waits until everything is stored.
+    ``may_write`` (a platform attempt's fencing token) is asked before each upload: once it says
+    no, nothing more is stored and what waits is dropped (``superseded``).
     """
 
     def __init__(self, store: ArtifactStore, prefix: str, scratch: str | Path, log_name: str = "",
-                 max_pending: int = 8, retry_max_seconds: float = 30.0, keep_last: int | None = None) -> None:
+                 max_pending: int = 8, retry_max_seconds: float = 30.0, keep_last: int | None = None,
+                 may_write: Callable[[], bool] | None = None) -> None:
         self.store = store
+        self.may_write = may_write
+        self.superseded = False
         self.keep_last = keep_last
         self.prefix = prefix.strip("/")
         self.scratch = Path(scratch)
@@ -342,7 +347,7 @@ class RunUploader:
             self._closing = True
             self._lock.notify_all()
             deadline = time.monotonic() + timeout
-            while self._queue or self._busy or self._files_due:
+            while (self._queue or self._busy or self._files_due) and not self.superseded:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     waiting = ", ".join(u.local.name for u in self._queue) or "the run files"
@@ -369,6 +374,8 @@ class RunUploader:
                 self._busy = True
                 self._current = upload.key if upload else ""
             try:
+                if not self._allowed():
+                    continue
                 if upload is not None:
                     self._with_retries(lambda: self._store(upload), upload.key)
                 elif files:
@@ -380,6 +387,27 @@ class RunUploader:
                     self._busy = False
                     self._current = ""
                     self._lock.notify_all()
+
+    def _allowed(self) -> bool:
+        """Ask ``may_write`` before an upload; on no, drop everything (this attempt no longer holds
+        the run). A check that fails (its database away) is asked again: the upload waits."""
+        delay = 1.0
+        while self.may_write is not None and not self.superseded:
+            try:
+                if self.may_write():
+                    return True
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("artifact store: cannot ask whether this attempt still holds the run (%s); the upload waits", _short(exc))
+                time.sleep(delay)
+                delay = min(delay * 2, self.retry_max_seconds)
+                continue
+            logger.error("artifact store: this attempt no longer holds the run; nothing more of it is stored")
+            self.superseded = True
+        if self.superseded:
+            with self._lock:
+                self._queue.clear()
+                self._files_due = False
+        return not self.superseded
 
     def _store(self, upload: _Upload) -> None:
         if not upload.local.exists():  # removed locally before its turn (the backend's own rotation)

@@ -2,19 +2,55 @@
 
 from __future__ import annotations
 
+import errno
+import shutil
 import threading
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
+from training.log import logger
 from training.outcomes import RewardTrace, learning_warnings
 from training.sinks import MetricSink, MultiSink
 from training.utils import import_object
+
+T = TypeVar("T")
 
 
 class RunSuperseded(RuntimeError):
     """Another process owns the run now (``AgentTrainer(may_write=...)`` said so): this one writes
     nothing more of it."""
+
+
+class DiskFull(OSError):
+    """A file of the run (a checkpoint, the final model) did not fit on its disk."""
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is a full disk: ENOSPC, or the libraries' words for it
+    (torch's stream writer, safetensors)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if any(words in str(exc) for words in ("No space left on device", "file write failed", "StorageFull")):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def free_bytes(folder: str | Path) -> int:
+    """The free space of ``folder``'s disk (its nearest existing parent's)."""
+    path = Path(folder)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def free_space(folder: str | Path) -> str:
+    """The free space of ``folder``'s disk, for people."""
+    free = free_bytes(folder)
+    return f"{free / 2**20:.1f} MB" if free < 2**30 else f"{free / 2**30:.1f} GB"
 
 
 class TrainerProcessor(ABC):
@@ -28,6 +64,10 @@ class TrainerProcessor(ABC):
     #: Whether training runs in an interpreter of its own (``trainer.python``; on the platform the
     #: Backend's ``python``), so that its environment is checked there, not in the caller's process.
     own_interpreter: bool = False
+    #: A full disk while a checkpoint or the final model is written (``write_files``): "fail" the
+    #: run naming the folder and its free space, or "pause" until the disk has room again.
+    on_full_disk: str = "fail"
+    full_disk_check_seconds: float = 5.0
 
     def __init__(self, run_path: str) -> None:
         self.run_path = str(run_path)
@@ -106,6 +146,39 @@ class TrainerProcessor(ABC):
         if not all(check() for check in self._write_checks):
             self._stop.set()
             raise RunSuperseded(f"Not writing {what}: another process owns this run now.")
+
+    def write_files(self, what: str, folder: str | Path, write: Callable[[], T]) -> T:
+        """Write ``what`` (a checkpoint, the final model) into ``folder`` with ``write()``, after
+        ``check_may_write``. On a full disk the partial ``folder`` is removed (the last whole
+        checkpoint stays what a resume starts from), then the run fails with ``DiskFull`` naming
+        the folder and its free space, or with ``on_full_disk="pause"`` it waits (checking every
+        ``full_disk_check_seconds``) until the disk has more room than it had, and writes again."""
+        paused_at = None
+        while True:
+            self.check_may_write(what)
+            try:
+                result = write()
+            except Exception as exc:
+                if not disk_full(exc):
+                    raise
+                shutil.rmtree(folder, ignore_errors=True)
+                message = f"The disk is full: {what} did not fit in {folder} ({free_space(folder)} free on its disk)."
+                if self.on_full_disk != "pause":
+                    raise DiskFull(errno.ENOSPC, f"{message} The last whole checkpoint is kept; free space on that disk "
+                                   "and run it again.") from exc
+                if paused_at is None:
+                    paused_at = time.monotonic()
+                    logger.error("%s Training is paused until the disk has room (checked every %.0f s).",
+                                 message, self.full_disk_check_seconds)
+                free = free_bytes(folder)
+                while free_bytes(folder) <= free:
+                    if self.should_stop():
+                        raise DiskFull(errno.ENOSPC, f"{message} Stopped while waiting for room.") from exc
+                    time.sleep(self.full_disk_check_seconds)
+                continue
+            if paused_at is not None:
+                logger.info("%s written after waiting %.0f s for room on its disk.", what, time.monotonic() - paused_at)
+            return result
 
     @classmethod
     def environment_status(cls, config: Any = None) -> dict[str, str | None]:

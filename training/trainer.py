@@ -78,6 +78,7 @@ class AgentTrainer:
         sinks: list[MetricSink] | None = None,
         should_stop: Callable[[], bool] | None = None,
         may_write: Callable[[], bool] | None = None,
+        on_full_disk: str = "fail",
     ) -> None:
         rllm_agent = any(
             v is not None for v in (workflow_class, agent_class, env_class, agent_run_func, agent_flow, evaluator)
@@ -120,6 +121,9 @@ class AgentTrainer:
             self.train_processor.add_stop_check(should_stop)
         if may_write is not None:  # a platform's fencing token: asked before every checkpoint and final model
             self.train_processor.add_write_check(may_write)
+        if on_full_disk not in ("fail", "pause"):
+            raise ValueError(f"on_full_disk must be 'fail' or 'pause', not {on_full_disk!r}.")
+        self.train_processor.on_full_disk = on_full_disk  # a checkpoint that does not fit: see TrainerProcessor.write_files
 
         self._check_inputs()
         self.final_config = self.train_processor.check_config(self.config)

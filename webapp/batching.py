@@ -15,32 +15,44 @@ segments in the folder it resumes in.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import re
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.utils import timezone
 
+from training.processor import free_space
 from webapp.runs.models import AttemptSuperseded
 
 logger = logging.getLogger(__name__)
 
 
 class Spool:
-    """Segments of JSON lines in ``folder``, named ``<kind>-<nanoseconds>-<n>.jsonl`` so that their
-    names sort in the order they were written. One segment is open for appending at a time."""
+    """Segments of JSON lines in ``folder``, named ``<kind>-<nanoseconds>-<n>[-a<attempt>].jsonl``
+    so that their names sort in the order they were written. One segment is open for appending at
+    a time.
 
-    def __init__(self, folder: Path, kind: str, max_bytes: int) -> None:
+    With ``attempt`` (a platform attempt's fencing token) the spool is adopted: segments earlier
+    attempts left are renamed as this attempt's, and ``<kind>.attempt`` records that this attempt
+    holds the folder from now on. A segment named with an attempt older than the one recorded
+    there was written by a superseded attempt after it was taken over (a process paused past its
+    takeover, killed before it could delete its segments): it is deleted, never replayed."""
+
+    def __init__(self, folder: Path, kind: str, max_bytes: int, attempt: int | None = None) -> None:
         self.folder = Path(folder)
         self.kind = kind
         self.max_bytes = max_bytes
+        self.attempt = attempt
         self.folder.mkdir(parents=True, exist_ok=True)
         # What earlier processes (a killed attempt) left: written before anything of this one.
-        self.leftovers = sorted(self.folder.glob(f"{kind}-*.jsonl"))
+        self.leftovers = self._adopt()
         self._bytes = sum(_size(path) for path in self.leftovers)
         self._file = None
         self._path: Path | None = None
@@ -48,6 +60,7 @@ class Spool:
         self._created: list[Path] = []
         # Why the last record was refused: the size limit, or the disk (ENOSPC) named by its error.
         self.refused_because = ""
+        self.disk_full = False
 
     def append(self, record: Any) -> bool:
         """Write one record through to the operating system (it survives the process being killed).
@@ -59,7 +72,8 @@ class Spool:
         try:
             if self._file is None:
                 self._count += 1
-                self._path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}.jsonl"
+                tag = f"-a{self.attempt}" if self.attempt is not None else ""
+                self._path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}{tag}.jsonl"
                 self._file = open(self._path, "ab", buffering=0)
                 self._created.append(self._path)
             start = self._file.tell()
@@ -70,9 +84,43 @@ class Spool:
                 raise
         except OSError as exc:  # a full disk (ENOSPC) or a failing one: the record is dropped and counted, training goes on
             self.refused_because = f"the spool's disk refused it ({exc.strerror or exc})"
+            self.disk_full = exc.errno == errno.ENOSPC
             return False
+        self.disk_full = False
         self._bytes += len(line)
         return True
+
+    def _adopt(self) -> list[Path]:
+        found = sorted(self.folder.glob(f"{self.kind}-*.jsonl"))
+        if self.attempt is None:
+            return found
+        marker = self.folder / f"{self.kind}.attempt"
+        try:
+            holder = int(marker.read_text())
+        except (OSError, ValueError):
+            holder = 0
+        if self.attempt < holder:  # this attempt is superseded itself: its writes are refused anyway
+            return []
+        kept = []
+        for path in found:
+            match = _ATTEMPT_TAG.search(path.name)
+            written_by = int(match.group(1)) if match else None  # untagged: an older version's, kept
+            if written_by is not None and written_by < holder:
+                logger.warning("%s was written by attempt %s after attempt %s took the run over: deleted, not stored.",
+                               path, written_by, holder)
+                path.unlink(missing_ok=True)
+                continue
+            if written_by is not None and written_by > self.attempt:
+                continue  # a later attempt's (this one is being superseded): left to it
+            if written_by is not None and written_by != self.attempt:
+                adopted = path.with_name(_ATTEMPT_TAG.sub(f"-a{self.attempt}.jsonl", path.name))
+                path.rename(adopted)
+                path = adopted
+            kept.append(path)
+        partial = marker.with_name(marker.name + ".partial")
+        partial.write_text(str(self.attempt))
+        partial.replace(marker)
+        return kept
 
     def seal(self) -> Path | None:
         """Close the open segment (its records are the batch being taken) and return it."""
@@ -111,6 +159,11 @@ class Spool:
         return records
 
 
+_paused_runs: set = set()  # runs told that a full disk paused them
+_paused_lock = threading.Lock()
+_ATTEMPT_TAG = re.compile(r"-a(\d+)\.jsonl$")
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -130,7 +183,8 @@ class BackgroundFlusher:
 
     spool_kind = "reports"
 
-    def __init__(self, name: str, flush_seconds: float, spool_dir: str | Path | None = None) -> None:
+    def __init__(self, name: str, flush_seconds: float, spool_dir: str | Path | None = None,
+                 attempt: int | None = None) -> None:
         self.flush_seconds = flush_seconds
         # Set once a write was refused because the attempt no longer holds its run: nothing more is
         # written or kept, and ``on_superseded`` (if set) stops the attempt.
@@ -140,10 +194,11 @@ class BackgroundFlusher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._flush_loop, name=name, daemon=True)
         self._failing_since: float | None = None
+        self._paused_at: float | None = None  # when a full disk paused this writer's producers
         self.spool: Spool | None = None
         self._waiting: list[Path] = []  # spooled segments not stored yet, oldest first
         if spool_dir is not None:
-            self.spool = Spool(Path(spool_dir) / "spool", self.spool_kind, settings.RUN_SPOOL_MAX_MB * 1024 * 1024)
+            self.spool = Spool(Path(spool_dir) / "spool", self.spool_kind, settings.RUN_SPOOL_MAX_MB * 1024 * 1024, attempt)
             self._waiting = list(self.spool.leftovers)
 
     def start(self):
@@ -175,7 +230,60 @@ class BackgroundFlusher:
         the report must be dropped; True, and nothing done, without a spool."""
         if self.superseded:
             return False
-        return self.spool.append(record) if self.spool is not None else True
+        if self.spool is None:
+            return True
+        while not self.spool.append(record):
+            if not (self.spool.disk_full and settings.RUN_ON_FULL_DISK == "pause") or self.superseded:
+                return False
+            self._wait_for_disk()
+        if self._paused_at is not None:
+            self._resumed()
+        return True
+
+    # -- a full disk, under RUN_ON_FULL_DISK=pause ----------------------------------------------
+    def _wait_for_disk(self) -> None:
+        """(under ``_lock``) The spool's disk is full: the producer (training) waits here, the lock
+        let go meanwhile so the writer goes on storing (and deleting) what waits."""
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+            if self._tell_once(True):
+                self.tell("ERROR", f"The disk of {self.spool.folder} is full ({free_space(self.spool.folder)} free): "
+                                   f"training is paused until it accepts writes again (checked every "
+                                   f"{settings.RUN_FULL_DISK_CHECK_SECONDS} s).")
+        self._lock.release()
+        try:
+            time.sleep(settings.RUN_FULL_DISK_CHECK_SECONDS)
+        finally:
+            self._lock.acquire()
+
+    def _resumed(self) -> None:
+        waited, self._paused_at = time.monotonic() - self._paused_at, None
+        if self._tell_once(False):
+            self.tell("INFO", f"The disk of {self.spool.folder} accepts writes again; training goes on after a pause of {waited:.0f} s.")
+
+    def _tell_once(self, paused: bool) -> bool:
+        """One line per pause for the run, whichever of its writers met the full disk first."""
+        key = getattr(self, "run_id", None)
+        with _paused_lock:
+            if paused == (key in _paused_runs):
+                return False
+            (_paused_runs.add if paused else _paused_runs.discard)(key)
+            return True
+
+    def tell(self, level: str, message: str) -> None:
+        """A line in the run's log written now, not through the spool (its disk may be full)."""
+        logger.warning("%s", message)
+        run_id = getattr(self, "run_id", None)
+        if run_id is None:
+            return
+        from webapp.runs.models import RunLog, lock_for_attempt
+
+        try:
+            with transaction.atomic():
+                lock_for_attempt(run_id, getattr(self, "attempt", None))
+                RunLog.objects.create(run_id=run_id, level=level, time=timezone.now(), message=message)
+        except (AttemptSuperseded, DatabaseError) as exc:
+            logger.warning("%s: could not tell the run's log (%s)", self._thread.name, exc)
 
     # -- the writer ------------------------------------------------------------------------------
     def flush(self) -> Any:

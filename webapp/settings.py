@@ -304,6 +304,14 @@ RUN_SHUTDOWN_GRACE_SECONDS = envint("RUN_SHUTDOWN_GRACE_SECONDS", "60", minimum=
 RUN_DATABASE_RETRY_SECONDS = envint("RUN_DATABASE_RETRY_SECONDS", "900", minimum=1)
 RUN_BUFFER_MAX_POINTS = envint("RUN_BUFFER_MAX_POINTS", "1000000", minimum=1000)
 RUN_SPOOL_MAX_MB = envint("RUN_SPOOL_MAX_MB", "512", minimum=1)
+# When the disk of a run's folder is full: "continue" drops reports that do not fit (counted, and
+# told on the run's log and page) and fails the run when a checkpoint does not fit, naming the
+# folder and its free space; "pause" holds the attempt's writes (training waits) and tries again
+# every RUN_FULL_DISK_CHECK_SECONDS until the disk takes them, told once on the run's log.
+RUN_ON_FULL_DISK = os.environ.get("RUN_ON_FULL_DISK", "continue").strip().lower()
+if RUN_ON_FULL_DISK not in ("continue", "pause"):
+    raise ImproperlyConfigured(f"RUN_ON_FULL_DISK must be continue or pause, not {RUN_ON_FULL_DISK!r}.")
+RUN_FULL_DISK_CHECK_SECONDS = envint("RUN_FULL_DISK_CHECK_SECONDS", "5", minimum=1)
 # Each worker process keeps a training process started ahead, its libraries imported (torch,
 # transformers, TRL: seconds), for its next run; a resumed run trains again that much sooner.
 RUN_WARM_PROCESS = envbool("RUN_WARM_PROCESS", "true")

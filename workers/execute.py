@@ -523,7 +523,7 @@ def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
         kwargs = attempt_kwargs(run, run_path)  # the spec the run was validated with, revocations checked again
         hidden = private_values(kwargs)
         handler.redact = lambda text: redact(text, hidden)  # what the run's viewers read
-        uploader = artifacts.start_uploads(run, Path(run_path))  # a shared store: what earlier attempts stored
+        uploader = artifacts.start_uploads(run, Path(run_path), may_write=fence.may_write)  # a shared store: what earlier attempts stored
         artifacts.fetch_trained_model(run.model)  # a model another run trained, from the store
         dashboard = DashboardSink(run.pk, spool_dir=run_path, attempt=run.attempts)
         dashboard.on_superseded = fence.superseded
@@ -534,7 +534,9 @@ def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
             # The backend's own rotation could delete a checkpoint before it is stored; the store keeps
             # the project's number and the uploader clears stored ones from the scratch folder.
             kwargs["config"]["trainer.max_checkpoints"] = 0
-        trainer = AgentTrainer(**kwargs, sinks=sinks, should_stop=should_stop, may_write=fence.may_write)
+        trainer = AgentTrainer(**kwargs, sinks=sinks, should_stop=should_stop, may_write=fence.may_write,
+                               on_full_disk="pause" if settings.RUN_ON_FULL_DISK == "pause" else "fail")
+        trainer.train_processor.full_disk_check_seconds = settings.RUN_FULL_DISK_CHECK_SECONDS
         spec = check_spec(kwargs, run.config_overrides)  # what the form checked, checked again where it runs
         check_platform_keys(trainer, spec["pinned"], spec["user_keys"])
         if hasattr(trainer.train_processor, "remote_ids_callback"):  # remote backends: show job/deployment ids as they appear

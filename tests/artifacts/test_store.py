@@ -224,3 +224,31 @@ def _wait_stored(uploader: RunUploader, step: int) -> None:
     while not any(key.endswith(f"checkpoint-{step}") for key in uploader.stored):
         assert time.monotonic() < deadline, f"checkpoint-{step} was not stored"
         time.sleep(0.01)
+
+
+def test_the_uploader_asks_may_write_before_each_upload_and_a_superseded_attempt_stores_nothing(store, tmp_path):
+    scratch = tmp_path / "scratch"
+    (scratch / "checkpoints").mkdir(parents=True)
+    (scratch / "metrics.jsonl").write_text('{"step": 1}\n')
+    holds = [True]
+    asked = []
+
+    def may_write():
+        asked.append(holds[0])
+        return holds[0]
+
+    uploader = RunUploader(store, "runs/5-f", scratch, may_write=may_write)
+    uploader.checkpoint_saved(write_checkpoint(scratch / "checkpoints" / "checkpoint-1", b"1"))
+    _wait_stored(uploader, 1)
+    holds[0] = False  # another attempt holds the run from here on
+    uploader.checkpoint_saved(write_checkpoint(scratch / "checkpoints" / "checkpoint-2", b"2"))
+    uploader.finish(write_checkpoint(scratch / "final_model", b"stale"), timeout=10)  # returns: nothing more is stored
+    assert uploader.superseded and asked[-1] is False
+    assert store.stored_checkpoints("runs/5-f/checkpoints") == [(1, "checkpoint-1")]
+    assert not any(key.startswith("final_model") for key in store.list("runs/5-f"))
+
+    # An attempt superseded before its first checkpoint uploads nothing at all.
+    other = RunUploader(store, "runs/6-g", scratch, may_write=lambda: False)
+    other.checkpoint_saved(scratch / "checkpoints" / "checkpoint-2")
+    other.finish(None, timeout=10)
+    assert store.list("runs/6-g") == []

@@ -231,3 +231,31 @@ def test_postgres_away_while_a_run_starts_delays_it_and_it_then_succeeds(queue, 
         assert lost_and_doubled(run.pk, 4) == (0, 0)
     finally:
         proxy.close()
+
+
+def test_the_supervisor_kills_an_attempt_another_holds_with_sigkill_not_a_checkpoint_request(queue, env, workers, slow_run):
+    """The training process is paused (it cannot notice anything itself) and the run is given to
+    another attempt: its supervisor, finding its heartbeat refused, SIGKILLs the process group at
+    once (a SIGTERM would ask it for a checkpoint, and wait)."""
+    import psutil
+    from django.db.models import F
+    from django.db.models.functions import Now
+
+    worker = workers(queue, "a", env)
+    run = slow_run()
+    wait_for(lambda: latest_step(run.pk) >= 2, RUN_TIMEOUT, "step 2", (worker,))
+    training = [p for top in worker.training_processes() for p in (top, *top.children(recursive=True))]
+    for process in training:
+        process.suspend()
+    Run.objects.filter(pk=run.pk).update(attempts=F("attempts") + 1, worker="another-worker", heartbeat_at=Now())
+    taken_over = time.monotonic()
+
+    def gone(process) -> bool:
+        try:
+            return process.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(lambda: all(gone(p) for p in training), 30, "the superseded training process to be killed", (worker,))
+    assert time.monotonic() - taken_over < 4  # a heartbeat (1 s) and the kill; no 5 s wait after a SIGTERM
+    assert "was given up on; killing its training process" in worker.log_tail(200_000)

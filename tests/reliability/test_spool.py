@@ -60,6 +60,29 @@ def test_reports_of_a_killed_process_are_written_by_the_next_attempt_once(make_r
     assert EpisodeSample.objects.filter(run=run).count() == 1
 
 
+def test_segments_a_superseded_attempt_wrote_after_its_takeover_are_never_replayed(make_run, tmp_path):
+    """Segments carry their attempt. An attempt adopts what earlier ones left (a lost attempt's
+    reports are still stored); what a superseded attempt wrote after the takeover (a process paused
+    past it, killed by its supervisor before it could delete its segments) is deleted by the next
+    attempt resuming in the folder, not stored."""
+    run = make_run()
+    first = RunRecorder(run.pk, spool_dir=tmp_path, attempt=1)
+    first.add_log("INFO", "attempt 1, before the takeover")  # never stored: its machine looked lost
+    second = RunRecorder(run.pk, spool_dir=tmp_path, attempt=2)  # takes the run over in the same folder
+    first.spool.seal()
+    first.add_log("INFO", "attempt 1, after the takeover")  # the paused process woke up
+    second.add_log("INFO", "attempt 2")
+    assert sorted(p.name.rsplit("-", 1)[1] for p in segments(tmp_path)) == ["a1.jsonl", "a2.jsonl", "a2.jsonl"]
+    # Both killed now, before anything was stored; the run is re-queued into the same folder.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, attempts=3)
+    third = RunRecorder(run.pk, spool_dir=tmp_path, attempt=3)
+    third.add_log("INFO", "attempt 3")
+    third.close()
+    assert list(RunLog.objects.filter(run=run).values_list("message", flat=True)) == [
+        "attempt 1, before the takeover", "attempt 2", "attempt 3"]
+    assert segments(tmp_path) == []
+
+
 def test_a_postgres_outage_keeps_reports_on_disk_and_writes_them_all_when_it_is_back(make_run, tmp_path):
     run = make_run()
     db = connection.settings_dict
@@ -169,3 +192,83 @@ def test_a_spool_on_a_full_disk_reports_its_drops_and_training_goes_on(make_run,
     told_lines = sum(int(m.split()[0]) for m in errors if "log line(s) were dropped" in m and "No space left on device" in m)
     assert RunLog.objects.filter(run=run, level="INFO").count() + told_lines == 40
     assert series.points_after(run.pk, -1)["overload/dropped_points"][-1][1] == sink.dropped  # charted on the run page
+
+
+def fill(folder) -> "Path":
+    """Fill ``folder``'s disk up to the last byte; deleting the returned file gives the room back."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return filler
+
+
+def test_under_the_pause_setting_a_full_disk_pauses_training_until_it_has_room_told_once(make_run, full_disk, settings):
+    import threading
+
+    settings.RUN_ON_FULL_DISK = "pause"
+    settings.RUN_FULL_DISK_CHECK_SECONDS = 1
+    run = make_run()
+    sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=full_disk)
+    filler = fill(full_disk)
+    metrics = {f"metric_{i:02d}": float(i) for i in range(50)}
+    training = threading.Thread(target=lambda: [sink.log_metrics(step, metrics) for step in range(1, 6)], daemon=True)
+    training.start()
+    training.join(timeout=3)
+    assert training.is_alive()  # paused at its first report, nothing dropped
+    told = list(RunLog.objects.filter(run=run).values_list("level", "message"))
+    assert len(told) == 1 and told[0][0] == "ERROR", told
+    assert f"The disk of {full_disk / 'spool'} is full" in told[0][1] and "training is paused" in told[0][1]
+    filler.unlink()
+    training.join(timeout=15)
+    assert not training.is_alive()
+    sink.close()
+    assert sink.dropped == 0
+    assert [s for s, _ in series.points_after(run.pk, -1)["metric_00"]] == [1, 2, 3, 4, 5]
+    messages = list(RunLog.objects.filter(run=run).values_list("message", flat=True))
+    assert len(messages) == 2 and "accepts writes again" in messages[1]
+
+
+def disk_filling_writer(folder):
+    def write():
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "model.safetensors", "wb") as handle:
+            handle.write(b"\0" * (2 << 20))  # 2 MB: more than the whole disk
+        return "written"
+
+    return write
+
+
+def test_a_checkpoint_that_does_not_fit_fails_naming_the_folder_and_free_space_or_waits_under_pause(full_disk, tmp_path):
+    import threading
+
+    from training import AgentTrainer
+    from training.processor import DiskFull
+
+    processor = AgentTrainer(train_dataset=[{"prompt": "ab"}] * 4, reward_func=lambda task, response: 0.0, backend="trl", run_path=str(tmp_path),
+                             config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4}).train_processor
+    folder = full_disk / "checkpoints" / "checkpoint-3"
+    with pytest.raises(DiskFull, match=rf"the checkpoint of step 3 did not fit in {folder} \([0-9.]+ MB free on its disk\)"):
+        processor.write_files("the checkpoint of step 3", folder, disk_filling_writer(folder))
+    assert not folder.exists()  # no torn checkpoint for a resume to pick
+
+    processor.on_full_disk, processor.full_disk_check_seconds = "pause", 0.2
+    filler = fill(full_disk)
+    small = full_disk / "checkpoints" / "checkpoint-4"
+    done = []
+
+    def write_small():
+        small.mkdir(parents=True, exist_ok=True)
+        (small / "state.json").write_bytes(b"\0" * 100_000)
+        done.append(1)
+
+    saving = threading.Thread(target=lambda: processor.write_files("the checkpoint of step 4", small, write_small), daemon=True)
+    saving.start()
+    saving.join(timeout=2)
+    assert saving.is_alive() and not done  # waits for room
+    filler.unlink()
+    saving.join(timeout=10)
+    assert done and (small / "state.json").stat().st_size == 100_000

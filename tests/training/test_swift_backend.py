@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from task_rewards import PROMPTS
 from training import AgentTrainer
+from training.processor import RunSuperseded
 from training.backends.swift_backend import DEFAULT_PYTHON, environment_problem
 
 pytestmark = pytest.mark.slow
@@ -281,3 +282,22 @@ def test_the_trajectory_timeout_cuts_a_hung_environment_step_inside_swifts_rollo
     assert sink.episodes and {e["termination_reason"] for e in sink.episodes} == {"timeout"}
     job = json.loads((tmp_path / "run" / "swift" / "job.json").read_text())
     assert job["trajectory_timeout"] == 0.3 and job["swift_args"]["max_turns"] == 5
+
+
+@needs_swift_env
+def test_a_superseded_run_writes_no_checkpoint_in_swifts_process(tmp_path, sink):
+    """ms-swift's process asks before each checkpoint (``may_write``, a platform's fencing token,
+    answered by this process): once refused it saves nothing more, stops, and nothing is reported."""
+    saved, asked = [], []
+    sink.log_checkpoint = lambda step, path: saved.append(step)
+
+    def may_write():  # the run is taken over after its first checkpoint
+        asked.append(1)
+        return len(asked) < 2
+
+    with pytest.raises(RunSuperseded, match="Not writing the checkpoint of step 2"):
+        AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
+                     config=config(6, **{"trainer.save_freq": 1}), sinks=[sink], may_write=may_write).train()
+    assert saved == [1] and len(asked) == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint-*")) == ["checkpoint-1"]
+    assert len(sink.metrics) <= 2  # it stopped at the refused step

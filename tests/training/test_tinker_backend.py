@@ -16,6 +16,7 @@ import torch
 from standins.tinker_service import TinkerStandIn
 from task_rewards import PROMPTS, starts_a_to_m
 from training import AgentTrainer
+from training.processor import RunSuperseded
 
 pytestmark = pytest.mark.slow
 
@@ -212,3 +213,27 @@ def test_rllm_lora_layer_names_reach_the_service(service, tmp_path):
     assert result.steps == 1
     [lora] = service.lora_configs
     assert (lora.get("train_unembed"), lora.get("train_attn"), lora.get("train_mlp")) == (False, True, False), lora
+
+
+def test_a_superseded_run_writes_no_checkpoint_record_and_publishes_no_final_weights(service, tmp_path, sink):
+    """``may_write`` (a platform's fencing token) is asked before each checkpoint record and before
+    the final weights are published: once it says no, nothing more of the run is written."""
+    (tmp_path / "checkpoints" / "step-2").mkdir(parents=True)
+    successor = b'{"written": "by the attempt that owns the run now"}'
+    (tmp_path / "checkpoints" / "step-2" / "checkpoint.json").write_bytes(successor)
+    asked = []
+
+    def may_write():
+        asked.append(len(sink.metrics))
+        return len(sink.metrics) < 2  # the run was taken over during step 2
+
+    with pytest.raises(RunSuperseded, match="Not writing the checkpoint of step 2"):
+        trainer(service, tmp_path, 4, sink, may_write=may_write, extra={"trainer.save_freq": 1, "trainer.resume_mode": "disable"}).train()
+    assert asked == [1, 2]  # the checkpoints of steps 1 and 2
+    assert (tmp_path / "checkpoints" / "step-2" / "checkpoint.json").read_bytes() == successor
+    assert service.counts["save_weights"] == 1  # step 1's state only
+    assert list(service.sessions.values())[0]["finished"] == "errored"
+
+    with pytest.raises(RunSuperseded, match=r"Not writing the final weights \(step 2\)"):
+        trainer(service, tmp_path / "two", 2, may_write=lambda: False).train()
+    assert service.counts["save_weights_for_sampler"] == 3 + 2  # the first run: start, steps 1-2; this one: start, step 1

@@ -144,3 +144,31 @@ def test_database_url_round_trips():
     url = database_url({"ENGINE": "django.db.backends.postgresql", "NAME": "test_test", "USER": "postgres",
                         "PASSWORD": "", "HOST": "127.0.0.1", "PORT": 5432})
     assert url == "postgres://postgres@127.0.0.1:5432/test_test"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_is_retried_while_the_database_is_away_and_a_claim_whose_answer_was_lost_is_recognised(
+        make_run, tmp_path, settings, monkeypatch):
+    """The database away at the claim delays the run; a claim that went through but whose answer
+    was lost (the connection dropped after the commit) is this worker's, not another's: the run
+    trains in its first attempt, no lost attempt counted."""
+    from django.db import OperationalError
+
+    settings.RUNS_DIR = tmp_path
+    run = make_run()
+    real_claim, calls = execute.claim, []
+
+    def flaky(run_id, worker_name, retried=False):
+        calls.append(retried)
+        if len(calls) == 1:
+            raise OperationalError("could not connect to server")  # before anything happened
+        claimed = real_claim(run_id, worker_name, retried)
+        if len(calls) == 2:
+            raise OperationalError("server closed the connection unexpectedly")  # after the claim's commit
+        return claimed
+
+    monkeypatch.setattr(execute, "claim", flaky)
+    assert execute.execute_run(run.pk, "test-worker") == Run.Status.SUCCEEDED
+    assert calls == [False, True, True]
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED and run.attempts == 1 and run.lost_attempts == 0, run.error

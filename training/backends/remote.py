@@ -449,6 +449,8 @@ class RemoteTrainingLoop:
             trained_rows += len(datums)
             tokens += sum(len(lps) for lps in sampled)
             kl_terms.extend(_sampler_trainer_gap(output, sampled))
+        if step == cfg.trainer.total_training_steps:  # the run's final model is what this publishes
+            self.processor.check_may_write(f"the final weights (step {step})")
         sampler_path = remote_call(self.service, f"publishing the weights of step {step}", lambda: session.publish(f"step-{step:06d}"))
         metrics = {
             **summary,
@@ -575,6 +577,8 @@ class RemoteTrainingLoop:
         return step == total or (freq > 0 and step % freq == 0)
 
     def save(self, step: int, session: ServiceSession, sampler_path: str, directory: Path) -> None:
+        # The record (and the rotation below) could replace what a later attempt of the run wrote.
+        self.processor.check_may_write(f"the checkpoint of step {step}")
         state_path = remote_call(self.service, f"save_state at step {step}", lambda: session.save_state(f"state-{step:06d}"))
         record = CheckpointRecord(step=step, state_path=state_path, sampler_path=sampler_path, service=self.service, remote_ids=dict(session.remote_ids))
         record.write(directory)

@@ -188,9 +188,10 @@ class SwiftProcessor(BuiltinProcessor):
         with open(log_path, "ab") as log:
             child = subprocess.Popen(
                 [str(python), "-m", "training.backends.swift_child", str(job)],
-                cwd=PROJECT_ROOT, env=_child_env(), stdout=subprocess.PIPE, stderr=log, text=True,
+                cwd=PROJECT_ROOT, env=_child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
             )
             events: list[dict] = []
+            self._refused: Exception | None = None
             reader = threading.Thread(target=self._read_events, args=(child, events), daemon=True)
             reader.start()
             stop_sent_at = None
@@ -203,6 +204,8 @@ class SwiftProcessor(BuiltinProcessor):
                 if stop_sent_at is not None and time.monotonic() - stop_sent_at > STOP_GRACE_SECONDS:
                     child.terminate()
             reader.join(timeout=10)
+        if self._refused is not None:  # a checkpoint the run's owner refused: nothing of it is reported
+            raise self._refused
         failed = next((e for e in events if e["event"] == "failed"), None)
         if failed is not None:  # the checks every backend makes, made in the training process
             from training import outcomes
@@ -212,6 +215,12 @@ class SwiftProcessor(BuiltinProcessor):
             raise kind(failed["summary"], failed.get("traceback", ""))
         if child.returncode != 0:
             tail = log_path.read_text(errors="replace")[-3000:]
+            if "No space left on device" in tail:  # ms-swift's process writes the checkpoints
+                from training.processor import DiskFull, free_space
+
+                output = Path(json.loads(job.read_text())["swift_args"]["output_dir"])
+                raise DiskFull(28, f"The disk is full: the swift training process could not write in {output} "
+                                   f"({free_space(output)} free on its disk). Free space there and run it again.")
             raise RuntimeError(f"the swift training process ({python}) failed with exit code {child.returncode}:\n{tail}")
         done = next((e for e in events if e["event"] == "done"), {})
         steps = int(done.get("result", {}).get("global_step", self._last_step))
@@ -235,8 +244,23 @@ class SwiftProcessor(BuiltinProcessor):
                 self._last_step, self._last_metrics = event["step"], metrics
                 self.sinks.log_metrics(event["step"], metrics)
                 self.sinks.log_episodes(event["step"], event.get("samples", []))
-            elif event["event"] == "checkpoint":
+            elif event["event"] == "may_save":
+                self._answer_may_save(child, event["step"])
+            elif event["event"] == "checkpoint" and self._refused is None:
                 self.sinks.log_checkpoint(event["step"], Path(event["path"]))
+
+    def _answer_may_save(self, child: subprocess.Popen, step: int) -> None:
+        """The training process asks before writing a checkpoint: asked of the write checks here
+        (``check_may_write``), answered on its stdin. A refusal (or a check that failed) stops it."""
+        try:
+            self.check_may_write(f"the checkpoint of step {step}")
+        except Exception as exc:  # noqa: BLE001 (re-raised from train once the process has stopped)
+            self._refused = exc
+        try:
+            child.stdin.write("no\n" if self._refused is not None else "yes\n")
+            child.stdin.flush()
+        except OSError:
+            pass  # it is gone already
 
     def write_job(self) -> Path:
         cfg = self.config

@@ -22,7 +22,9 @@ generated inside ms-swift's own loop and is not interrupted: the timeout is chec
 It talks to its parent (``SwiftProcessor``) on stdout, one line per event:
 ``@agent-trainer {"event": "metrics", "step": N, "metrics": {...}}``, ``{"event": "checkpoint", "step": N,
 "path": ...}`` and ``{"event": "done", ...}``;
-a file named in the job (``stop_file``) asks it to stop after the current step.
+a file named in the job (``stop_file``) asks it to stop after the current step. Before each
+checkpoint it asks ``{"event": "may_save", "step": N}`` and waits for the parent's ``yes`` or ``no``
+on stdin (``no``: the run is another process's now; it saves nothing and stops).
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ PLAIN_TEMPLATE = "agent_trainer_plain"
 
 def emit(event: str, **payload: Any) -> None:
     print(PREFIX + json.dumps({"event": event, **payload}), flush=True)
+
+
+def may_save(step: int) -> bool:
+    """Whether the parent lets this process write the checkpoint of ``step`` (its platform may have
+    given the run to another attempt); a parent that is gone answers no."""
+    emit("may_save", step=step)
+    return sys.stdin.readline().strip() == "yes"
 
 
 def register(job: dict[str, Any]) -> None:
@@ -93,6 +102,9 @@ def register(job: dict[str, Any]) -> None:
             if Path(job["stop_file"]).exists():
                 # Saved where it stops, so that a resumed run continues from this step.
                 control.should_training_stop = control.should_save = True
+            if control.should_save and not may_save(state.global_step):
+                control.should_save = False
+                control.should_training_stop = True
 
     orms[REWARD_NAME] = reward_class
     callbacks_map[CALLBACK_NAME] = Report

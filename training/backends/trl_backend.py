@@ -262,9 +262,12 @@ class _TRLRun:
             return TrainResult(run_path=self.processor.run_path, steps=steps, metrics=dict(self.last_metrics),
                                checkpoint=checkpoint, stopped=True)
         final_dir = self.processor.path / "final_model"
-        self.processor.check_may_write("the final model")
-        self.trainer.save_model(str(final_dir))
-        self.tokenizer.save_pretrained(str(final_dir))
+
+        def save_final_model() -> None:
+            self.trainer.save_model(str(final_dir))
+            self.tokenizer.save_pretrained(str(final_dir))
+
+        self.processor.write_files("the final model", final_dir, save_final_model)
         logger.info("training finished after %d steps; model saved to %s", steps, final_dir)
         return TrainResult(
             run_path=self.processor.run_path, steps=steps, metrics=dict(self.last_metrics),
@@ -560,8 +563,10 @@ def _agent_grpo_trainer_class():
             return rewards_per_func
 
         def _save_checkpoint(self, model, trial):
-            self.agent_run.processor.check_may_write(f"the checkpoint of step {self.state.global_step}")
-            return super()._save_checkpoint(model, trial)
+            step = self.state.global_step
+            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{step}"
+            save = super()._save_checkpoint
+            return self.agent_run.processor.write_files(f"the checkpoint of step {step}", folder, lambda: save(model, trial))
 
         def _generate_and_score_completions(self, inputs):
             run = self.agent_run

@@ -46,7 +46,7 @@ class DashboardSink(BackgroundFlusher):
 
     def __init__(self, run_id: int, flush_seconds: float = 0.5, publish: bool = True,
                  spool_dir: str | Path | None = None, attempt: int | None = None) -> None:
-        super().__init__(f"run-{run_id}-dashboard", flush_seconds, spool_dir)
+        super().__init__(f"run-{run_id}-dashboard", flush_seconds, spool_dir, attempt)
         self.run_id = run_id
         self.attempt = attempt  # the fencing token: points of an attempt that no longer holds the run are refused
         self.publish = publish

@@ -258,10 +258,11 @@ class ArtifactStorage(Storage):
 
 # -- a training attempt's files ---------------------------------------------------------------
 
-def start_uploads(run, scratch: Path) -> RunUploader | None:
+def start_uploads(run, scratch: Path, may_write=None) -> RunUploader | None:
     """Before an attempt trains in ``scratch``: with a shared store, fetch what earlier attempts
     stored (the run files, the newest whole checkpoint, which the backend then resumes from) and
-    return the uploader that copies this attempt's files as they are written. None without one."""
+    return the uploader that copies this attempt's files as they are written. None without one.
+    ``may_write``: the attempt's fencing token, asked before each upload."""
     if not shared():
         return None
     prefix = run_prefix(run)
@@ -276,14 +277,14 @@ def start_uploads(run, scratch: Path) -> RunUploader | None:
                     ", ".join([*fetched, *([f"checkpoints/{checkpoint.name}"] if checkpoint else [])]))
     return RunUploader(store(), prefix, scratch, log_name=f"attempt-{run.attempts}.log",
                        max_pending=settings.ARTIFACTS_MAX_PENDING, retry_max_seconds=settings.ARTIFACTS_RETRY_MAX_SECONDS,
-                       keep_last=keep_checkpoints(run))
+                       keep_last=keep_checkpoints(run), may_write=may_write)
 
 
 def _has_spooled_reports(scratch: Path) -> bool:
     """Whether an earlier attempt on this machine left reports in the run's spool (they are stored
     before this attempt trains, so its newest checkpoint loses no step)."""
     spool = scratch / "spool"
-    return spool.is_dir() and any(spool.iterdir())
+    return spool.is_dir() and any(spool.glob("*.jsonl"))
 
 
 def _last_recorded_step(run) -> int:

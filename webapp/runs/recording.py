@@ -33,7 +33,7 @@ class RunRecorder(BackgroundFlusher):
 
     def __init__(self, run_id: int, flush_seconds: float = 1.0, max_log_lines: int | None = None,
                  spool_dir: str | Path | None = None, attempt: int | None = None) -> None:
-        super().__init__(f"run-{run_id}-recorder", flush_seconds, spool_dir)
+        super().__init__(f"run-{run_id}-recorder", flush_seconds, spool_dir, attempt)
         self.run_id = run_id
         self.attempt = attempt  # the fencing token: lines of an attempt that no longer holds the run are refused
         self.max_log_lines = max_log_lines or settings.RUN_LOG_MAX_LINES
