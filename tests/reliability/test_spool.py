@@ -171,7 +171,8 @@ def full_disk(tmp_path):
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
     yield folder
-    subprocess.run(["umount", str(folder)], check=False)
+    # Lazily: a writer thread the test left may still hold a file there; the mount must not outlive the test.
+    subprocess.run(["umount", "--lazy", str(folder)], check=False)
 
 
 def test_a_spool_on_a_full_disk_reports_its_drops_and_training_goes_on(make_run, full_disk):
