@@ -19,6 +19,8 @@ from webapp.runs.trainer_args import HIDDEN, Revoked, attempt_kwargs, run_spec, 
 from workers import execute
 from workers.execute import claim, train_run
 
+pytestmark = pytest.mark.real_check  # the spec is what the real check validated
+
 TEMPERATURE, LR, SEED = "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.actor.optim.lr", "trainer.seed"
 
 
