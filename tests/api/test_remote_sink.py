@@ -16,6 +16,7 @@ from webapp.runs.models import Run, RunLog
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.mark.slow
 def test_a_training_run_started_outside_reports_live(live_server, owner, token_of, registry, published):
     """A real (tiny) AgentTrainer run with the sink: the run appears, fills up, and finishes."""
     from training.trainer import AgentTrainer
