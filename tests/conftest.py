@@ -46,24 +46,24 @@ def fake_run_check(monkeypatch):
     """Stands in for the jailed build of a run's trainer (``trainer_args.check_isolated``), for tests
     that are not about it. Answers as the real check does for a valid run: ``{"ok": True,
     "final_config": ...}`` with the library's final config of the run's merged config
-    (``Config.build``, in this process: no registry code is imported). A config the library refuses
-    goes to the real check, so its answer, and the field it names, are the real ones. Returns the
-    specs it was asked to check."""
+    (``Config.build``, in this process: no registry code is imported); a config the library refuses
+    gets the real check's refusal of it (``probe._refusal``: the key, the message, every problem).
+    Returns the specs it was asked to check."""
     import importlib
 
-    from training.config import Config, ConfigError
+    from training.config import Config
+    from training.probe import _refusal
 
     module, _, name = RUN_CHECK_AT.rpartition(".")
     module = importlib.import_module(module)
-    real = getattr(module, name)
     asked = []
 
     def check(spec):
         asked.append(spec)
         try:
             final = Config.build(spec["kwargs"]["config"])
-        except ConfigError:
-            return real(spec)
+        except ValueError as exc:  # ConfigError, Problems: as ``probe.check`` answers them
+            return _refusal(exc)
         return {"ok": True, "final_config": final.to_dict()}
 
     monkeypatch.setattr(module, name, check)
