@@ -32,6 +32,51 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+# The sandboxed run check (the form's, the API's, a sweep trial's, a clone's) builds the run's whole
+# trainer in the jail. Tests in these folders are about access, layout, other fields and the API's
+# shape: they get ``fake_run_check`` unless marked ``real_check``. Each path that submits a run keeps
+# tests marked ``real_check`` (and tests/security's, tests/workers', the browser's all build for real).
+FAKE_RUN_CHECK_IN = {"api", "fleet", "integrations", "registry", "sweeps", "teams", "webapp"}
+# Where the check is called, by the name its caller imported: the one place to change if it moves.
+RUN_CHECK_AT = "webapp.runs.forms.check_isolated"
+
+
+@pytest.fixture
+def fake_run_check(monkeypatch):
+    """Stands in for the jailed build of a run's trainer (``trainer_args.check_isolated``), for tests
+    that are not about it. Answers as the real check does for a valid run: ``{"ok": True,
+    "final_config": ...}`` with the library's final config of the run's merged config
+    (``Config.build``, in this process: no registry code is imported); a config the library refuses
+    gets the real check's refusal of it (``probe._refusal``: the key, the message, every problem).
+    Returns the specs it was asked to check."""
+    import importlib
+
+    from training.config import Config
+    from training.probe import _refusal
+
+    module, _, name = RUN_CHECK_AT.rpartition(".")
+    module = importlib.import_module(module)
+    asked = []
+
+    def check(spec):
+        asked.append(spec)
+        try:
+            final = Config.build(spec["kwargs"]["config"])
+        except ValueError as exc:  # ConfigError, Problems: as ``probe.check`` answers them
+            return _refusal(exc)
+        return {"ok": True, "final_config": final.to_dict()}
+
+    monkeypatch.setattr(module, name, check)
+    return asked
+
+
+@pytest.fixture(autouse=True)
+def _run_check_by_folder(request):
+    folder = request.node.path.relative_to(request.config.rootpath / "tests").parts[0]
+    if folder in FAKE_RUN_CHECK_IN and request.node.get_closest_marker("real_check") is None:
+        request.getfixturevalue("fake_run_check")
+
+
 def _browser_missing() -> str | None:
     import importlib.util
     import shutil

@@ -49,6 +49,7 @@ def test_a_wrong_password_and_an_unreachable_platform_are_sentences(live_server,
     assert "cannot reach http://127.0.0.1:9" in err and "Is the platform running" in err and "Errno" not in err
 
 
+@pytest.mark.real_check
 def test_validation_errors_print_as_field_sentences(live_server, owner, token_of, registry, capsys):
     code = cli(["--url", live_server.url, "--token", token_of(owner), "create", "--agent", "copy-task", "--dataset", "copy",
                 "--backend", "trl", "--model", "tiny-char"])

@@ -16,6 +16,7 @@ from webapp.runs.models import Run, RunLog
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.mark.slow
 def test_a_training_run_started_outside_reports_live(live_server, owner, token_of, registry, published):
     """A real (tiny) AgentTrainer run with the sink: the run appears, fills up, and finishes."""
     from training.trainer import AgentTrainer
@@ -137,6 +138,7 @@ def test_cli_create_list_follow_cancel(live_server, owner, token_of, registry, m
     assert "first line" in text and "step 1 reward=0.25" in text and f"run {sink.run_id}: training finished: 1 step, status succeeded" in text
 
 
+@pytest.mark.real_check
 def test_cli_reports_the_platforms_validation_errors(live_server, owner, token_of, registry, capsys):
     code = cli(["--url", live_server.url, "--token", token_of(owner), "create", "--agent", "copy-task", "--dataset", "copy",
                 "--backend", "trl", "--model", "tiny-char"])

@@ -36,6 +36,7 @@ def test_session_auth_needs_the_csrf_token_for_writes(owner, make_run):
     assert run.status == "queued"
 
 
+@pytest.mark.real_check
 def test_create_validates_and_queues_like_the_form(owner, api_client, registry, no_queue, project):
     response = api_client(owner).post("/api/runs/", _platform_run(tags=["api"], project=project.pk, visibility="team"), format="json")
     assert response.status_code == 201, response.json()

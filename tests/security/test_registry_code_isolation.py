@@ -116,6 +116,7 @@ def test_errors_from_the_sandbox_land_next_to_their_fields(owner_client, registr
     assert not Run.objects.exists()
 
 
+@pytest.mark.slow
 def test_a_hanging_reward_is_stopped_at_the_time_limit(owner_client, registry, tmp_path, settings, no_queue):
     settings.RUN_CHECK_TIMEOUT_SECONDS = 2
     tmp_path.chmod(0o755)
@@ -127,6 +128,7 @@ def test_a_hanging_reward_is_stopped_at_the_time_limit(owner_client, registry, t
     assert not Run.objects.exists()
 
 
+@pytest.mark.slow
 def test_a_memory_hungry_reward_is_stopped_at_the_memory_limit(owner_client, registry, tmp_path, settings, no_queue):
     settings.RUN_CHECK_MEMORY_MB = 256
     tmp_path.chmod(0o755)

@@ -74,6 +74,7 @@ def upload_rows(client, project, rows: list[dict]) -> Dataset:
     return Dataset.objects.get(name="hostile")
 
 
+@pytest.mark.slow
 def test_a_row_does_not_configure_the_mcp_server_in_the_check_or_the_worker(
         owner_client, owner, project, registry, mcp_agent, marker, settings, tmp_path):
     settings.MEDIA_ROOT = tmp_path / "uploads"

@@ -29,6 +29,7 @@ def end(run: Run, status: str, reward: float | None = None) -> None:
     run.finish(status, final_metrics={"reward": reward} if reward is not None else {}, steps=2)
 
 
+@pytest.mark.real_check
 def test_a_grid_sweep_from_the_browser_runs_every_point_k_at_a_time(owner_client, make_run, queued,
                                                                      django_capture_on_commit_callbacks):
     base = make_run(name="base")

@@ -95,6 +95,7 @@ def test_clone_fills_the_form_with_the_runs_config(make_run, project, page_clien
     assert parse_overrides_text(form.initial["overrides"]) == {}
 
 
+@pytest.mark.real_check
 def test_a_cloned_run_validates_and_queues_like_any_other(copy_form_data, owner, page_client, project, monkeypatch):
     monkeypatch.setattr(Run, "enqueue", lambda self: None)
     client = page_client(owner)

@@ -125,6 +125,7 @@ def starts_with_a(completions, prompts, **kwargs) -> list[float]:
     return [1.0 if completion.startswith("a") else 0.0 for completion in completions]
 
 
+@pytest.mark.slow
 def test_aworlds_agent_yaml_trains_on_trl_and_reward_rises(tmp_path, sink, caplog):
     config = {
         "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.temperature": 1.0,
@@ -154,6 +155,7 @@ def test_aworlds_agent_yaml_trains_on_trl_and_reward_rises(tmp_path, sink, caplo
     assert written["actor_rollout_ref"]["rollout"]["temperature"] == 1.0
 
 
+@pytest.mark.slow
 def test_aworlds_gaia_reward_file_and_data_train_and_validate(tmp_path, sink):
     reward = load_reward(str(GAIA_REWARD))
     assert reward.name == "gaia_reward_func" and reward.style == "verl"

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -12,6 +14,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "training", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_train_from_a_run_file(tmp_path):
     result = run_cli("train", "examples/configs/copy.yaml", "--run-path", str(tmp_path),
                      "--set", "trainer.total_training_steps=2", "--set", "data.train_batch_size=2")
@@ -35,6 +38,7 @@ def test_bad_key_is_reported_without_a_traceback():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_every_episode_raising_exits_non_zero_with_the_count_and_the_agents_traceback(tmp_path):
     run_file = tmp_path / "run.yaml"
     run_file.write_text(
@@ -65,6 +69,7 @@ def test_header_only_csv_is_refused_before_training(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_run_that_learnt_nothing_succeeds_and_says_so_last(tmp_path):
     run_file = tmp_path / "run.yaml"
     run_file.write_text(  # the untrained model never writes the copy task's answer exactly: reward 0 throughout

@@ -239,6 +239,7 @@ def test_a_step_that_never_returns_times_out_and_the_run_goes_on():
     assert env.closed == 2
 
 
+@pytest.mark.slow
 def test_a_process_whose_episode_step_never_returns_still_exits():
     """Threads of a ThreadPoolExecutor are joined at interpreter exit; the runner's are not."""
     import os

@@ -65,6 +65,7 @@ def test_code_malformed_answers_and_tasks():
         code_reward_fn({"data_source": "apps", "ground_truth": {"inputs": ["1", "2"], "outputs": ["1"]}}, fenced("print(1)"), FAST)
 
 
+@pytest.mark.slow
 def test_code_that_never_ends_is_cut_at_the_timeout():
     scored = code_reward_fn({"data_source": "taco", "ground_truth": SUM_TESTS}, fenced("while True:\n    pass"), FAST)
     assert not scored.is_correct and scored.metadata["test_results"][0]["error"] == "timeout"
@@ -77,6 +78,7 @@ def test_code_memory_bomb_fails_inside_its_limit():
     assert not scored.is_correct and "MemoryError" in scored.metadata["test_results"][0]["error"]
 
 
+@pytest.mark.slow
 def test_code_endless_output_and_stray_processes_stay_bounded(tmp_path):
     endless = code_reward_fn({"data_source": "taco", "ground_truth": SUM_TESTS}, fenced("while True:\n    print('x' * 10000)"), FAST)
     assert not endless.is_correct  # stopped by the file-size limit or the timeout; the caller kept 1 MiB at most

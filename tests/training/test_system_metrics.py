@@ -8,11 +8,22 @@ from training.sinks import MultiSink
 from training.system_metrics import SystemMetrics
 
 
+def sampled(sampler: SystemMetrics, count: int = 2, timeout: float = 30) -> None:
+    """Until ``sampler`` holds ``count`` samples (a busy machine may take far longer than the interval)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with sampler._lock:
+            if len(sampler._samples) >= count:
+                return
+        assert time.monotonic() < deadline, f"fewer than {count} samples in {timeout} s"
+        time.sleep(0.01)
+
+
 def test_each_step_gets_the_mean_of_the_samples_since_the_last_and_nothing_twice(sink):
     sampler = SystemMetrics(interval=0.05).start()
     sinks = MultiSink([sink])
     sinks.add_source(sampler)
-    time.sleep(0.3)
+    sampled(sampler)
     sinks.log_metrics(1, {"reward": 0.5})
     first = sink.metrics[-1]
     assert first["reward"] == 0.5 and 0 <= first["system/cpu/machine"] <= 100
@@ -32,7 +43,7 @@ def test_gpu_utilisation_memory_and_power_per_gpu():
 
     sampler = SystemMetrics(interval=0.05).start()
     held = torch.ones(256, 1024, 1024, device="cuda")  # 1 GiB on GPU 0
-    time.sleep(0.3)
+    sampled(sampler)
     values = sampler.collect()
     sampler.close()
     assert values["system/gpu_memory_gb/0"] >= 1.0

@@ -72,6 +72,7 @@ def swanlab_series(run_path: Path, key: str) -> dict[int, float]:
     return series
 
 
+@pytest.mark.slow
 def test_each_tracker_holds_our_reward_series_step_for_step_and_a_resume_continues_the_same_runs(tmp_path):
     run_path = tmp_path / "run"
     result = train_copy(run_path, "trainer.logger=[console,jsonl,tensorboard,mlflow,wandb,swanlab]",

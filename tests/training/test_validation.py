@@ -48,6 +48,7 @@ def test_greedy_generation_matches_transformers_greedy_decoding():
     assert ours.completion_ids == theirs[0, len(prompt):].tolist()[: len(ours.completion_ids)]
 
 
+@pytest.mark.slow
 def test_the_test_dataset_is_scored_on_schedule_per_data_source(tmp_path, sink, caplog):
     config = tiny(**{"trainer.test_freq": 2, "actor_rollout_ref.rollout.val_kwargs.n": 3,
                      "actor_rollout_ref.rollout.val_kwargs.do_sample": True,
@@ -69,6 +70,7 @@ def test_the_test_dataset_is_scored_on_schedule_per_data_source(tmp_path, sink, 
     assert "validation at step 0 (3 tasks" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_resumed_run_does_not_score_its_start_again(tmp_path, sink):
     first = tiny(**{"trainer.total_training_steps": 2, "trainer.save_freq": 1})
     AgentTrainer(train_dataset=TRAIN, val_dataset=TEST, reward_func=starts_with_a, backend="trl",
@@ -81,6 +83,7 @@ def test_a_resumed_run_does_not_score_its_start_again(tmp_path, sink):
     assert not any("val/letters/reward" in m for m in sink.metrics)
 
 
+@pytest.mark.slow
 def test_validation_off_and_on_its_own_step(tmp_path, sink):
     AgentTrainer(train_dataset=TRAIN, val_dataset=TEST, reward_func=starts_with_a, backend="trl",
                  run_path=str(tmp_path / "off"), config=tiny(**{"trainer.val_before_train": False}), sinks=[sink]).train()
@@ -102,6 +105,7 @@ def test_greedy_validation_gives_the_same_scores_twice(tmp_path, sink):
     assert {k: v for k, v in before.items() if k.startswith("val/")} == {k: v for k, v in after.items() if k.startswith("val/")}
 
 
+@pytest.mark.slow
 def test_inference_and_evaluate_after_training(tmp_path, caplog):
     trainer = AgentTrainer(train_dataset=TRAIN, test_dataset=TEST, reward_func=starts_with_a, train_engine_name="trl",
                            run_path=str(tmp_path), config=tiny(**{"trainer.total_training_steps": 1}))

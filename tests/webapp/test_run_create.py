@@ -9,6 +9,8 @@ from webapp.registry.models import Agent, Backend, Dataset
 from webapp.runs.models import Run
 from workers.housekeeping import dispatch_due_runs
 
+pytestmark = pytest.mark.real_check  # the form's check, as it runs: the path these tests are about
+
 URL = "/runs/new/"
 
 

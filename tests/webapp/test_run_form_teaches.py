@@ -24,6 +24,7 @@ def test_the_form_lists_every_config_key_with_default_type_and_doc(owner_client,
     assert 'name="learning_rate"' in page and 'placeholder="1e-06"' in page  # a common field, its default shown
 
 
+@pytest.mark.real_check
 def test_every_error_shows_at_once_each_override_with_its_line(owner_client, copy_form_data):
     data = {**copy_form_data, "reward": "", "overrides": (
         "data.train_batchsize=4\nactor_rollout_ref.actor.optim.lr=abc\ntrainer.total_training_steps=-5\ndata.max_response_length=4\n")}

@@ -20,6 +20,8 @@ from webapp.runs.trainer_args import Revoked, attempt_kwargs, run_spec, run_trai
 from workers import execute
 from workers.execute import claim, train_run
 
+pytestmark = pytest.mark.real_check  # the spec is what the real check validated
+
 TEMPERATURE, LR, SEED = "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.actor.optim.lr", "trainer.seed"
 
 

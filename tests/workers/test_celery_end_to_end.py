@@ -21,7 +21,7 @@ from webapp.dashboard.series import points_after
 from webapp.runs.models import Run, RunLog
 from workers.execute import database_url
 
-pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # slow: trains in the worker
 
 QUEUE = f"test-e2e-{uuid.uuid4().hex[:8]}"  # no other worker listens here, so nothing else takes our runs
 
