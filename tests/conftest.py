@@ -43,7 +43,7 @@ RUN_CHECK_AT = "webapp.runs.forms.check_isolated"
 
 @pytest.fixture
 def fake_run_check(monkeypatch):
-    """Stands in for the jailed build of a run's trainer (``trainer_args.check_isolated``), for tests
+    """Stands in for the jailed build of a run's trainer (``webapp.policy.checks.check_isolated``), for tests
     that are not about it. Answers as the real check does for a valid run: ``{"ok": True,
     "final_config": ...}`` with the library's final config of the run's merged config
     (``Config.build``, in this process: no registry code is imported); a config the library refuses
