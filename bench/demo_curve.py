@@ -27,16 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from demo_seeds import parse_seeds  # noqa: E402  (bench/ is the script's folder)
+
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 10
-
-
-def parse_seeds(text: str) -> list[int]:
-    seeds: list[int] = []
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        seeds.extend(range(int(first), int(last or first) + 1))
-    return seeds
 
 
 def moving_average(values: list[float], window: int = WINDOW) -> list[float]:
