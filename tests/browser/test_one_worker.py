@@ -39,6 +39,14 @@ class Api:
             time.sleep(0.5)
         return run
 
+    def trained_and_training(self) -> tuple[dict, dict]:
+        """A run that has ended with a final model, and a long one that holds the worker's slot."""
+        trained = self.create("trained", steps=2)
+        self.wait(trained["id"], lambda r: r["status"] == "succeeded", "succeeded")
+        long = self.create("long", steps=5000)
+        self.wait(long["id"], lambda r: r["status"] == "running" and r["steps"] >= 1, "trained a step")
+        return trained, long
+
 
 @pytest.mark.parametrize("embedded_platform", [["--no-demo-run"]], indirect=True)
 def test_the_playground_answers_while_a_run_trains_and_a_queued_run_says_what_it_waits_behind(
@@ -48,10 +56,7 @@ def test_the_playground_answers_while_a_run_trains_and_a_queued_run_says_what_it
     page.set_default_timeout(60_000)
     try:
         api = Api(url, embedded_platform["login"])
-        trained = api.create("trained", steps=2)
-        api.wait(trained["id"], lambda r: r["status"] == "succeeded", "succeeded")
-        long = api.create("long", steps=5000)
-        api.wait(long["id"], lambda r: r["status"] == "running" and r["steps"] >= 1, "trained a step")
+        trained, long = api.trained_and_training()
         behind = api.create("behind", steps=2)
 
         log_in(page, url, *embedded_platform["login"])
@@ -102,10 +107,7 @@ def test_without_its_own_worker_a_question_says_which_run_it_waits_behind(embedd
     page.set_default_timeout(60_000)
     try:
         api = Api(url, embedded_platform["login"])
-        trained = api.create("trained", steps=2)
-        api.wait(trained["id"], lambda r: r["status"] == "succeeded", "succeeded")
-        long = api.create("long", steps=5000)
-        api.wait(long["id"], lambda r: r["status"] == "running" and r["steps"] >= 1, "trained a step")
+        trained, long = api.trained_and_training()
 
         log_in(page, url, *embedded_platform["login"])
         page.goto(f"{url}/runs/{trained['id']}/playground/")
