@@ -41,8 +41,9 @@ def test_each_step_gets_the_mean_of_the_samples_since_the_last_and_nothing_twice
 def test_gpu_utilisation_memory_and_power_per_gpu():
     import torch
 
+    held = torch.ones(256, 1024, 1024, device="cuda")  # 1 GiB on GPU 0, before the first sample
+    torch.cuda.synchronize()
     sampler = SystemMetrics(interval=0.05).start()
-    held = torch.ones(256, 1024, 1024, device="cuda")  # 1 GiB on GPU 0
     sampled(sampler)
     values = sampler.collect()
     sampler.close()
