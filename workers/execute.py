@@ -41,7 +41,7 @@ from webapp.runs.models import Run, RunLog
 from webapp.runs.recording import DatabaseSink
 from webapp.runs.trainer_args import attempt_kwargs
 from workers.lifecycle import Attempt, requeue_or_recover, with_database
-from workers.processes import child_env, kill_session, start_child, tail, terminate_group
+from workers.processes import child_env, kill_session, start_child, tail, terminate_session
 from workers.releases import release_in_background
 
 logger = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ def stop_spares() -> None:
     _keep_spares = False
     spare, _spare = _spare, None
     if spare is not None:
-        terminate_group(spare[0], wait_seconds=1.0)
+        terminate_session(spare[0], wait_seconds=1.0)
 
 
 def _take_spare(env: dict[str, str]) -> subprocess.Popen | None:
@@ -180,7 +180,7 @@ def _take_spare(env: dict[str, str]) -> subprocess.Popen | None:
         return None
     process, spare_env = spare
     if process.poll() is not None or spare_env != env:
-        terminate_group(process, wait_seconds=1.0)
+        terminate_session(process, wait_seconds=1.0)
         return None
     return process
 
@@ -192,7 +192,7 @@ def _hand_over(process: subprocess.Popen, run_id: int, output_path: Path) -> boo
         process.stdin.close()
         return True
     except OSError:
-        terminate_group(process, wait_seconds=1.0)
+        terminate_session(process, wait_seconds=1.0)
         return False
 
 
@@ -225,7 +225,7 @@ def _supervise(run: Run, process: subprocess.Popen, output_path: Path) -> str:
             continue
         if cancel_seen_at is not None and now - cancel_seen_at > settings.RUN_CANCEL_GRACE_SECONDS:
             _log(run, "WARNING", f"The training process did not stop within {settings.RUN_CANCEL_GRACE_SECONDS} s; terminating it.")
-            terminate_group(process)
+            terminate_session(process)
             status = run.stopped_status()
             run.finish(status, error=f"{status.capitalize()}; the training process was terminated.")
             return status

@@ -43,6 +43,7 @@ from webapp.integrations import alerts
 from webapp.runs.models import Run
 from workers.execute import EXECUTE_RUN
 from workers.playground import dispatch_due_requests
+from workers.processes import kill_session_of
 from workers.releases import release_in_background, retry_remote_releases
 
 logger = logging.getLogger(__name__)
@@ -197,7 +198,7 @@ def _ask_runs_to_stop(sig=None, how=None, **kwargs) -> None:
     for process in training:
         _send(process, signal.SIGTERM)
     if training:
-        timer = threading.Timer(settings.RUN_SHUTDOWN_GRACE_SECONDS, lambda: [_send(p, signal.SIGKILL) for p in training])
+        timer = threading.Timer(settings.RUN_SHUTDOWN_GRACE_SECONDS, lambda: [kill_session_of(p.pid) for p in training])
         timer.daemon = True
         timer.start()
 

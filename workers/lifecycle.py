@@ -83,7 +83,7 @@ class Fence:
     on the run's row in the write's own transaction (``lock_for_attempt``); status changes check it
     in their filtered update; the files the library writes (checkpoints, the final model) ask
     ``may_write`` first. Once the run is found held by another attempt (or ended), the attempt
-    stops: ``on_lost`` runs (the training process kills its own process group), so a process paused
+    stops: ``on_lost`` runs (the training process kills its own session), so a process paused
     past its takeover writes nothing more when it wakes.
     """
 

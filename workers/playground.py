@@ -3,9 +3,9 @@
 ``dispatch_due_requests`` (the housekeeping thread, beside the runs' dispatcher) sends queued
 requests to their queue. ``answer_request`` (the Celery task's body) claims one and generates in a
 child process, ``python -m workers.playground_child <id>``, so the model's memory is freed after each
-answer and a reply that runs past ``PLAYGROUND_REPLY_SECONDS`` is stopped by killing the child's
-process group. ``generate_answer`` (in the child) loads the chosen weights of the run with
-transformers, as the trainer does, and writes the answer to the row.
+answer and a reply that runs past ``PLAYGROUND_REPLY_SECONDS`` is stopped by ending the child's
+session (``workers.processes``). ``generate_answer`` (in the child) loads the chosen weights of the
+run with transformers, as the trainer does, and writes the answer to the row.
 
 A model's own Python code (``trust_remote_code``) runs only when the registered model the run
 trained from is marked trusted by an administrator; a run's trained model used as a base never is.
@@ -32,7 +32,7 @@ from webapp.policy.keys import MODEL_KEY, PYTHON_KEY, TRUST_KEY
 from webapp.registry.models import Model
 from webapp.runs.downloads import model_folder
 from webapp.runs.trainer_args import run_trainer_kwargs
-from workers.processes import child_env, start_child, tail, terminate_group
+from workers.processes import child_env, start_child, tail, terminate_session
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def answer_request(request_id: int, worker_name: str) -> str:
             try:
                 process.wait(timeout=settings.PLAYGROUND_REPLY_SECONDS)
             except subprocess.TimeoutExpired:
-                terminate_group(process)
+                terminate_session(process)
                 asked.finish(asked.Status.FAILED, error=f"The answer took longer than {settings.PLAYGROUND_REPLY_SECONDS} s "
                                                        "and was stopped; ask for fewer new tokens.")
         last_words = tail(Path(output.name))[-OUTPUT_TAIL_CHARS:]

@@ -38,15 +38,21 @@ def start_child(module: str, *args: str, env: dict[str, str], output: IO | int |
 
 def kill_session(process: subprocess.Popen) -> None:
     """SIGKILL to every process of the child's session, at once (not SIGTERM: that asks a training
-    process for a checkpoint, and one that is superseded may write nothing more). Its session, not
-    only its process group: a local Ray cluster's workers (verl's trainer and its checkpoint writers)
-    each have a group of their own in it, and outlive their raylet by seconds, writing."""
-    _kill_session_members(process.pid)
+    process for a checkpoint, and one that is superseded may write nothing more), then reap it."""
+    kill_session_of(process.pid)
+    process.wait()
+
+
+def kill_session_of(leader: int) -> None:
+    """SIGKILL to every process of the session that ``leader`` (a child of ``start_child``) leads.
+    Its session, not only its process group: a local Ray cluster's workers (verl's trainer, which
+    writes verl's checkpoints) each have a group of their own in it, and outlive their raylet by
+    seconds, writing."""
+    _kill_session_members(leader)
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(leader, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    process.wait()
 
 
 def kill_own_session() -> None:
@@ -80,7 +86,53 @@ def _session_of(pid: int) -> int | None:
         return None
 
 
-def terminate_group(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:
+def terminate_session(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:
+    """SIGTERM to the child's process group (a training process saves nothing on it when it is
+    cancelled; a spare exits); after ``wait_seconds``, or once it has exited, SIGKILL to whatever
+    is left of its session."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(timeout=wait_seconds)
+    except subprocess.TimeoutExpired:
+        pass
+    kill_session(process)
+
+
+def kill_own_session() -> None:
+    """From inside a child (a session leader, ``start_child``): SIGKILL to every process of its
+    session, itself last (nothing of it runs on)."""
+    _kill_session_members(os.getsid(0))
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _kill_session_members(session: int) -> None:
+    """SIGKILL to the session's processes but this one, until none is left (one may be starting
+    another as it is killed: a raylet its next worker)."""
+    for _ in range(20):
+        members = [pid for pid in psutil.pids() if pid != os.getpid() and _session_of(pid) == session]
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)  # killed ones become zombies, then leave the table as their parents reap them
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return None  # dead already: it writes nothing more
+        return os.getsid(pid)
+    except (ProcessLookupError, PermissionError, psutil.Error):
+        return None
+
+
+def terminate_session(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:
     """SIGTERM to the process's group; SIGKILL when it is still there after ``wait_seconds``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
