@@ -17,7 +17,7 @@ from webapp.runs.forms import RunForm
 from webapp.runs.models import Run
 from webapp.policy.checks import HIDDEN
 from webapp.runs.trainer_args import Revoked, attempt_kwargs, run_spec, run_trainer_kwargs
-from workers import lifecycle
+from workers import execute, lifecycle
 from workers.execute import claim, train_run
 
 pytestmark = pytest.mark.real_check  # the spec is what the real check validated
@@ -35,7 +35,7 @@ def built(monkeypatch):
             seen.append({key: value for key, value in kwargs.items() if key not in ("sinks", "should_stop", "run_path")})
             super().__init__(**kwargs)
 
-    monkeypatch.setattr(training.trainer, "AgentTrainer", Recorded)
+    monkeypatch.setattr(execute, "AgentTrainer", Recorded)
     return seen
 
 
