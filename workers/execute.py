@@ -289,9 +289,7 @@ def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
             # The backend's own rotation could delete a checkpoint before it is stored; the store keeps
             # the project's number and the uploader clears stored ones from the scratch folder.
             kwargs["config"]["trainer.max_checkpoints"] = 0
-        trainer = AgentTrainer(**kwargs, sinks=sinks, should_stop=attempt.should_stop, may_write=attempt.fence.may_write,
-                               on_full_disk="pause" if settings.RUN_ON_FULL_DISK == "pause" else "fail")
-        trainer.train_processor.full_disk_check_seconds = settings.RUN_FULL_DISK_CHECK_SECONDS
+        trainer = AgentTrainer(**kwargs, sinks=sinks, **attempt.trainer_hooks())
         spec = check_spec(kwargs, run.config_overrides)  # what the form checked, checked again where it runs
         check_platform_keys(trainer, spec["pinned"], spec["user_keys"])
         if hasattr(trainer.train_processor, "remote_ids_callback"):  # remote backends: show job/deployment ids as they appear

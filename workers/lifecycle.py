@@ -255,8 +255,16 @@ class Attempt:
         """The run's row while this attempt holds it (an update through it changes nothing otherwise)."""
         return Run.objects.filter(pk=self.run.pk, attempts=self.run.attempts, status=Run.Status.RUNNING)
 
+    def trainer_hooks(self) -> dict[str, Any]:
+        """The ``AgentTrainer`` arguments through which the attempt holds the library: its stop
+        check, its fence on every file (checkpoints, the final model), and what a full disk does
+        (``RUN_ON_FULL_DISK``)."""
+        return {"should_stop": self.should_stop, "may_write": self.fence.may_write,
+                "on_full_disk": "pause" if settings.RUN_ON_FULL_DISK == "pause" else "fail"}
+
     def train(self, trainer) -> None:
         """Train; how it ended is recorded on exit."""
+        trainer.train_processor.full_disk_check_seconds = settings.RUN_FULL_DISK_CHECK_SECONDS
         self.training = True
         self.result = trainer.train()
 
