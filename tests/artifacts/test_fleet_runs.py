@@ -21,7 +21,7 @@ from fault_harness import latest_step, lost_and_doubled, private_trl_queue, slow
 
 from training.artifacts import STORED_MARKER, ArtifactStore
 from webapp.runs.models import Run, RunLog
-from workers.execute import database_url
+from workers.processes import database_url
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
