@@ -11,11 +11,10 @@ from rest_framework import serializers
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.policy import limits
 from webapp.runs import table
-from webapp.runs.models import Run, RunLog
+from webapp.runs.models import MAX_STEP, Run, RunLog
 from webapp.runs.trainer_args import shown_spec
 from webapp.teams.models import Project
 
-MAX_STEP = 2**31 - 1  # Run.steps, which the metric store keeps, is a 32-bit column on every database
 MAX_KEY_LENGTH = 200
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 

@@ -17,12 +17,11 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET
 
-from webapp.sweeps.compare import parameter_context
-from webapp.api.serializers import MAX_STEP
 from webapp.dashboard import consumers, series
+from webapp.dashboard.compare import parameter_context
 from webapp.dashboard.models import EpisodeSample
 from webapp.runs.access import get_run_for_user
-from webapp.runs.models import Run, last_step_of
+from webapp.runs.models import MAX_STEP, Run, last_step_of
 
 # The charts a run page opens with; every other key is one search away.
 HEADLINE_KEYS = ("reward", "reward_std", "loss", "kl", "entropy", "response_length", "turns", "step_time")

@@ -28,6 +28,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.teams.models import teams_of
+
+# The highest step a run reaches: ``Run.steps``, which the metric store keeps, is a 32-bit column on every database.
+MAX_STEP = 2**31 - 1
 
 
 # Sent after a run's status changed (kwargs: run). The dashboard pushes it to live viewers.
@@ -54,8 +58,6 @@ def lock_for_attempt(run_id: int, attempt: int | None) -> dict | None:
 class RunQuerySet(models.QuerySet):
     def visible_to(self, user) -> "RunQuerySet":
         """Runs ``user`` may see: the same rule as ``access.can(user, run, "view")``, as a query."""
-        from webapp.teams.models import teams_of
-
         if user.is_superuser:
             return self
         if not user.is_authenticated:
