@@ -24,7 +24,7 @@ viewers of a run cost Redis one message per event, not five hundred.
 Access can end while a socket is open: each viewer also joins the group of its user and, when it
 came through a share link, that link's group (``live.access_groups``). Revoking the link or
 removing the user from a team sends ``access.check`` there, and editing or deleting the run sends
-it to the run's group (``webapp.dashboard.apps``); the viewer asks ``can`` again and closes with
+it to the run's group (``webapp.dashboard.signals``); the viewer asks ``can`` again and closes with
 code 4403 when the answer is no.
 """
 

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 
+from webapp.teams.models import ShareLink
+
 logger = logging.getLogger(__name__)
 
 
@@ -45,8 +47,6 @@ def share_link_group(link_id: int) -> str:
 
 def access_groups(user, run_id: int, share_token: str | None) -> list[str]:
     """The groups a viewer of ``run_id`` joins, so that losing access closes its socket."""
-    from webapp.teams.models import ShareLink
-
     groups = [user_group(user.pk)] if user is not None and user.is_authenticated else []
     if share_token:
         link = ShareLink.objects.active().filter(run_id=run_id, token=share_token).values_list("pk", flat=True).first()

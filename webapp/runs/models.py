@@ -36,6 +36,9 @@ MAX_STEP = 2**31 - 1
 
 # Sent after a run's status changed (kwargs: run). The dashboard pushes it to live viewers.
 run_status_changed = Signal()
+# Sent after a batch of a run's log lines is stored (kwargs: run_id, lines: ``{id, time, level, message}``
+# each). The dashboard pushes them to live viewers.
+run_logs_written = Signal()
 
 
 class AttemptSuperseded(Exception):
