@@ -8,6 +8,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from webapp.fleet.queues import QueueBoard
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.policy import limits
 from webapp.runs import table
@@ -109,8 +110,6 @@ class RunSerializer(serializers.ModelSerializer):
         return shown_spec(run.spec)
 
     def get_waiting(self, run: Run) -> str:
-        from webapp.fleet.queues import QueueBoard
-
         if run.status != Run.Status.QUEUED:
             return ""
         if "queue_board" not in self.context:  # one read of the queues for a whole page of runs

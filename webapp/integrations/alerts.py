@@ -23,6 +23,7 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from training.egress import EgressProxy, EgressRefused
+from webapp.celery_app import app as celery_app  # sends by task name: the web side never imports workers
 from webapp.integrations.models import AlertDelivery, AlertRule
 from webapp.integrations.targets import SERVER_SCHEMES, WEBHOOK_SCHEMES, guard, plugin_of, server_url, target_label
 from webapp.runs.models import Run, run_status_changed
@@ -73,9 +74,7 @@ def enqueue(rule, run, event: str, title: str, body: str) -> bool:
 def _kick_sender() -> None:
     """Ask a worker to send now. No broker (e.g. the web tier lost Redis): housekeeping sends later."""
     try:
-        from webapp.celery_app import app  # by task name: the web side never imports workers
-
-        app.send_task("integrations.deliver_alerts", queue=settings.ALERT_QUEUE, retry=False)
+        celery_app.send_task("integrations.deliver_alerts", queue=settings.ALERT_QUEUE, retry=False)
     except Exception as exc:
         logger.warning("alerts: could not queue delivery (%s); the next housekeeping tick sends it", exc)
 
