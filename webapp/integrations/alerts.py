@@ -25,7 +25,7 @@ from django.utils import timezone
 from training.egress import EgressProxy, EgressRefused
 from webapp.celery_app import app as celery_app  # sends by task name: the web side never imports workers
 from webapp.integrations.models import AlertDelivery, AlertRule
-from webapp.integrations.targets import SERVER_SCHEMES, WEBHOOK_SCHEMES, guard, plugin_of, server_url, target_label
+from webapp.integrations.targets import SERVER_SCHEMES, WEBHOOK_SCHEMES, egress_guard, plugin_of, server_url, target_label
 from webapp.runs.models import Run, run_status_changed
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ def send(target: str, title: str, body: str) -> None:
     plugin = plugin_of(target)
     if scheme not in WEBHOOK_SCHEMES or plugin is None:
         raise DeliveryFailed(f"the target {target_label(target)} is not a webhook this platform sends to.")
-    guard = guard()
+    guard = egress_guard()
     if scheme in SERVER_SCHEMES:
         try:
             guard.check_url(server_url(plugin))

@@ -17,7 +17,7 @@ WEBHOOK_SCHEMES = {"json", "jsons", "form", "forms", "slack", "discord"}
 SERVER_SCHEMES = {"json", "jsons", "form", "forms"}
 
 
-def guard() -> Guard:
+def egress_guard() -> Guard:
     return Guard(allowed=tuple(settings.EGRESS_ALLOWED_HOSTS))
 
 
@@ -66,7 +66,7 @@ def check_target(target: str) -> str:
     if again is None or (again.host, again.port, again.fullpath, again.user) != (plugin.host, plugin.port, plugin.fullpath, plugin.user):
         raise ValueError(f"this {scheme}:// URL cannot be read one way only; write it as {scheme}://host[:port]/path.")
     try:
-        guard().check_url(server_url(plugin), unresolved_ok=True)
+        egress_guard().check_url(server_url(plugin), unresolved_ok=True)
     except EgressRefused as exc:
         raise ValueError(f"The webhook's server {plugin.host}: {exc}") from None
     return canonical
