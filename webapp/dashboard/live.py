@@ -26,8 +26,6 @@ from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 
-from webapp.teams.models import ShareLink
-
 logger = logging.getLogger(__name__)
 
 
@@ -43,16 +41,6 @@ def user_group(user_id: int) -> str:
 def share_link_group(link_id: int) -> str:
     """The websockets opened through share link ``link_id``."""
     return f"viewer-share-{link_id}"
-
-
-def access_groups(user, run_id: int, share_token: str | None) -> list[str]:
-    """The groups a viewer of ``run_id`` joins, so that losing access closes its socket."""
-    groups = [user_group(user.pk)] if user is not None and user.is_authenticated else []
-    if share_token:
-        link = ShareLink.objects.active().filter(run_id=run_id, token=share_token).values_list("pk", flat=True).first()
-        if link is not None:
-            groups.append(share_link_group(link))
-    return groups
 
 
 def recheck_access(group: str) -> None:

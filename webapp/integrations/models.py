@@ -14,7 +14,7 @@ from django.db import models
 from django.utils import timezone
 
 from webapp.integrations.secrets import seal, unseal
-from webapp.integrations.targets import target_label
+from webapp.integrations import targets
 
 
 def without_credentials(url: str) -> str:
@@ -121,7 +121,7 @@ class AlertRule(models.Model):
     @target.setter
     def target(self, value: str) -> None:
         self.target_sealed = seal(value)
-        self.target_label = target_label(value)
+        self.target_label = targets.target_label(value)
 
     @property
     def is_email(self) -> bool:
