@@ -13,6 +13,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from training.egress import parse_allowed_hosts
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 _TRUE = ("1", "true", "yes", "on")
@@ -54,8 +56,6 @@ def envlist(name: str, default: str) -> list[str]:
 
 
 def envhosts(name: str) -> tuple[str, ...]:
-    from training.egress import parse_allowed_hosts
-
     try:
         return parse_allowed_hosts(os.environ.get(name, ""))
     except ValueError as exc:

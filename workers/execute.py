@@ -11,7 +11,7 @@ Nothing here gives a run up lightly. A run is ``cancelled`` only when a person c
 the worker shuts down (SIGTERM: a deploy) or the supervising worker process disappears, the
 training process saves a checkpoint at its next step and queues the run again; the next attempt
 resumes from that checkpoint in the run's own folder. While the database is down both processes
-keep going: reports are buffered (``webapp.batching``) and row changes retried until it is back.
+keep going: reports are buffered (``webapp.runs.batching``) and row changes retried until it is back.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from webapp.dashboard.series import all_points
 from webapp.runs.access import can
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.policy.limits import MAX_NOTES_CHARS
-from webapp.runs.models import Run
+from webapp.runs.models import Run, run_status_changed
 from webapp.runs.submission import QuotaExceeded
 from webapp.runs.trainer_args import clone_overrides
 from webapp.sweeps.models import Sweep, Trial
@@ -162,6 +162,10 @@ def objective_value(run: Run, sweep: Sweep) -> float | None:
         return None
     summarise = {Sweep.Summary.MAX: np.max, Sweep.Summary.MIN: np.min, Sweep.Summary.MEAN_LAST: np.mean}[sweep.objective_summary]
     return float(summarise(values))
+
+
+def connect() -> None:
+    run_status_changed.connect(on_status_changed, dispatch_uid="sweeps.trial_ended")
 
 
 def on_status_changed(sender, run: Run, **kwargs) -> None:

@@ -41,6 +41,6 @@ def parameter_points(runs: list, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def parameter_context(runs: list) -> dict[str, Any]:
-    """The compare page's template context for ``sweeps/compare_params.html``."""
+    """The compare page's template context for ``dashboard/compare_params.html``."""
     rows = differing_config(runs) if len(runs) > 1 else []
     return {"param_rows": rows, "param_points": parameter_points(runs, rows)}

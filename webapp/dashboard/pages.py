@@ -1,18 +1,22 @@
-"""Views check access, validate a form, save; the run's behaviour lives on the model."""
+"""The run pages: the list of runs, a run's page (with what it waits for in the queue, its live charts
+and log), starting, editing, cancelling, deleting and sharing a run. Views check access, validate a
+form, save; the run's behaviour lives on the model. They stand above the metric store and the queue
+board (``webapp.fleet.queues``) that they show."""
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Q
-from django.http import JsonResponse, QueryDict
-from django.shortcuts import redirect, render
+from django.http import Http404, JsonResponse, QueryDict
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from webapp.dashboard import series
 from webapp.fleet.queues import QueueBoard
 from webapp.runs import downloads, table
 from webapp.runs.access import can, get_run_for_user
@@ -20,6 +24,7 @@ from webapp.runs.config_fields import config_fields
 from webapp.runs.forms import RunEditForm, RunForm
 from webapp.runs.models import Run, RunTableView
 from webapp.runs.submission import QuotaExceeded
+from webapp.teams.models import ShareLink
 
 
 # Rows of the runs table a page shows (a run grouped under two tags is two rows).
@@ -313,8 +318,6 @@ def run_updates(request, pk: int):
     The live dashboard pushes the same over a websocket when a channel layer is shared; this
     endpoint keeps pages live in every mode (embedded mode has no shared channel layer).
     """
-    from webapp.dashboard import series
-
     run = get_run_for_user(request.user, pk, "view")
     after_log = _int(request.GET.get("after_log"))
     after_step = max(-1, min(_int(request.GET.get("after_step"), default=-1), 2**62))
@@ -340,3 +343,36 @@ def _int(value: str | None, default: int = 0) -> int:
         return int(value) if value else default
     except ValueError:
         return default
+
+
+# -- share links ---------------------------------------------------------------------------------
+
+def shared_run(request, token: str):
+    """The read-only page a share link opens, with the run's live dashboard (its charts, episodes
+    and websocket ask with the same token); 404 once the link is revoked."""
+    link = ShareLink.objects.active().filter(token=token).values("run_id").first()
+    if link is None:
+        raise Http404("This link does not exist or was revoked.")
+    run = get_run_for_user(request.user, link["run_id"], "view", share_token=token)
+    return render(request, "runs/shared_run.html", {
+        "run": run, "metrics": sorted(run.latest_metrics().items()), "share_query": "?" + urlencode({"share": token}),
+    })
+
+
+@login_required
+@require_POST
+def create_share(request, pk: int):
+    run = get_run_for_user(request.user, pk, "edit")
+    ShareLink.objects.create(run=run, created_by=request.user)
+    messages.success(request, "Share link created; anyone with it can view this run until you revoke it.")
+    return redirect(run)
+
+
+@login_required
+@require_POST
+def revoke_share(request, pk: int):
+    link = get_object_or_404(ShareLink, pk=pk)
+    run = get_run_for_user(request.user, link.run_id, "edit")
+    link.revoke()
+    messages.info(request, "Share link revoked.")
+    return redirect(run)

@@ -29,7 +29,7 @@ from django.db import DatabaseError, close_old_connections, connection, transact
 from django.utils import timezone
 
 from training.processor import free_space
-from webapp.runs.models import AttemptSuperseded
+from webapp.runs.models import AttemptSuperseded, RunLog, lock_for_attempt
 
 logger = logging.getLogger(__name__)
 
@@ -276,8 +276,6 @@ class BackgroundFlusher:
         run_id = getattr(self, "run_id", None)
         if run_id is None:
             return
-        from webapp.runs.models import RunLog, lock_for_attempt
-
         try:
             with transaction.atomic():
                 lock_for_attempt(run_id, getattr(self, "attempt", None))
