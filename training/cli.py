@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from training.sinks import ConsoleSink
+from training.tracking.sinks import ConsoleSink
 
 RUN_FILE_KEYS = {"agent", "train_dataset", "val_dataset", "reward_func", "backend", "run_path", "config"}
 
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             sink.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from training.outcomes import TrainingFailed
+    from training.rollouts.outcomes import TrainingFailed
 
     started = time.perf_counter()
     try:

@@ -6,16 +6,16 @@ import asyncio
 import inspect
 from typing import Any, Callable
 
-from training.agents import AgentSpec, Workflow
+from training.agents.base import AgentSpec, Workflow
 from training.log import logger
-from training.processor import (
+from training.backends.processor import (
     TrainerProcessor,
     available_processors,
     get_processor_class,
     register_processor,
     unregister_processor,
 )
-from training.sinks import MetricSink
+from training.tracking.sinks import MetricSink
 from training.utils import cuda_device_count, is_verl_available
 
 
@@ -165,7 +165,7 @@ class AgentTrainer:
     def train(self) -> Any:
         """Run training; returns what the backend's ``train`` returns (a ``TrainResult`` for built-ins).
 
-        A run that trained but had nothing to learn from (``training.outcomes.learning_warnings``)
+        A run that trained but had nothing to learn from (``training.rollouts.outcomes.learning_warnings``)
         is not a failure: its warnings are logged and kept in the result's ``warnings``.
         """
         if not self.train_processor.initialized:
@@ -235,9 +235,9 @@ class AgentTrainer:
 
 
 def _close_episode_loop() -> None:
-    """Close this thread's episode loop (``training.episode_runner``), imported only once it may exist."""
+    """Close this thread's episode loop (``training.rollouts.episode_runner``), imported only once it may exist."""
     import sys
 
-    runner_module = sys.modules.get("training.episode_runner")
+    runner_module = sys.modules.get("training.rollouts.episode_runner")
     if runner_module is not None:
         runner_module.close_episode_loop()

@@ -54,7 +54,7 @@ def envlist(name: str, default: str) -> list[str]:
 
 
 def envhosts(name: str) -> tuple[str, ...]:
-    from training.egress import parse_allowed_hosts
+    from training.isolation.egress import parse_allowed_hosts
 
     try:
         return parse_allowed_hosts(os.environ.get(name, ""))
@@ -288,7 +288,7 @@ RUN_HEARTBEAT_SECONDS = envint("RUN_HEARTBEAT_SECONDS", "2", minimum=1)
 RUN_STALE_SECONDS = envint("RUN_STALE_SECONDS", "10", minimum=2)
 if RUN_STALE_SECONDS <= RUN_HEARTBEAT_SECONDS:
     raise ImproperlyConfigured("RUN_STALE_SECONDS must be longer than RUN_HEARTBEAT_SECONDS.")
-# External runs report from elsewhere (training.remote heartbeats every 20 s): failed after this long silent.
+# External runs report from elsewhere (training.platform.reporter heartbeats every 20 s): failed after this long silent.
 EXTERNAL_RUN_STALE_SECONDS = envint("EXTERNAL_RUN_STALE_SECONDS", "120", minimum=10)
 # How often each worker's housekeeping thread looks for lost runs and sends due queued runs.
 RUN_SWEEP_SECONDS = envint("RUN_SWEEP_SECONDS", "2", minimum=1)
@@ -362,7 +362,7 @@ ALERT_MAX_ATTEMPTS = envint("ALERT_MAX_ATTEMPTS", "8", minimum=1)
 ALERT_RETRY_BASE_SECONDS = envint("ALERT_RETRY_BASE_SECONDS", "10", minimum=1)
 ALERT_RETRY_MAX_SECONDS = envint("ALERT_RETRY_MAX_SECONDS", "3600", minimum=1)
 ALERT_QUEUE = os.environ.get("ALERT_QUEUE", "cpu")
-# The egress guard (training/egress.py) refuses outbound URLs a person chose (webhooks, tracking
+# The egress guard (training/isolation/egress.py) refuses outbound URLs a person chose (webhooks, tracking
 # servers) at loopback, private, link-local and other non-public addresses, except these hosts:
 # comma-separated "host" or "host:port" entries, e.g. "mlflow.internal,10.0.0.5:5000".
 EGRESS_ALLOWED_HOSTS = envhosts("EGRESS_ALLOWED_HOSTS")

@@ -32,8 +32,8 @@ from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from training.artifacts import ArtifactStoreError, CheckpointUploadSink
-from training.processor import RunSuperseded
+from training.platform.artifacts import ArtifactStoreError, CheckpointUploadSink
+from training.backends.processor import RunSuperseded
 from webapp.dashboard.recording import DashboardSink
 from webapp.integrations.tracking import prepare_run
 from webapp.registry.models import Backend
@@ -492,7 +492,7 @@ def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
 
     ``on_lost`` is called once the attempt is found superseded (``_Fence``); the training process
     passes ``kill_this_attempt``. Without it the attempt stops at its next step or file write."""
-    from training.probe import check_platform_keys
+    from training.platform.probe import check_platform_keys
     from training.trainer import AgentTrainer
 
     # A database away at start-up delays the run (RUN_DATABASE_RETRY_SECONDS at most), never fails it.

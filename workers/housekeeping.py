@@ -156,7 +156,7 @@ def release_remote_resources(run) -> None:
     ``remote_release_pending`` and is tried again by a later sweep (``retry_remote_releases``,
     with backoff) until the service says it is gone. A re-queued run needs none of this: its next
     attempt deletes what the lost one left before it provisions its own."""
-    from training.processor import get_processor_class
+    from training.backends.processor import get_processor_class
     from webapp.runs.models import Run, RunLog
 
     def done() -> None:

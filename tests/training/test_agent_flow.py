@@ -14,9 +14,9 @@ from test_episode_runner import EOS, LOGPROB, ScriptedGenerator, ids
 
 import training as rllm
 from training import AgentTrainer
-from training.agents import AgentSpec
+from training.agents.base import AgentSpec
 from training.config import Config
-from training.episode_runner import EpisodeRunner
+from training.rollouts.episode_runner import EpisodeRunner
 from training.types import AgentConfig, Episode, EvalOutput, Signal, Step, Task, TerminationReason, Trajectory
 
 

@@ -5,7 +5,7 @@ import pytest
 import examples  # noqa: F401  (registers the example datasets)
 from examples.frozenlake import FrozenLakeEnv
 from training import AgentTrainer, ConfigError
-from training.agents import AgentSpec
+from training.agents.base import AgentSpec
 
 TINY = {"actor_rollout_ref.model.path": "tiny-char", "trainer.logger": []}
 FROZENLAKE = {"agent_class": "examples.frozenlake.FrozenLakeAgent", "env_class": "examples.frozenlake.FrozenLakeEnv"}

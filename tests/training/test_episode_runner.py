@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from training.agents import AgentSpec, BaseAgent, BaseEnv, Workflow
+from training.agents.base import AgentSpec, BaseAgent, BaseEnv, Workflow
 from training.config import Config
-from training.generation import GenerationOutput, HFBatchGenerator, encode
-from training.episode_runner import ModelCallError, EpisodeRunner, summarize_episodes
-from training.tiny import build_char_tokenizer, build_tiny_model
+from training.rollouts.generation import GenerationOutput, HFBatchGenerator, encode
+from training.rollouts.episode_runner import ModelCallError, EpisodeRunner, summarize_episodes
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 from training.types import Action, Episode, RewardOutput, Step, TerminationReason, Trajectory
 
 TOKENIZER = build_char_tokenizer()

@@ -298,8 +298,8 @@ def test_rllm_single_turn_workflow_example_trains_unchanged(tmp_path, monkeypatc
     its imports changed: SingleTurnWorkflow with rLLM's MathAgent and SingleTurnEnvironment scored
     by math_reward_fn. The tiny model is first taught to answer with a digit, every digit alike;
     RL must then make the right one (7) likelier."""
-    from training.generation import encode, render_messages
-    from training.tiny import build_char_tokenizer
+    from training.rollouts.generation import encode, render_messages
+    from training.rollouts.tiny import build_char_tokenizer
 
     questions = ["3+4=", "2+5=", "1+6=", "9-2="]
     tokenizer = build_char_tokenizer()

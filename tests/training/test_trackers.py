@@ -156,8 +156,8 @@ def test_trl_report_to_names_the_same_trackers():
 
 
 def test_verl_backend_hands_the_trackers_to_verls_tracking_with_run_folder_defaults(tmp_path, monkeypatch):
-    from training.backends.verl_backend import _our_keys_in_verl
-    from training.trackers import verl_tracking_environment
+    from training.backends.verl.backend import _our_keys_in_verl
+    from training.tracking.trackers import verl_tracking_environment
 
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR", "TENSORBOARD_DIR", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(name, raising=False)

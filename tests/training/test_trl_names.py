@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from training import AgentTrainer
-from training.backends.trl_backend import _TRLRun
+from training.backends.trl.backend import _TRLRun
 from training.config import Config, ConfigError
 
 # AWorld's own default config for its TRL trainer (train/trainer/utils.py, TRAIN_DEFAULT_CONFIG["trl"]).

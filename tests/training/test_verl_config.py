@@ -12,8 +12,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from training.backends import verl_backend
-from training.backends.verl_backend import (
+from training.backends.verl import backend as verl_backend
+from training.backends.verl.backend import (
     AGENT_LOOP_MODULE,
     AGENT_LOOP_NAME,
     NO_GPU_MESSAGE,

@@ -24,7 +24,7 @@ from django.core.validators import validate_email
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
-from training.egress import EgressProxy, EgressRefused, Guard
+from training.isolation.egress import EgressProxy, EgressRefused, Guard
 
 logger = logging.getLogger(__name__)
 

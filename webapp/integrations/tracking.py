@@ -13,8 +13,8 @@ from typing import Any
 
 from django.conf import settings
 
-from training.egress import ALLOWED_HOSTS_ENV
-from training.trackers import IDS_FILE, read_ids
+from training.isolation.egress import ALLOWED_HOSTS_ENV
+from training.tracking.trackers import IDS_FILE, read_ids
 
 
 def target_of(run):

@@ -12,7 +12,7 @@ from typing import Any
 from django import forms
 
 from training.config import Config, ConfigError
-from training.sweep import SAMPLERS, grid_size, parse_space
+from training.platform.sweep import SAMPLERS, grid_size, parse_space
 from webapp.policy import limits
 from webapp.policy.keys import refused_overrides
 from webapp.sweeps import engine
