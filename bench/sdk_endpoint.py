@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from training.agents.base import AgentSpec  # noqa: E402
+from training.agents.spec import AgentSpec  # noqa: E402
 from training.config import Config  # noqa: E402
 from training.rollouts.generation import HFBatchGenerator  # noqa: E402
 from training.rollouts.episode_runner import EpisodeRunner  # noqa: E402

@@ -32,8 +32,9 @@ from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from training.platform.artifacts import ArtifactStoreError, CheckpointUploadSink
-from training.backends.processor import RunSuperseded
+from training.platform.artifacts import CheckpointUploadSink
+
+from training.errors import ArtifactStoreError, RunSuperseded
 from webapp.dashboard.recording import DashboardSink
 from webapp.integrations.tracking import prepare_run
 from webapp.registry.models import Backend

@@ -136,7 +136,7 @@ def chat_reply(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[
     or the contents concatenated for a model without one)."""
     import torch
 
-    from training.rollouts.generation import encode, render_messages
+    from training.rendering import encode, render_messages
 
     prompt = encode(tokenizer, render_messages(tokenizer, asked.messages))
     limit = min(settings.PLAYGROUND_MAX_PROMPT_TOKENS,

@@ -9,7 +9,8 @@ import tempfile
 import pytest
 
 from training.platform.cli import main as cli
-from training.platform.reporter import PlatformClient, PlatformError, RemoteSink
+from training.platform.reporter import PlatformClient, RemoteSink
+from training.errors import PlatformError
 from webapp.dashboard.series import keys_of, points_after
 from webapp.runs.models import Run, RunLog
 

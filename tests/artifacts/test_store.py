@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from training.platform.artifacts import (
-    STORED_MARKER, ArtifactStore, ArtifactStoreError, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints,
-)
+from training.platform.artifacts import STORED_MARKER, ArtifactStore, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints
+
+from training.errors import ArtifactStoreError
 
 
 @pytest.fixture(params=["s3", "folder"])

@@ -49,11 +49,12 @@ def _record_episodes(run_path: str) -> list[dict]:
     import examples  # noqa: F401  (the examples' datasets and tools)
     from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv
     from training import AgentTrainer
-    from training.agents.base import AgentSpec
+    from training.agents.spec import AgentSpec
     from training.compat.aworld.agents import Agent
     from training.config import Config
     from training.rollouts.episode_runner import EpisodeRunner
-    from training.rollouts.generation import GenerationOutput, encode
+    from training.rollouts.generation import GenerationOutput
+    from training.rendering import encode
     from training.rewards import load_reward
     from training.rollouts.tiny import build_char_tokenizer
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from training.config import ConfigError
+from training.errors import ConfigError
 from training.platform.sweep import TrialRecord, parse_space, should_prune, sweep
 
 

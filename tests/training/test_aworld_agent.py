@@ -21,7 +21,8 @@ import examples  # noqa: F401  (registers the arithmetic dataset)
 from training import Agent, AgentConfig, AgentTrainer
 from training.compat.aworld.agents import chat_agent_from, load_agents_from_yaml
 from training.config import Config
-from training.rollouts.generation import GenerationOutput, encode
+from training.rollouts.generation import GenerationOutput
+from training.rendering import encode
 from training.rewards import load_reward
 from training.rollouts.episode_runner import EpisodeRunner
 from training.rollouts.tiny import build_char_tokenizer

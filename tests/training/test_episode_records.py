@@ -14,11 +14,13 @@ import pytest
 import examples  # noqa: F401  (registers the examples' datasets)
 from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv
 from training import AgentTrainer
-from training.agents.base import AgentSpec, BaseEnv
+from training.agents.base import BaseEnv
+from training.agents.spec import AgentSpec
 from training.compat.aworld.agents import Agent
 from training.config import Config
 from training.rollouts.episode_runner import EpisodeRunner
-from training.rollouts.generation import GenerationOutput, encode
+from training.rollouts.generation import GenerationOutput
+from training.rendering import encode
 from training.rewards import load_reward
 from training.rollouts.tiny import build_char_tokenizer
 from training.agents.workflow import CumulativeWorkflow

@@ -9,7 +9,9 @@ import math
 import pytest
 import torch
 
-from training.rollouts.generation import GenerationOutput, HFBatchGenerator, ModelClient, encode, render_messages
+from training.rollouts.generation import GenerationOutput, HFBatchGenerator, ModelClient
+
+from training.rendering import encode, render_messages
 from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 
 

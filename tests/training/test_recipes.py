@@ -11,7 +11,8 @@ from verl.workers.config import ActorConfig as VerlActorConfig
 from training import AgentTrainer
 from training.backends.trl.backend import _TRLRun
 from training.cli import build_trainer, load_run_file
-from training.config import Config, ConfigError
+from training.config import Config
+from training.errors import ConfigError
 from training.rollouts.models import load_policy
 from training.algorithms.recipes import overlong_penalties
 

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from training import AgentTrainer, SingleTurnEnvironment
-from training.agents.base import AgentSpec
-from training.config import Config, ConfigError
+from training.agents.spec import AgentSpec
+from training.config import Config
+from training.errors import ConfigError
 
 TINY = {"actor_rollout_ref.model.path": "tiny-char", "trainer.logger": [], "data.train_batch_size": 2}
 QUESTIONS = [{"question": q} for q in ("1+1=", "2+2=", "3+3=", "4+4=")]

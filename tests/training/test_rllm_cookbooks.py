@@ -170,7 +170,7 @@ def test_solver_judge_cookbook_scores_each_trajectory_through_the_endpoint():
     from rllm_cookbook_solver_judge_flow import solver_judge_flow
     from test_episode_runner import EOS, ScriptedGenerator, ids
 
-    from training.agents.base import AgentSpec
+    from training.agents.spec import AgentSpec
     from training.config import Config
     from training.rollouts.episode_runner import EpisodeRunner
     from training.types import TerminationReason
@@ -210,7 +210,7 @@ def test_async_clients_a_flow_leaves_open_are_closed_on_their_own_loop(caplog):
     from test_episode_runner import ScriptedGenerator
 
     from training.agents.flow import rollout
-    from training.agents.base import AgentSpec
+    from training.agents.spec import AgentSpec
     from training.config import Config
     from training.rollouts.episode_runner import EpisodeRunner, close_episode_loop
 
@@ -319,7 +319,7 @@ def test_frozenlake_cookbook_plays_the_lake_through_the_endpoint_and_is_scored_b
     from rllm_cookbook_frozenlake_flow import frozenlake_flow
     from test_episode_runner import EOS, ScriptedGenerator, ids
 
-    from training.agents.base import AgentSpec
+    from training.agents.spec import AgentSpec
     from training.config import Config
     from training.rollouts.episode_runner import EpisodeRunner
     from training.types import TerminationReason

@@ -36,7 +36,8 @@ from training import (
     compute_pass_at_k,
 )
 from training.data import DatasetRegistry
-from training.rollouts.generation import HFBatchGenerator, ModelCallError, ModelClient
+from training.rollouts.generation import HFBatchGenerator, ModelClient
+from training.errors import ModelCallError
 from training.rewards import countdown_reward_fn
 from training.rollouts.chat_endpoint import ChatEndpoint
 from training.rollouts.tiny import build_char_tokenizer

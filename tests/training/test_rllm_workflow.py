@@ -13,9 +13,10 @@ import pytest
 from test_episode_runner import EOS, LOGPROB, TOKENIZER, ScriptedGenerator, ids
 
 from training import Episode, ModelOutput, Step, TerminationEvent, TerminationReason, Trajectory, Workflow
-from training.agents.base import AgentSpec
+from training.agents.spec import AgentSpec
 from training.config import Config
-from training.rollouts.episode_runner import ModelCallError, EpisodeRunner
+from training.rollouts.episode_runner import EpisodeRunner
+from training.errors import ModelCallError
 
 
 def run(workflow_class, replies=None, tasks=None, reward_fn=None, **overrides):

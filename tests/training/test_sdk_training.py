@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from training import AgentTrainer
 from training.data import DatasetRegistry
-from training.rollouts.generation import encode
-from training.rollouts.outcomes import TooManyEpisodeErrors
+from training.rendering import encode
+from training.errors import TooManyEpisodeErrors
 from training.agents.sdk import get_chat_client
 from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 from training.utils import import_object

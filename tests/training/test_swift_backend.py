@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from task_rewards import PROMPTS
 from training import AgentTrainer
-from training.backends.processor import RunSuperseded
+from training.errors import RunSuperseded
 from training.backends.swift.backend import DEFAULT_PYTHON, environment_problem
 
 pytestmark = pytest.mark.slow
@@ -209,7 +209,7 @@ def test_episodes_whose_environment_raises_fail_the_run_naming_the_error(tmp_pat
     """An environment given as a file path (as uploaded code is) that raises: the episodes end with
     an error inside ms-swift's rollout, and past trainer.max_episode_error_rate the run fails with
     the same message and traceback as on the other backends."""
-    from training.rollouts.outcomes import TooManyEpisodeErrors
+    from training.errors import TooManyEpisodeErrors
 
     env_file = tmp_path / "cracking_lake.py"
     env_file.write_text(CRACKING_LAKE)

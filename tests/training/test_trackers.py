@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import wandb_records
-from training.config import Config, ConfigError
+from training.config import Config
+from training.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from training import AgentTrainer
-from training.config import ConfigError
+from training.errors import ConfigError
 from training.rollouts.generation import HFBatchGenerator
 from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 from training.rollouts.validation import EvalResult, pass_at_k

@@ -12,7 +12,10 @@ import asyncio
 import pytest
 from omegaconf import OmegaConf
 
-from training.agents.base import AgentSpec, BaseAgent, BaseEnv, Workflow
+from training.agents.base import BaseAgent, BaseEnv
+from training.agents.workflow import Workflow
+
+from training.agents.spec import AgentSpec
 from training.backends.verl.backend import AGENT_LOOP_NAME, compose_verl_config, encode_object, task_to_verl_row
 from training.config import Config
 from training.rollouts.tiny import build_char_tokenizer
@@ -242,7 +245,7 @@ def test_rllm_solver_judge_episode_stops_the_run_naming_verl_and_the_workflow(ba
     import sys
     from pathlib import Path
 
-    from training.algorithms.episode_rows import MultiSequenceEpisode
+    from training.errors import MultiSequenceEpisode
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
     from rllm_solver_judge_flow import SolverJudgeWorkflow
@@ -263,7 +266,8 @@ def test_rllm_solver_judge_episode_stops_the_run_naming_verl_and_the_workflow(ba
 def test_the_layout_verl_uses_refuses_any_episode_of_several_sequences():
     """``single_sequence`` is what the loop calls before ``episode_to_output``: one conversation
     passes (continued calls included); two conversations in one trajectory are refused too."""
-    from training.algorithms.episode_rows import MultiSequenceEpisode, single_sequence
+    from training.algorithms.episode_rows import single_sequence
+    from training.errors import MultiSequenceEpisode
 
     config = Config.build({"actor_rollout_ref.model.path": "tiny-char"})
 

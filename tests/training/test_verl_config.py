@@ -22,7 +22,8 @@ from training.backends.verl.backend import (
     split_overrides,
 )
 from training import CumulativeWorkflow, SimpleWorkflow, SingleTurnEnvironment, SingleTurnWorkflow, Workflow, math_reward_fn
-from training.config import Config, ConfigError
+from training.config import Config
+from training.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 for module in ("copy_task", "countdown_workflow", "frozenlake"):  # they register their datasets

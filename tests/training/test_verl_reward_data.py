@@ -122,7 +122,8 @@ def test_metrics_bridge_reads_verls_tracking_file(tmp_path, monkeypatch, sink):
 
 
 def test_metrics_bridge_fails_a_step_whose_dumped_episodes_mostly_errored(tmp_path, sink):
-    from training.rollouts.outcomes import OutcomeMonitor, TooManyEpisodeErrors
+    from training.rollouts.outcomes import OutcomeMonitor
+    from training.errors import TooManyEpisodeErrors
 
     rollouts = tmp_path / "rollouts"
     rollouts.mkdir()

@@ -8,7 +8,7 @@ import pytest
 from standins.http import Response
 from standins.vllm_server import VLLMStandIn
 from training import AgentTrainer
-from training.agents.base import AgentSpec
+from training.agents.spec import AgentSpec
 from training.backends.trl.backend import _TRLRun
 from training.config import Config
 from training.rollouts.episode_runner import EpisodeRunner

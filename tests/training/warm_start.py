@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from training.rollouts.generation import encode, render_messages
+from training.rendering import encode, render_messages
 from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 
 

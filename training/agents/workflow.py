@@ -25,7 +25,10 @@ from collections import defaultdict
 from concurrent.futures import Executor
 from typing import Any, Callable
 
-from training.types import Episode, ModelOutput, TerminationReason, Trajectory
+from training.types import Action, Episode, ModelOutput, Step, TerminationReason, Trajectory
+from training.errors import ModelCallError, TerminationEvent, TrainingFailed
+from training.agents.base import BaseAgent, BaseEnv, _resolve_class
+from training.rendering import encode, render_messages
 
 
 class RolloutEngine:
@@ -44,14 +47,6 @@ class RolloutEngine:
 
     async def sleep(self) -> None:
         """Called after a batch of rollouts (rLLM's hook; nothing to do here)."""
-
-
-class TerminationEvent(Exception):
-    """Raised inside ``run`` to end the episode early with ``reason`` (what was committed is kept)."""
-
-    def __init__(self, reason: TerminationReason = TerminationReason.UNKNOWN) -> None:
-        super().__init__(f"Terminated: {reason}")
-        self.reason = reason
 
 
 class Workflow(ABC):
@@ -224,21 +219,14 @@ class Workflow(ABC):
 
 
 def _base_agent() -> type:
-    from training.agents.base import BaseAgent
-
     return BaseAgent
 
 
 def _base_env() -> type:
-    from training.agents.base import BaseEnv
-
     return BaseEnv
 
 
 def _stops_the_run(exc: BaseException) -> bool:
-    from training.rollouts.generation import ModelCallError
-    from training.rollouts.outcomes import TrainingFailed
-
     return isinstance(exc, (ModelCallError, TrainingFailed))
 
 
@@ -259,8 +247,6 @@ class SimpleWorkflow(Workflow):
         self.reward_function = reward_function
 
     async def run(self, task: dict, uid: str, **kwargs: Any) -> Episode | None:
-        from training.types import Action, Step
-
         self.reset(task, uid)
         key = next((k for k in self.TASK_KEYS if task.get(k) is not None), None)
         if key is None:
@@ -293,7 +279,6 @@ class _AgentEnvWorkflow(Workflow):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        from training.agents.base import BaseAgent, BaseEnv, _resolve_class
 
         agent_cls = _resolve_class(agent_cls, BaseAgent, "agent_cls")
         env_cls = _resolve_class(env_cls, BaseEnv, "env_cls")
@@ -396,8 +381,6 @@ class CumulativeWorkflow(_AgentEnvWorkflow):
         return super().reset(task, uid)
 
     def _prompt_length(self) -> int:
-        from training.rollouts.generation import encode, render_messages
-
         tokenizer = self.rollout_engine.tokenizer
         return len(encode(tokenizer, render_messages(tokenizer, self.agent.chat_completions)))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from training.errors import ConfigError
 
 if TYPE_CHECKING:
     from training.config import AlgorithmConfig
@@ -44,8 +45,6 @@ def offered_estimators() -> list[str]:
 
 def check_estimator(name: str, backend: str) -> None:
     """Refuse, naming the key, an estimator this backend cannot feed."""
-    from training.config import ConfigError
-
     if name in NEEDS:
         raise ConfigError(
             "algorithm.adv_estimator",

@@ -41,6 +41,9 @@ import torch
 
 from training.config import AlgorithmConfig, Config
 from training.types import Episode, Step, TerminationReason
+from training.errors import ConfigError, MultiSequenceEpisode
+from training.algorithms.advantages import compute_advantages, equal_reward_groups as equal_groups
+from training.algorithms.recipes import overlong_penalties
 
 # rllm.compact_filtering.<flag> -> the termination reason it masks.
 COMPACT_FILTERS = {
@@ -141,8 +144,6 @@ def row_advantages(batch: RowBatch, algorithm: AlgorithmConfig) -> torch.Tensor:
     """One advantage per row: each unit's reward compared within its group by verl's estimator
     (``algorithm.adv_estimator``), then given to every row of the unit (times the row's ``scale``).
     Padding rows get 0."""
-    from training.algorithms.advantages import compute_advantages
-
     units = unit_rewards(batch)
     advantage: dict[str, float] = {}
     if units:
@@ -170,9 +171,6 @@ def token_advantages(batch: RowBatch, algorithm: AlgorithmConfig, group_size: in
     One row per episode (``expanded`` False): the episodes' rewards in groups of ``group_size``
     consecutive episodes, through verl's estimator on the token masks (as the trl backend's own
     batches). Otherwise each unit within its group (``row_advantages``) on every model token."""
-    from training.algorithms.advantages import compute_advantages
-    from training.algorithms.advantages import equal_reward_groups as equal_groups
-
     rows = batch.rows
     if not rows:
         return [], 0.0
@@ -213,10 +211,6 @@ def single_sequence(episode: Episode, config: Config, backend: str, source: str)
         f"silently dropped. Use backend=trl, tinker or fireworks, which train every trajectory, or make "
         f"{source} one conversation."
     )
-
-
-class MultiSequenceEpisode(RuntimeError):
-    """An episode of several sequences on a backend that trains one per episode."""
 
 
 # -- building rows ---------------------------------------------------------------------------------
@@ -280,7 +274,6 @@ def _apply_overlong_penalties(batch: RowBatch, config: Config) -> None:
     """``reward_model.overlong_buffer``: each row's penalty from its own response length."""
     if not config.reward_model.overlong_buffer.enable:
         return
-    from training.algorithms.recipes import overlong_penalties
 
     scored = [row for row in batch.rows if row.reward is not None]
     for row, penalty in zip(scored, overlong_penalties(config, [row.response_ids for row in scored])):
@@ -328,8 +321,6 @@ def _apply_filters(batch: RowBatch, episodes: list[Episode], groups: list[str], 
 def refuse_row_options(config: Config, reason: str) -> None:
     """Where rows are not laid out by ``episode_rows`` (other backends, TRL's own single-turn
     generation): refuse, by name and with ``reason``, the rllm.* options that need it."""
-    from training.config import ConfigError
-
     rllm = config.rllm
     given = {
         "rllm.stepwise_advantage.enable": rllm.stepwise_advantage.enable,

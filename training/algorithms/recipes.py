@@ -14,6 +14,7 @@ punishment reward). A backend that cannot honour a key refuses it by name instea
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from training.errors import ConfigError
 
 if TYPE_CHECKING:
     from training.config import Config
@@ -31,8 +32,6 @@ RECIPE_KEYS: dict[str, object] = {
 def refuse_recipe_keys(config: "Config", backend: str, honoured: set[str] = frozenset()) -> None:
     """Raise ConfigError naming the first recipe key set away from its default that ``backend``
     does not honour."""
-    from training.config import ConfigError
-
     for key, default in RECIPE_KEYS.items():
         value = config.get(key)
         if key not in honoured and value != default:

@@ -14,17 +14,9 @@ from training.log import logger
 from training.rollouts.outcomes import RewardTrace, learning_warnings
 from training.tracking.sinks import MetricSink, MultiSink
 from training.utils import import_object
+from training.errors import DiskFull, RunSuperseded
 
 T = TypeVar("T")
-
-
-class RunSuperseded(RuntimeError):
-    """Another process owns the run now (``AgentTrainer(may_write=...)`` said so): this one writes
-    nothing more of it."""
-
-
-class DiskFull(OSError):
-    """A file of the run (a checkpoint, the final model) did not fit on its disk."""
 
 
 def disk_full(exc: BaseException | None) -> bool:

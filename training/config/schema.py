@@ -22,24 +22,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
-
-
-class ConfigError(ValueError):
-    """A configuration value or key is wrong. ``key`` names the dotted key at fault."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
-        self.message = message
-
-
-class Problems(ValueError):
-    """Several independent problems found in one check, each a ``ValueError`` in ``problems`` (a
-    ``ConfigError`` names its key); its text is theirs, one a line."""
-
-    def __init__(self, problems: list[ValueError]) -> None:
-        super().__init__("\n".join(str(problem) for problem in problems))
-        self.problems = list(problems)
+from training.config import names
+from training.errors import ConfigError, Problems
 
 
 def _doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING, *, location: bool = False) -> Any:
@@ -322,9 +306,7 @@ class TrainerConfig:
             "trainer.max_episode_error_rate",
             f"must be between 0 (no errors allowed) and 1 (never fail), got {self.max_episode_error_rate}.",
         )
-        from training.tracking.trackers import check_logger_names  # trackers reads Config: imported late
-
-        problem = check_logger_names(list(self.logger))
+        problem = names.value_problem("trainer.logger", list(self.logger))
         _check(problem is None, "trainer.logger", problem or "")
         _check(self.system_metrics_interval >= 0, "trainer.system_metrics_interval", "must be 0 (off) or a number of seconds.")
 
@@ -631,9 +613,7 @@ class Config:
             flat = {key.removeprefix("+"): value for key, value in parse_overrides(layer).items()}
             flat = translate_unified_names(flat)
             if any("." not in key for key in flat):
-                from training.backends.trl.names import translate_trl_names
-
-                flat = translate_trl_names(flat, merged, trl_origin)
+                flat = names.translate_undotted(flat, merged, trl_origin)
             for key, value in flat.items():
                 if key not in ours and _without_effect(key, value):
                     ignored[key] = value
@@ -863,24 +843,13 @@ def _without_effect(key: str, value: Any) -> bool:
     return False
 
 
-def _is_verl_key(key: str) -> bool:
-    """Whether verl's PPO trainer config has ``key`` (verl installed), else whether it sits in one
-    of verl's sections that we do not have."""
-    from training.utils import is_verl_available
-
-    if is_verl_available():
-        from training.backends.verl.backend import verl_keys
-
-        return key in verl_keys()
-    return key.split(".", 1)[0] in ("critic", "reward_model", "custom_reward_function", "ray_init", "ray_kwargs")
-
-
 def _unknown_key(key: str) -> ConfigError:
-    if _is_verl_key(key):
+    owner = names.foreign_owner(key)
+    if owner is not None:
         return ConfigError(
             key,
-            "is a verl setting that this trainer does not implement: it takes effect with backend=verl "
-            "(passed to verl as it is); on other backends remove it.",
+            f"is a {owner} setting that this trainer does not implement: it takes effect with backend={owner} "
+            f"(passed to {owner} as it is); on other backends remove it.",
         )
     close = close_key(key, valid_keys())
     hint = f" Did you mean '{close}'?" if close else ""

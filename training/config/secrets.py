@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from training.errors import MissingSecret
 
 REFERENCE_KEY = "$secret"
 
 _placeholders = False
-
-
-class MissingSecret(ValueError):
-    """A referenced secret is not set where the run trains."""
 
 
 def reference(value: Any) -> str | None:

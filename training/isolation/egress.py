@@ -49,6 +49,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Iterator
 from urllib.parse import urlsplit
+from training.errors import EgressRefused
 
 ALLOWED_HOSTS_ENV = "EGRESS_ALLOWED_HOSTS"
 CONNECT_TIMEOUT = 10.0
@@ -59,10 +60,6 @@ MAX_HEAD_BYTES = 64 * 1024
 # NAT64 prefixes carry an IPv4 destination in their last 32 bits (RFC 6052, RFC 8215).
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 _SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
-
-
-class EgressRefused(Exception):
-    """The guard refused a destination. The message is ours (no remote's text): safe to show."""
 
 
 # -- which destinations -------------------------------------------------------------------------

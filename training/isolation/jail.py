@@ -34,19 +34,11 @@ import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from training.errors import JailUnavailable, ProgramsRefused
 
 JAIL_UID = JAIL_GID = 65534  # nobody
 # The system's read-only part: programs, shared libraries. Not /etc, /home, /root, /var, /run, /srv.
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
-
-
-class JailUnavailable(RuntimeError):
-    """This machine cannot jail untrusted code (no bubblewrap, or no namespaces)."""
-
-
-class ProgramsRefused(RuntimeError):
-    """This process refuses to start programs (``refuse_new_programs``): what needs one, such as an
-    environment's MCP server, is built when the run starts, not while the run is checked."""
 
 
 _refusing_programs = False

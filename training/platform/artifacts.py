@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
+from training.errors import ArtifactStoreError
 
 logger = logging.getLogger("training")
 
@@ -34,10 +35,6 @@ STORED_MARKER = ".stored"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "episodes.jsonl", "trackers.json")
 # verl writes this beside its global_step_N folders once step N is saved whole.
 VERL_LATEST = "latest_checkpointed_iteration.txt"
-
-
-class ArtifactStoreError(RuntimeError):
-    """The store refused or could not be reached; the message names the key and the cause."""
 
 
 class ArtifactStore:

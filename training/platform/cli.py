@@ -23,7 +23,9 @@ import sys
 import time
 from typing import Any, TextIO
 
-from training.platform.reporter import PlatformClient, PlatformError, obtain_token, store_credentials
+from training.platform.reporter import PlatformClient, URL_ENV, obtain_token, store_credentials, stored_credentials
+
+from training.errors import PlatformError
 from training.tracking.sinks import ConsoleSink
 
 FINAL = ("succeeded", "failed", "cancelled", "pruned")
@@ -135,8 +137,6 @@ def _total_steps(run: dict) -> int | None:
 
 def log_in(url: str | None, username: str | None, password_stdin: bool, out: TextIO) -> None:
     import os
-
-    from training.platform.reporter import URL_ENV, stored_credentials
 
     url = url or os.environ.get(URL_ENV, "") or stored_credentials().get("url") or input("Platform address: ").strip()
     username = username or input("Username: ").strip()

@@ -51,8 +51,12 @@ import time
 from typing import Any
 
 from training.config import secrets
-from training.isolation.jail import Jail, JailUnavailable, interpreter, refuse_new_programs
+from training.isolation.jail import Jail, interpreter, refuse_new_programs
+from training.errors import ConfigError, JailUnavailable, Problems
 from training.utils import leaves
+from training.agents.tools import load_tool
+from training.rollouts.models import TINY_MODEL, resolve_model_path
+from training.trainer import AgentTrainer
 
 DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_MEMORY_MB = 2048
@@ -74,14 +78,10 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         for module in spec.get("plugins", []):
             importlib.import_module(module)
         for tool in spec.get("tools", []):
-            from training.agents.tools import load_tool
-
             load_tool(tool)
         if "kwargs" not in spec:
             return {"ok": True, "final_config": None}
         with tempfile.TemporaryDirectory(prefix="run-check-") as scratch:
-            from training.trainer import AgentTrainer
-
             trainer = AgentTrainer(**{**spec["kwargs"], "run_path": scratch})
             final = trainer.final_config
             check_platform_keys(trainer, spec.get("pinned", {}), spec.get("user_keys", []))
@@ -94,8 +94,6 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _refusal(exc: Exception) -> dict[str, Any]:
     """The answer for a run refused by ``exc``; ``problems``: each of several found at once."""
-    from training.config import Problems
-
     problems = [_problem(problem) for problem in (exc.problems if isinstance(exc, Problems) else [exc])]
     return {"ok": False, **problems[0], "problems": problems}
 
@@ -112,8 +110,6 @@ def check_platform_keys(trainer: Any, pinned: dict[str, Any], user_keys: list[st
     alias, such as rLLM's ``training.default_local_dir``, must not change one under another name),
     and no key of ``user_keys`` is handed to the backend's engine unchecked (verl's own keys name
     files and code this trainer cannot vet: a platform takes them from its administrators only)."""
-    from training.config import ConfigError
-
     for key, value in pinned.items():
         if trainer.final_config.get(key) != value:
             raise ConfigError(key, "cannot be set per run (here it was set under another name); the platform chooses it.")
@@ -127,9 +123,6 @@ def _check_model(final: Any, processor: Any, scratch: str) -> None:
     """Load the model's config and tokenizer without any download: a model that is not on this
     machine fails now, named, instead of holding a worker in download retries."""
     from transformers import AutoConfig, AutoTokenizer
-
-    from training.config import ConfigError
-    from training.rollouts.models import TINY_MODEL, resolve_model_path
 
     model = final.actor_rollout_ref.model
     if model.path is None:

@@ -25,19 +25,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
+from training.errors import PlatformError
 
 logger = logging.getLogger("training")
 
 URL_ENV, TOKEN_ENV = "PLATFORM_URL", "PLATFORM_TOKEN"
-
-
-class PlatformError(RuntimeError):
-    """The platform answered with an error (``status`` is the HTTP status, 0 when unreachable)."""
-
-    def __init__(self, message: str, status: int = 0, detail: Any = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.detail = detail
 
 
 def credentials_path() -> Path:

@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.config import ConfigError, Problems, close_key, valid_keys
+from training.config import close_key, parse_overrides, valid_keys
+
+from training.errors import ConfigError, Problems
+from training.trainer import AgentTrainer
 
 SAMPLERS = ("grid", "random", "tpe")
 DIRECTIONS = ("maximize", "minimize")
@@ -251,7 +254,6 @@ def sweep(
     one point of ``space``, in ``<run_path>/trial-N``; returns the Optuna study (``best_params``,
     ``trials_dataframe()``). The objective is the last logged value of ``objective``."""
     optuna = _optuna()
-    from training.trainer import AgentTrainer
 
     if direction not in DIRECTIONS:
         raise ConfigError("direction", f"{direction!r}: choose maximize or minimize.")
@@ -264,7 +266,6 @@ def sweep(
         params = {key: _suggest(trial, key, distribution) for key, distribution in distributions.items()}
         sink = _PruningSink(trial, objective)
         base = trainer_kwargs.get("config") or {}
-        from training.config import parse_overrides
 
         kwargs = {**trainer_kwargs, "config": {**parse_overrides(base), **params},
                   "run_path": str(base_path / f"trial-{trial.number}"),

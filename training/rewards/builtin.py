@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from training.types import RewardOutput
 from training.rewards.registry import register_reward
+from training.isolation.sandbox import Limits, MAX_TIMEOUT_S, run_python
 
 
 @register_reward("exact_match")
@@ -341,8 +342,6 @@ def code_reward_fn(task_info: dict, action: Any, limits: Any = None) -> RewardOu
     Standard-input programs pass when their output matches line by line (numbers to 1e-6).
     ``limits``: a ``training.isolation.sandbox.Limits`` (6 s and 1 GiB per run by default).
     """
-    from training.isolation.sandbox import Limits
-
     limits = limits or Limits()
     tests = task_info.get("ground_truth")
     if tests is None:
@@ -440,8 +439,6 @@ def _run_test_cases(cases: list[dict[str, Any]], code: str, limits: Any) -> dict
 
 
 def _sandboxed(code: str, files: dict[str, str], stdin: str, limits: Any) -> Any:
-    from training.isolation.sandbox import run_python
-
     return run_python(code, limits.timeout_s, limits.memory_mb, stdin=stdin, files=files, file_mb=limits.file_mb,
                       max_output_chars=_MAX_OUTPUT_CHARS)
 
@@ -467,8 +464,6 @@ def _run_test_program(code: str, files: dict[str, str], limits: Any, count: int)
 def _scaled(limits: Any, count: int) -> Any:
     """``limits`` with the time allowed for ``count`` tests run by one program."""
     from dataclasses import replace
-
-    from training.isolation.sandbox import MAX_TIMEOUT_S
 
     return replace(limits, timeout_s=min(limits.timeout_s * count, MAX_TIMEOUT_S))
 

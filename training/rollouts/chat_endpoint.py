@@ -40,6 +40,7 @@ from training.log import logger
 from training.agents.sdk.client import SESSIONS_HEADER
 from training.agents.sdk.session import CALL_ID, SESSION_UIDS
 from training.agents.tools import parse_tool_calls, tools_prompt
+from training.errors import RequestError
 
 _START_TIMEOUT_S = 10.0
 # The HTTP clients that the openai library uses log every request at INFO: one line per model
@@ -67,10 +68,6 @@ class EndpointSession:
     replies: dict[str, str] = field(default_factory=dict)  # tool call id -> the model's text that made it
     # The generator's own failure (not a bad request): the rollout re-raises it after the episode.
     model_failure: BaseException | None = field(default=None, repr=False)
-
-
-class RequestError(ValueError):
-    """A request the endpoint cannot serve; answered with HTTP 400 and this message."""
 
 
 class ChatEndpoint:

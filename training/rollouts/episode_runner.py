@@ -20,15 +20,18 @@ import traceback
 from typing import Any, Callable
 
 from training.config import secrets
-from training.agents.base import AgentSpec, build_agent, build_env
+from training.agents.base import build_agent, build_env
+from training.agents.spec import AgentSpec
 from training.config import Config
-from training.rollouts.generation import GenerationOutput, ModelCallError, ModelClient, TokenGenerator, continuation, encode, render_messages
+from training.rollouts.generation import GenerationOutput, ModelClient, TokenGenerator, continuation
+from training.rendering import encode, render_messages
+from training.errors import ModelCallError, NoModelCall, TrainingFailed
 from training.log import logger
-from training.rollouts.outcomes import TrainingFailed
 from training.agents.sdk.client import in_episode
-from training.agents.sdk.run_func import NoModelCall, call_arguments, no_model_call_message, result_of
+from training.agents.sdk.run_func import call_arguments, no_model_call_message, result_of
 from training.threads import DaemonThreadExecutor
-from training.types import Action, Episode, RewardOutput, Step, TerminationReason, Trajectory
+from training.types import Action, AgentConfig, Episode, RewardOutput, Step, TerminationReason, Trajectory
+from training.agents.flow import evaluate_episode, run_agent_flow, task_from_row
 
 RewardFn = Callable[[dict, str], RewardOutput]
 
@@ -167,7 +170,7 @@ class EpisodeRunner:
         if not self.spec.uses_endpoint or self.endpoint is not None:
             yield
             return
-        from training.rollouts.chat_endpoint import ChatEndpoint
+        from training.rollouts.chat_endpoint import ChatEndpoint  # starlette is imported by rollouts.chat_endpoint: loaded when used
 
         with ChatEndpoint(tokenizer=self.tokenizer) as self.endpoint:
             try:
@@ -379,9 +382,6 @@ class EpisodeRunner:
         None) get the recorded calls; the others' steps get their calls' tokens afterwards
         (``_attach_call_tokens``, matched by the reply's text, as rLLM's trace enrichment does
         by position)."""
-        from training.agents.flow import evaluate_episode, run_agent_flow, task_from_row
-        from training.types import AgentConfig
-
         loop = asyncio.get_running_loop()
         rollout_cfg = self.config.actor_rollout_ref.rollout
         val = rollout_cfg.val_kwargs

@@ -15,13 +15,9 @@ from typing import Any, Protocol
 
 import torch
 
+from training.rendering import encode, render_messages
 from training.types import ModelOutput, Step
 from training.agents.workflow import RolloutEngine
-
-
-class ModelCallError(RuntimeError):
-    """The model itself failed (not the agent or the environment). It stops the rollout instead of
-    being counted as an error episode, because retrying episodes cannot fix a broken model."""
 
 
 @dataclass
@@ -258,22 +254,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     if not ids:
         raise ValueError("The tokenizer has no eos_token_id, so generation could never stop; set tokenizer.eos_token.")
     return ids
-
-
-def render_messages(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """Chat messages as the prompt text the model reads.
-
-    With a chat template, the template decides. Without one (the tiny character-level model),
-    the contents are simply concatenated, so the model sees exactly the observation text.
-    """
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    return "".join(str(message.get("content", "")) for message in messages)
-
-
-def encode(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of rendered text. No special tokens are added: a chat template writes its own."""
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def continuation(tokenizer: Any, prompt_text: str, output: GenerationOutput, text: str) -> str | None:

@@ -31,27 +31,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from training.log import logger
 from training.types import RewardOutput, TerminationReason
+from training.errors import TooManyEpisodeErrors, TrainingFailed
 
 # Ends after which the episode's reward was computed (by the env, the workflow or the reward
 # function). error, timeout and max_prompt_length episodes get reward 0 without being scored.
 _UNSCORED = {TerminationReason.ERROR.value, TerminationReason.TIMEOUT.value, TerminationReason.MAX_PROMPT_LENGTH.value}
-
-
-class TrainingFailed(RuntimeError):
-    """A run that must not count as a success.
-
-    ``summary`` names the cause in a few lines; ``user_traceback`` is the traceback of the user's
-    code behind it (empty when there is none). ``str()`` gives both.
-    """
-
-    def __init__(self, summary: str, user_traceback: str = "") -> None:
-        self.summary = summary
-        self.user_traceback = user_traceback.rstrip()
-        super().__init__(f"{summary}\n\n{self.user_traceback}" if self.user_traceback else summary)
-
-
-class TooManyEpisodeErrors(TrainingFailed):
-    """More than ``trainer.max_episode_error_rate`` of one step's episodes ended with an error."""
 
 
 class RewardFailed(TrainingFailed):

@@ -20,6 +20,7 @@ from typing import Any
 
 from training.log import logger
 from training.types import Episode, TerminationReason
+from training.rollouts.models import load_policy
 
 DEFAULT_SOURCE = "default"  # as the reward functions name a row without data_source
 
@@ -84,8 +85,8 @@ def _last_response(episode: Episode) -> str:
 def evaluate(spec: Any, model: Any, tokenizer: Any, config: Any, reward_fn: Any, tasks: list[dict], prefix: str) -> EvalResult:
     """Run ``val_kwargs.n`` episodes of each task with the validation sampling and summarize them.
     Synchronous: call it from code that is not inside an event loop."""
-    from training.rollouts.generation import HFBatchGenerator
-    from training.rollouts.episode_runner import EpisodeRunner
+    from training.rollouts.generation import HFBatchGenerator  # torch is imported by rollouts.generation: loaded when used
+    from training.rollouts.episode_runner import EpisodeRunner  # torch is imported by rollouts.generation: loaded when used
 
     val = config.actor_rollout_ref.rollout.val_kwargs
     generator = HFBatchGenerator(
@@ -98,7 +99,7 @@ def evaluate(spec: Any, model: Any, tokenizer: Any, config: Any, reward_fn: Any,
 
 def validation_tasks(dataset: Any, config: Any) -> list[dict]:
     """The test rows a validation pass scores: the first ``data.val_batch_size`` (all when None)."""
-    from training.data import dataset_to_tasks
+    from training.data import dataset_to_tasks  # datasets is imported by data: loaded when used
 
     limit = config.data.val_batch_size
     if limit is not None and limit < len(dataset):
@@ -125,8 +126,7 @@ def run_inference(processor: Any, dataset: Any = None) -> EvalResult:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.data import dataset_to_tasks, load_dataset
-    from training.rollouts.models import load_policy
+    from training.data import dataset_to_tasks, load_dataset  # datasets is imported by data: loaded when used
 
     data = load_dataset(dataset, split="test", what="dataset") if dataset is not None else processor.test_dataset
     if data is None:

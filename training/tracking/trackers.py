@@ -34,7 +34,9 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from training.config import Config, flatten
-from training.isolation.egress import EgressProxy, EgressRefused, Guard
+from training.config.names import register_value_check
+from training.isolation.egress import EgressProxy, Guard
+from training.errors import EgressRefused, TrackerError
 
 logger = logging.getLogger("training")
 
@@ -56,10 +58,6 @@ WANDB_DEFAULT_URL = "https://api.wandb.ai"
 # server itself, or an http(s) URL (both through the egress guard). Not file:, s3: and the like,
 # which a server could use to make this process write into its own disk or a cloud account.
 MLFLOW_ARTIFACT_SCHEMES = ("mlflow-artifacts", "http", "https")
-
-
-class TrackerError(RuntimeError):
-    """A tracker could not send; the message is ours (no server's text), safe to show."""
 
 
 def check_logger_names(names: list[str]) -> str | None:
@@ -468,3 +466,6 @@ def verl_tracking_environment(config: Config, run_path: str | Path) -> dict[str,
         env["SWANLAB_LOG_DIR"] = os.environ.get("SWANLAB_LOG_DIR") or str((run_path / "swanlog").resolve())
         env["SWANLAB_MODE"] = os.environ.get("SWANLAB_MODE", "local")
     return env
+
+
+register_value_check("trainer.logger", check_logger_names)

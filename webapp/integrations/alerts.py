@@ -24,7 +24,9 @@ from django.core.validators import validate_email
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
-from training.isolation.egress import EgressProxy, EgressRefused, Guard
+from training.isolation.egress import EgressProxy, Guard
+
+from training.errors import EgressRefused
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,9 @@ from urllib.parse import urlsplit
 from django import forms
 from django.conf import settings
 
-from training.isolation.egress import EgressRefused, Guard
+from training.isolation.egress import Guard
+
+from training.errors import EgressRefused
 from webapp.integrations.alerts import check_target
 from webapp.integrations.models import AlertRule, TrackingTarget, without_credentials
 

@@ -20,7 +20,8 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
 from training.compat.aworld.agents import ModelConfig
-from training.config import Config, ConfigError
+from training.config import Config
+from training.errors import ConfigError
 from training.backends.processor import get_processor_class
 from training.config.secrets import reference
 from training.utils import leaves

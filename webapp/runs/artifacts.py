@@ -32,9 +32,9 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils.deconstruct import deconstructible
 
-from training.platform.artifacts import (
-    STORED_MARKER, ArtifactStore, ArtifactStoreError, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints,
-)
+from training.platform.artifacts import STORED_MARKER, ArtifactStore, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints
+
+from training.errors import ArtifactStoreError
 from webapp.policy.keys import RUN_MODEL
 from webapp.runs.models import Run, last_step_of
 

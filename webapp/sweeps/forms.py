@@ -11,7 +11,9 @@ from typing import Any
 
 from django import forms
 
-from training.config import Config, ConfigError
+from training.config import Config
+
+from training.errors import ConfigError
 from training.platform.sweep import SAMPLERS, grid_size, parse_space
 from webapp.policy import limits
 from webapp.policy.keys import refused_overrides

@@ -15,10 +15,6 @@ from training.types import Episode, RewardOutput, Step
 PROVIDED = ("base_url", "client")
 
 
-class NoModelCall(RuntimeError):
-    """The function returned without calling the model: the episode has nothing to train on."""
-
-
 def call_arguments(func: Callable[..., Any], task: dict, base_url: str) -> dict[str, Any]:
     """``fn(**task)``'s keyword arguments, plus ``base_url`` / ``client`` where ``fn`` names them."""
     kwargs = dict(task)

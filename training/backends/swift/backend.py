@@ -28,14 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from training.backends.base import BuiltinProcessor, TrainResult
-from training.backends.swift.child import PLAIN_TEMPLATE
-from training.config import Config, ConfigError
+from training.backends.swift.child import PLAIN_TEMPLATE, PREFIX
+from training.config import Config
+from training.errors import ConfigError, DiskFull
 from training.data import dataset_to_tasks
 from training.isolation.interpreters import import_problem
 from training.log import logger
 from training.rollouts.models import TINY_MODEL
 from training.rollouts.outcomes import OutcomeMonitor
 from training.algorithms.recipes import refuse_recipe_keys
+from training.backends.processor import free_space
+from training.rollouts import outcomes
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = PROJECT_ROOT / ".venv-swift" / "bin" / "python"
@@ -208,7 +211,6 @@ class SwiftProcessor(BuiltinProcessor):
             raise self._refused
         failed = next((e for e in events if e["event"] == "failed"), None)
         if failed is not None:  # the checks every backend makes, made in the training process
-            from training.rollouts import outcomes
 
             kind = getattr(outcomes, failed["kind"], None)
             kind = kind if isinstance(kind, type) and issubclass(kind, outcomes.TrainingFailed) else outcomes.TrainingFailed
@@ -216,7 +218,6 @@ class SwiftProcessor(BuiltinProcessor):
         if child.returncode != 0:
             tail = log_path.read_text(errors="replace")[-3000:]
             if "No space left on device" in tail:  # ms-swift's process writes the checkpoints
-                from training.backends.processor import DiskFull, free_space
 
                 output = Path(json.loads(job.read_text())["swift_args"]["output_dir"])
                 raise DiskFull(28, f"The disk is full: the swift training process could not write in {output} "
@@ -231,8 +232,6 @@ class SwiftProcessor(BuiltinProcessor):
         return TrainResult(run_path=self.run_path, steps=steps, metrics=dict(self._last_metrics), checkpoint=checkpoint, stopped=stopped)
 
     def _read_events(self, child: subprocess.Popen, events: list[dict]) -> None:
-        from training.backends.swift.child import PREFIX
-
         self._last_step, self._last_metrics = 0, {}
         for line in child.stdout:
             if not line.startswith(PREFIX):
@@ -321,7 +320,7 @@ class SwiftProcessor(BuiltinProcessor):
         model = self.config.actor_rollout_ref.model
         if model.path != TINY_MODEL:
             return model.path, {"use_hf": True}  # hub ids from Hugging Face's hub and cache, as the other backends load them
-        from training.rollouts.tiny import build_char_tokenizer, save_tiny_model
+        from training.rollouts.tiny import build_char_tokenizer, save_tiny_model  # torch is imported by rollouts.tiny: loaded when used
 
         target = save_tiny_model(self.path / "base_model", layers=model.tiny_layers, hidden_size=model.tiny_hidden_size, seed=self.config.trainer.seed)
         tokenizer = build_char_tokenizer()

@@ -37,6 +37,13 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+from training.agents.base import build_agent, build_env
+from training.agents.spec import AgentSpec
+from training.errors import TrainingFailed
+from training.rewards import load_reward
+from training.rollouts.outcomes import OutcomeMonitor
+from training.threads import DaemonThreadExecutor
+from training.types import Action, Episode, Step, TerminationReason, Trajectory
 
 PREFIX = "@agent-trainer "
 REWARD_NAME = "agent_trainer_reward"
@@ -67,8 +74,6 @@ def register(job: dict[str, Any]) -> None:
     from swift.callbacks.base import TrainerCallback
     from swift.rewards.orm import ORM, orms
 
-    from training.rollouts.outcomes import OutcomeMonitor
-
     samples: list[dict] = []  # episodes (as dicts) for the next report
     stats: dict[str, float] = {}  # the step's own metrics (termination/...), for the next report
     # The checks every backend makes: episode error rate per step, a reward that raises.
@@ -80,8 +85,6 @@ def register(job: dict[str, Any]) -> None:
         multi_turns[SCHEDULER_NAME] = agent_env_scheduler(job["agent"], samples, job.get("trajectory_timeout"))
         reward_class = _episode_reward(ORM, monitor, stats)
     else:
-        from training.rewards import load_reward
-
         reward_fn = monitor.watch_reward(load_reward(job["reward"], answer_key=job["answer_key"]))
         reward_class = _single_turn_reward(ORM, reward_fn, job["prompt_key"], samples, monitor)
 
@@ -117,8 +120,6 @@ def register_plain_template() -> None:
 
 
 def _single_turn_reward(ORM: type, reward_fn: Any, prompt_key: str, samples: list[dict], monitor: Any) -> type:
-    from training.types import Episode, Step, TerminationReason, Trajectory
-
     class AgentTrainerReward(ORM):
         def __call__(self, completions, trainer_state=None, **columns) -> list[float]:
             monitor.step = trainer_state.global_step + 1 if trainer_state is not None else None
@@ -141,8 +142,6 @@ def _single_turn_reward(ORM: type, reward_fn: Any, prompt_key: str, samples: lis
 
 
 def _episode_reward(ORM: type, monitor: Any, stats: dict[str, float]) -> type:
-    from training.types import TerminationReason
-
     class AgentTrainerEpisodeReward(ORM):
         """The episode's reward, which ``AgentEnvScheduler`` summed from the environment's steps
         (0 for an episode whose agent or environment raised); the step's episodes are checked
@@ -171,10 +170,6 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict], trajectory_t
     at it, the model's reply is checked after it ends.
     """
     from swift.rollout.multi_turn import MultiTurnScheduler
-
-    from training.agents.base import AgentSpec, build_agent, build_env
-    from training.threads import DaemonThreadExecutor
-    from training.types import Action, Episode, TerminationReason
 
     spec = AgentSpec(agent_class=agent["agent_class"], env_class=agent["env_class"],
                      agent_args=agent.get("agent_args") or {}, env_args=agent.get("env_args") or {}).validate()
@@ -306,8 +301,6 @@ def main(job_path: str) -> int:
     register_plain_template()
     from swift.arguments import RLHFArguments
     from swift.pipelines.train.rlhf import rlhf_main
-
-    from training.rollouts.outcomes import TrainingFailed
 
     scheduler = {"multi_turn_scheduler": SCHEDULER_NAME} if job.get("agent") else {}
     arguments = RLHFArguments(**job["swift_args"], **scheduler, reward_funcs=[REWARD_NAME], callbacks=[CALLBACK_NAME])

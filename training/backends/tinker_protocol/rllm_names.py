@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from training.config import ConfigError
+from training.errors import ConfigError
 from training.log import logger
+from training.config import Config
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,6 @@ RESUME_OWN = ("resume here is from the newest checkpoint recorded in the run's o
 def _num_minibatches(value: Any, flat: dict[str, Any], backend: str) -> dict[str, Any]:
     """rLLM splits each step's batch into ``num_minibatches`` optimizer steps: our
     ``actor.ppo_mini_batch_size`` (prompts per optimizer step) is the batch divided by it."""
-    from training.config import Config
-
     count = int(value)
     batch = int(flat.get("data.train_batch_size", Config().data.train_batch_size))
     if count < 1 or batch % count:
@@ -69,8 +68,6 @@ def _num_minibatches(value: Any, flat: dict[str, Any], backend: str) -> dict[str
 def _max_length(value: Any, flat: dict[str, Any], backend: str) -> dict[str, Any]:
     """rLLM drops sequences longer than ``max_length``. Ours are never longer than the prompt and
     response limits together, so a limit at or above those has nothing to drop; one below is refused."""
-    from training.config import Config
-
     if value is None:
         return {}
     data = Config().data

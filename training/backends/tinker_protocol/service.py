@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from training.backends.base import BuiltinProcessor, TrainResult
-from training.config import Config, ConfigError, ConfigInput, parse_overrides
+from training.config import Config, ConfigInput, parse_overrides
+from training.errors import ConfigError, RemoteCallError, Terminated
 from training.data import dataset_to_tasks
 from training.rollouts.generation import GenerationOutput
 from training.log import logger
@@ -51,6 +52,11 @@ from training.rollouts.outcomes import OutcomeMonitor
 from training.algorithms.recipes import clip_range, refuse_recipe_keys
 from training.utils import is_package_available
 from training.rollouts.validation import summarize, validation_tasks
+from training.algorithms.advantages import check_estimator
+from training.algorithms.episode_rows import episode_rows, token_advantages
+from training.backends.tinker_protocol.rllm_names import translate
+from training.rollouts.episode_runner import EpisodeRunner, summarize_episodes
+from training.rollouts.models import TINY_MODEL
 
 SAMPLE_EPISODES_PER_STEP = 4
 CHECKPOINT_FILE = "checkpoint.json"
@@ -93,10 +99,6 @@ def apply_aliases(config: ConfigInput, aliases: dict[str, str]) -> ConfigInput:
             raise ConfigError(key, f"is rLLM's name for {ours}, which is also set to {renamed[ours]!r}; give one.")
         renamed[ours] = value
     return renamed
-
-
-class RemoteCallError(RuntimeError):
-    """A call to the remote training service failed; the message names the service, call and step."""
 
 
 def remote_call(service: str, what: str, fn: Callable[[], Any]) -> Any:
@@ -220,8 +222,6 @@ class RemoteProcessor(BuiltinProcessor):
                 "(actor_rollout_ref.actor.optim.lr_scheduler_type).",
             )
         if config is not None and not isinstance(config, Config):
-            from training.backends.tinker_protocol.rllm_names import translate
-
             config = translate(parse_overrides(config), self.name)
         config = apply_aliases(config, self.aliases)
         ratio = config.pop(RLLM_WARMUP_RATIO, None) if isinstance(config, dict) else None
@@ -251,7 +251,6 @@ class RemoteProcessor(BuiltinProcessor):
             raise ConfigError("actor_rollout_ref.rollout.n", "group advantages compare episodes of one prompt; use 2 or more.")
         if config.trainer.nnodes != 1:
             raise ConfigError("trainer.nnodes", f"the {self.name} service places the job itself; leave trainer.nnodes at 1.")
-        from training.algorithms.advantages import check_estimator
 
         check_estimator(config.algorithm.adv_estimator, self.name)
         if config.trainer.test_freq > 0 and self.test_dataset is None:
@@ -294,11 +293,9 @@ class RemoteProcessor(BuiltinProcessor):
 
     def load_tokenizer(self) -> Any:
         """The tokenizer of the service's base model, loaded here: episodes are tokenized locally."""
-        from training.rollouts.models import TINY_MODEL
-
         model = self.config.actor_rollout_ref.model
         if (model.tokenizer_path or model.path) == TINY_MODEL:
-            from training.rollouts.tiny import build_char_tokenizer
+            from training.rollouts.tiny import build_char_tokenizer  # torch is imported by rollouts.tiny: loaded when used
 
             return build_char_tokenizer()
         from transformers import AutoTokenizer
@@ -315,10 +312,6 @@ class RemoteProcessor(BuiltinProcessor):
         self.attach_default_sinks()
         with self.sinks, _terminate_as_exception():
             return RemoteTrainingLoop(self).run()
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived (a supervisor stopping this process): unwind so remote resources are released."""
 
 
 @contextmanager
@@ -417,9 +410,6 @@ class RemoteTrainingLoop:
 
     # -- one step --------------------------------------------------------------------------
     def train_step(self, step: int, session: ServiceSession, tokenizer: Any) -> str:
-        from training.algorithms.episode_rows import episode_rows, token_advantages
-        from training.rollouts.episode_runner import EpisodeRunner, summarize_episodes
-
         cfg = self.config
         started = time.perf_counter()
         n = cfg.actor_rollout_ref.rollout.n
@@ -486,8 +476,6 @@ class RemoteTrainingLoop:
     def validate(self, step: int, session: ServiceSession, tokenizer: Any) -> dict[str, float]:
         """Score the test dataset on the published weights: ``val/<data_source>/...`` metrics. The
         processor's own reward: validation is not training's to count or to fail."""
-        from training.rollouts.episode_runner import EpisodeRunner
-
         started = time.perf_counter()
         val = self.config.actor_rollout_ref.rollout.val_kwargs
         generator = session.generator(

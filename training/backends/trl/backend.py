@@ -20,12 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from training.backends.base import BuiltinProcessor, TrainResult
+from training.backends.trl.names import TRL_IMPORTANCE_SAMPLING, TRL_LOSS_TYPES
 from training.config import Config
 from training.data import dataset_to_tasks
 from training.log import logger
-from training.rollouts.outcomes import OutcomeMonitor, TooManyEpisodeErrors
-from training.types import RewardOutput
+from training.rollouts.outcomes import OutcomeMonitor
+from training.errors import ConfigError, TooManyEpisodeErrors
+from training.types import Episode, RewardOutput, Step, TerminationReason, Trajectory
 from training.rollouts.validation import evaluate, validation_tasks
+from training.algorithms.recipes import clip_range, overlong_punishment
+from training.rollouts.models import load_policy
+from training.utils import is_trl_available
 
 # Stable metric names: what TRL logs -> what our sinks and the dashboard show.
 TRL_METRIC_NAMES = {
@@ -54,8 +59,6 @@ class TRLProcessor(BuiltinProcessor):
 
     @classmethod
     def environment_status(cls, config: Any = None) -> dict[str, str | None]:
-        from training.utils import is_trl_available
-
         return {"environment": None if is_trl_available() else "TRL is not installed", "credentials": None}
 
     def check_backend(self, config: Config) -> None:
@@ -74,12 +77,10 @@ class TRLProcessor(BuiltinProcessor):
                 "pushes the weights to the server through it (pip install vllm on the GPU machine), or leave it unset."
             )
         if self.agent_spec.kind == "single_turn":
-            from training.algorithms.episode_rows import refuse_row_options
+            from training.algorithms.episode_rows import refuse_row_options  # torch is imported by algorithms.episode_rows: loaded when used
 
             refuse_row_options(config, "a plain single-turn prompt is generated and trained by TRL itself; give an agent or a workflow")
         if config.rllm.rejection_sample.multiplier != 1:
-            from training.config import ConfigError
-
             raise ConfigError(
                 "rllm.rejection_sample.multiplier",
                 "sampling extra tasks to refill rejected ones is not available on the trl backend, whose batches "
@@ -96,7 +97,6 @@ class TRLProcessor(BuiltinProcessor):
         config = self.config
         _seed_everything(config.trainer.seed)
         _set_cpu_threads(config)
-        from training.rollouts.models import load_policy
 
         model, tokenizer, _ = load_policy(config, self.run_path)
         self.attach_default_sinks()
@@ -201,7 +201,6 @@ class _TRLRun:
 
         trainer_cls = _agent_grpo_trainer_class()
         multi_turn = self.spec.is_multi_turn
-        from training.algorithms.recipes import overlong_punishment
 
         reward = self.multi_turn_reward if multi_turn else self.single_turn_reward
         punishment = overlong_punishment(self.config)  # weighted by grpo_args' reward_weights
@@ -249,7 +248,7 @@ class _TRLRun:
             self.config.actor_rollout_ref.rollout.n, self.spec.kind,
         )
         self.step_started = time.perf_counter()
-        from training.rollouts.chat_endpoint import chat_endpoint_for
+        from training.rollouts.chat_endpoint import chat_endpoint_for  # starlette is imported by rollouts.chat_endpoint: loaded when used
 
         with chat_endpoint_for(self.spec, self.tokenizer, self.config.actor_rollout_ref.model.path) as self.endpoint:
             self.trainer.train(resume_from_checkpoint=resume)
@@ -306,16 +305,16 @@ class _TRLRun:
         """Run one episode per input (TRL repeats each prompt n times) and lay the episodes out as
         training rows (``training.algorithms.episode_rows``). Returns TRL's inputs: the same ones when each
         episode is one row, else one input per row (then ``finish_rollout`` sets the advantages)."""
-        from training.algorithms.episode_rows import episode_rows, equal_reward_groups, pad_rows
-        from training.rollouts.generation import HFBatchGenerator
-        from training.rollouts.episode_runner import EpisodeRunner, summarize_episodes
+        from training.algorithms.episode_rows import episode_rows, equal_reward_groups, pad_rows  # torch is imported by algorithms.episode_rows: loaded when used
+        from training.rollouts.generation import HFBatchGenerator  # torch is imported by rollouts.generation: loaded when used
+        from training.rollouts.episode_runner import EpisodeRunner, summarize_episodes  # torch is imported by rollouts.generation: loaded when used
 
         tasks = [self.tasks[int(x["prompt"])] for x in inputs]
         model = trainer.accelerator.unwrap_model(trainer.model)
         rollout_cfg = self.config.actor_rollout_ref.rollout
         seed = self.config.trainer.seed + trainer.state.global_step
         if rollout_cfg.server_url:  # TRL has pushed this step's weights to the server
-            from training.rollouts.vllm_server import VLLMServerGenerator
+            from training.rollouts.vllm_server import VLLMServerGenerator  # torch is imported by rollouts.generation: loaded when used
 
             generator = VLLMServerGenerator(
                 rollout_cfg.server_url, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, seed=seed,
@@ -373,7 +372,7 @@ class _TRLRun:
 
     def finish_rollout(self, output: dict[str, Any]) -> dict[str, Any]:
         """Advantages of expanded rows: each unit compared within its group (``episode_rows``)."""
-        from training.algorithms.episode_rows import row_advantages
+        from training.algorithms.episode_rows import row_advantages  # torch is imported by algorithms.episode_rows: loaded when used
 
         completion_mask = output["completion_mask"]
         model_tokens = completion_mask * output["tool_mask"] if "tool_mask" in output else completion_mask
@@ -445,8 +444,6 @@ def _single_turn_episode(sample: dict[str, Any]) -> dict[str, Any]:
     """One of TRL's completions as an episode: the prompt the model read (the dataset row is the
     task, not an observation: no environment answers here) and the completion, every one of whose
     tokens TRL trains (it masks none: ``mask_truncated_completions`` is left off)."""
-    from training.types import Episode, Step, TerminationReason, Trajectory
-
     prompt, completion_ids = sample["prompt"], list(sample["completion_ids"])
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     step = Step(chat_completions=messages, model_response=sample["response"], reward=sample["reward"], done=True,
@@ -479,22 +476,10 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# verl's actor.loss_agg_mode -> TRL's loss_type (the same aggregation of token losses).
-TRL_LOSS_TYPES = {
-    "token-mean": "dapo",
-    "seq-mean-token-mean": "grpo",
-    "seq-mean-token-sum": "luspo",
-    "seq-mean-token-sum-norm": "dr_grpo",
-}
-# verl's actor.policy_loss.loss_mode -> TRL's importance_sampling_level.
-TRL_IMPORTANCE_SAMPLING = {"vanilla": "token", "gspo": "sequence"}
-
-
 def _check_loss_options(config: Config) -> None:
     """Refuse by name what TRL's loss cannot do: verl's other policy losses and the estimators
     that need a critic, a baseline rollout or several reward components."""
-    from training.algorithms.advantages import check_estimator
-    from training.config import ConfigError
+    from training.algorithms.advantages import check_estimator  # torch is imported by algorithms.advantages: loaded when used
 
     check_estimator(config.algorithm.adv_estimator, "trl")
     mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
@@ -508,8 +493,6 @@ def _check_loss_options(config: Config) -> None:
 
 def trl_loss_options(config: Config) -> dict[str, Any]:
     """GRPOConfig options for verl's loss keys (see training/algorithms/recipes.py)."""
-    from training.algorithms.recipes import clip_range
-
     actor = config.actor_rollout_ref.actor
     low, high = clip_range(config)
     options: dict[str, Any] = {
@@ -551,7 +534,7 @@ def _agent_grpo_trainer_class():
     import torch
     from trl import GRPOTrainer
 
-    from training.algorithms.advantages import compute_advantages, equal_reward_groups
+    from training.algorithms.advantages import compute_advantages, equal_reward_groups  # torch is imported by algorithms.advantages: loaded when used
 
     class AgentGRPOTrainer(GRPOTrainer):
         agent_run: _TRLRun

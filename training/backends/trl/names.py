@@ -19,8 +19,22 @@ import difflib
 from functools import lru_cache
 from typing import Any
 
+from training.config import Config
+from training.config.names import register_undotted_names
+from training.config.schema import _unknown_key
+from training.errors import ConfigError
 from training.log import logger
 from training.utils import is_trl_available
+
+# verl's actor.loss_agg_mode -> TRL's loss_type (the same aggregation of token losses).
+TRL_LOSS_TYPES = {
+    "token-mean": "dapo",
+    "seq-mean-token-mean": "grpo",
+    "seq-mean-token-sum": "luspo",
+    "seq-mean-token-sum-norm": "dr_grpo",
+}
+# verl's actor.policy_loss.loss_mode -> TRL's importance_sampling_level.
+TRL_IMPORTANCE_SAMPLING = {"vanilla": "token", "gspo": "sequence"}
 
 # TRL name -> our key, the value carried over as it is.
 DIRECT = {
@@ -92,8 +106,6 @@ def translate_trl_names(flat: dict[str, Any], current: dict[str, Any], origin: d
     """``flat`` with every TRL name replaced by our keys. ``current`` is the nested config so far
     (for ``num_generations`` when a layer sets batch sizes alone); ``origin`` collects our key ->
     TRL name, so errors can name what the user wrote. Raises ConfigError for what cannot be honoured."""
-    from training.config import Config, ConfigError
-
     sections = {f.name for f in dataclasses.fields(Config)}  # a whole section given as {} or a value
     names = {key: value for key, value in flat.items() if "." not in key and key not in sections}
     out = {key: value for key, value in flat.items() if key not in names}
@@ -164,8 +176,6 @@ def _same(value: Any, default: Any) -> bool:
 
 
 def _saving(names: dict[str, Any], put: Any) -> None:
-    from training.config import ConfigError
-
     strategy = names.get("save_strategy")
     if strategy not in (None, "no", "steps"):
         raise ConfigError("save_strategy", f"{strategy!r} cannot be honoured: use 'steps' (with save_steps) or 'no'.")
@@ -179,9 +189,6 @@ def _saving(names: dict[str, Any], put: Any) -> None:
 
 def _loss(names: dict[str, Any], put: Any) -> None:
     """TRL's loss_type and importance_sampling_level as verl's loss keys (the trl backend maps them back)."""
-    from training.backends.trl.backend import TRL_IMPORTANCE_SAMPLING, TRL_LOSS_TYPES
-    from training.config import ConfigError
-
     if "loss_type" in names:
         modes = {trl: verl for verl, trl in TRL_LOSS_TYPES.items()}
         if names["loss_type"] not in modes:
@@ -198,8 +205,6 @@ def _loss(names: dict[str, Any], put: Any) -> None:
 
 
 def _evaluation(names: dict[str, Any], put: Any) -> None:
-    from training.config import ConfigError
-
     strategy = names.get("eval_strategy", "no")
     if strategy not in ("no", "steps"):
         raise ConfigError("eval_strategy", f"{strategy!r} cannot be honoured: use 'steps' (with eval_steps) or 'no'.")
@@ -210,8 +215,6 @@ def _evaluation(names: dict[str, Any], put: Any) -> None:
 
 def _batch_sizes(names: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any], put: Any) -> None:
     """Prompts per generation round and per optimizer step, from TRL's completion counts."""
-    from training.config import ConfigError
-
     generations = names.get("num_generations", current["actor_rollout_ref"]["rollout"]["n"])
     per_device = names.get("per_device_train_batch_size", defaults.get("per_device_train_batch_size", 8))
     accumulation = names.get("gradient_accumulation_steps", 1)
@@ -240,10 +243,11 @@ def _batch_sizes(names: dict[str, Any], current: dict[str, Any], defaults: dict[
 
 def _unknown(name: str, defaults: dict[str, Any]):
     """A near-miss of a TRL name is pointed to it; anything else gets our keys' suggestion."""
-    from training.config.schema import ConfigError, _unknown_key
-
     known = sorted({*DIRECT, *SPECIAL, *REFUSED_ALWAYS, *defaults})
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     if close:
         return ConfigError(name, f"unknown config key. Did you mean '{close[0]}' (TRL's GRPOConfig name)?")
     return _unknown_key(name)
+
+
+register_undotted_names(translate_trl_names)

@@ -27,15 +27,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from training.backends.base import BuiltinProcessor, TrainResult
-from training.config import Config, ConfigError, ConfigInput, close_key, flatten, parse_overrides, valid_keys
+from training.config import Config, ConfigInput, close_key, flatten, parse_overrides, valid_keys
+from training.errors import ConfigError, TrainingFailed
 from training.log import logger
-from training.rollouts.outcomes import OutcomeMonitor, TrainingFailed
+from training.rollouts.outcomes import OutcomeMonitor
 from training.algorithms.recipes import clip_range
 from training.rewards import RewardFunction, load_reward
 from training.tracking.sinks import MultiSink
 from training.tracking.trackers import VERL_TRACKERS, verl_tracker_names, verl_tracking_environment
 from training.types import Episode, Step, TerminationReason, Trajectory
+from training.backends.verl.names import verl_default_config, verl_keys
 from training.utils import cuda_device_count, is_verl_available
+from training.data import dataset_to_tasks
 
 NO_GPU_MESSAGE = (
     "the verl backend needs CUDA GPUs; this worker has none; choose trl "
@@ -48,7 +51,7 @@ REWARD_MODULE = "pkg://training.backends.verl.backend"
 # Config groups of verl's defaults list: they pick other YAML files, so they must be set at compose time.
 _HYDRA_GROUPS = ("model_engine",)
 # Without a chat template (the tiny character model) the prompt is the messages' text, as in
-# training.rollouts.generation.render_messages; verl's agent loops need a template, so give it this one.
+# training.rendering.render_messages; verl's agent loops need a template, so give it this one.
 PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 # verl's metric names -> the headline names our dashboard shows (verl's names are kept too).
@@ -68,39 +71,6 @@ SAMPLE_EPISODES_PER_STEP = 4
 
 
 # -- configuration ---------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=4)
-def _verl_defaults_yaml(groups: tuple[tuple[str, str], ...] = ()) -> str:
-    """verl's composed PPO trainer config, unresolved, as YAML (composing takes seconds; cache it)."""
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    with initialize_config_module("verl.trainer.config", version_base=None):
-        composed = compose("ppo_trainer", overrides=[f"{key}={value}" for key, value in groups])
-    return OmegaConf.to_yaml(composed)
-
-
-def verl_default_config(groups: dict[str, str] | None = None):
-    """A fresh copy of verl's PPO trainer config (a struct ``DictConfig``: unknown keys are refused)."""
-    from omegaconf import OmegaConf
-
-    config = OmegaConf.create(_verl_defaults_yaml(tuple(sorted((groups or {}).items()))))
-    OmegaConf.set_struct(config, True)
-    return config
-
-
-def verl_keys(verl_config: Any = None) -> set[str]:
-    """Every dotted path of verl's config, sections included."""
-    from omegaconf import OmegaConf
-
-    verl_config = verl_config if verl_config is not None else verl_default_config()
-    leaves = flatten(OmegaConf.to_container(verl_config, resolve=False))
-    keys = set(leaves)
-    for key in leaves:
-        parts = key.split(".")
-        keys.update(".".join(parts[:i]) for i in range(1, len(parts)))
-    return keys
 
 
 def split_overrides(config: ConfigInput) -> tuple[ConfigInput, dict[str, Any]]:
@@ -650,7 +620,7 @@ class VerlProcessor(BuiltinProcessor):
         return final
 
     def check_backend(self, config: Config) -> None:
-        from training.algorithms.episode_rows import refuse_row_options
+        from training.algorithms.episode_rows import refuse_row_options  # torch is imported by algorithms.episode_rows: loaded when used
 
         refuse_row_options(config, f"the {self.name} backend trains one sequence per episode; use backend=trl")
         self._refuse_declared_multi_trajectory_workflow()
@@ -684,8 +654,6 @@ class VerlProcessor(BuiltinProcessor):
 
     def compose(self, config: Config):
         """Write the datasets as parquet and compose verl's config for this run."""
-        from training.data import dataset_to_tasks
-
         kind = self.agent_spec.kind
         loop = SINGLE_TURN_LOOP_NAME if kind == "single_turn" else AGENT_LOOP_NAME
         data_dir = self.path / "verl_data"
@@ -701,7 +669,7 @@ class VerlProcessor(BuiltinProcessor):
         if kind != "single_turn":
             payload = encode_object({"spec": self.agent_spec, "reward_fn": self.reward_fn, "config": config})
         if config.actor_rollout_ref.model.path == "tiny-char":
-            from training.rollouts.tiny import save_tiny_model
+            from training.rollouts.tiny import save_tiny_model  # torch is imported by rollouts.tiny: loaded when used
 
             model = config.actor_rollout_ref.model
             save_tiny_model(self.path / "tiny_model", layers=model.tiny_layers, hidden_size=model.tiny_hidden_size)

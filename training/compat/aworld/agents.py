@@ -34,7 +34,9 @@ from typing import Any
 
 import yaml
 
-from training.agents.base import AgentSpec, BaseAgent, BaseEnv
+from training.agents.base import BaseAgent, BaseEnv
+
+from training.agents.spec import AgentSpec
 from training.log import logger
 from training.agents.tools import Tool, ToolCall, load_tools, parse_tool_calls, tools_prompt
 from training.types import Action, Step, Trajectory

@@ -25,11 +25,13 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from training.agents.base import build_agent, build_env
-from training.rollouts.generation import ModelCallError, encode, render_messages, split_reasoning
+from training.agents.base import BaseAgent, BaseEnv, build_agent, build_env
+from training.rollouts.generation import split_reasoning
+from training.rendering import encode, render_messages
+from training.errors import ModelCallError, TerminationEvent
 from training.log import logger
 from training.types import Action, Episode, ModelOutput, TerminationReason, Trajectory
-from training.agents.workflow import RolloutEngine, TerminationEvent, Workflow
+from training.agents.workflow import RolloutEngine, Workflow
 
 # Parameters the openai client's chat.completions.create() takes by name; any other sampling
 # parameter (vLLM's and SGLang's top_k, min_p, repetition_penalty, ...) goes in the request body.
@@ -326,8 +328,6 @@ class AgentExecutionEngine:
         overlong_filter: bool = False,
         **kwargs: Any,
     ) -> None:
-        from training.agents.base import BaseAgent, BaseEnv
-
         if engine_name != "openai":
             raise ValueError(
                 f"AgentExecutionEngine(engine_name={engine_name!r}): only 'openai' (a model behind an "

@@ -42,7 +42,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("training.compat.rllm.mcp_env needs the MCP SDK: pip install 'agent-trainer[mcp]' (or pip install mcp).") from exc
 
 from training.agents.base import split_settings
-from training.isolation.jail import ProgramsRefused, refusing_programs
+from training.isolation.jail import refusing_programs
+from training.errors import MCPServerError, MCPToolError, ProgramsRefused
 from training.compat.rllm.tool_env import ToolEnvironment
 from training.log import logger
 from training.rewards import load_reward, search_reward_fn
@@ -54,14 +55,6 @@ DEFAULT_CALL_TIMEOUT_S = 30.0
 # The SDK's shutdown: stdin closed, 2 s to exit, SIGTERM to the process group, 2 s, SIGKILL.
 _STOP_TIMEOUT_S = 10.0
 _STDERR_TAIL_LINES = 15
-
-
-class MCPServerError(RuntimeError):
-    """An MCP server that could not be started, is not running, or went away."""
-
-
-class MCPToolError(RuntimeError):
-    """A tool call that failed: the tool reported an error, or did not answer in time."""
 
 
 class MCPConnectionManager:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.rollouts.generation import encode, render_messages
+from training.rendering import encode, render_messages
 from training.log import logger
+from training.rollouts.models import TINY_MODEL
 
 # Keys of rLLM's SFT launch scripts (examples/sft/train_math_sft.sh, examples/sft_tinker/*.sh) and
 # configs (verl's sft_trainer.yaml, rLLM's tinker_sft_trainer.yaml) accepted and logged as unused:
@@ -366,10 +367,8 @@ class AgentSFTTrainer:
         """The base model's tokenizer, loaded here: conversations are tokenized locally."""
         from transformers import AutoTokenizer
 
-        from training.rollouts.models import TINY_MODEL
-
         if self.settings.model == TINY_MODEL:
-            from training.rollouts.tiny import build_char_tokenizer
+            from training.rollouts.tiny import build_char_tokenizer  # torch is imported by rollouts.tiny: loaded when used
 
             return build_char_tokenizer()
         return AutoTokenizer.from_pretrained(self.settings.model, trust_remote_code=self.settings.trust_remote_code)
@@ -377,11 +376,9 @@ class AgentSFTTrainer:
     # -- data ----------------------------------------------------------------------------------
 
     def _model_path(self) -> str:
-        from training.rollouts.models import TINY_MODEL
-
         if self.settings.model != TINY_MODEL:
             return self.settings.model
-        from training.rollouts.tiny import save_tiny_model
+        from training.rollouts.tiny import save_tiny_model  # torch is imported by rollouts.tiny: loaded when used
 
         return str(save_tiny_model(Path(self.settings.default_local_dir) / "base_model", seed=self.settings.seed))
 
@@ -389,7 +386,7 @@ class AgentSFTTrainer:
         """The rows as TRL's pre-tokenized columns (``input_ids``, ``assistant_masks``), every row checked first."""
         import datasets
 
-        from training.data import load_dataset
+        from training.data import load_dataset  # datasets is imported by data: loaded when used
 
         source = dataset if dataset is not None else files
         if source is None:

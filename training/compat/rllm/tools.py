@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from training.isolation import jail, sandbox
 from training.utils import import_object
+from training.agents.tools import load_tool
 
 
 @dataclass
@@ -71,8 +72,6 @@ class Tool:
         self.description = description
         self.function = function
         if function is not None:
-            from training.agents.tools import load_tool
-
             self._json = load_tool(function).schema
             self.name = name or self._json["function"]["name"]
             self.description = description or self._json["function"].get("description", "")
