@@ -27,7 +27,7 @@ class AgentSpec:
     - ``agent_class`` and ``env_class`` (+ ``agent_args``, ``env_args``),
     - ``agent_run_func``: a black-box function returning a reward, in either form:
       rLLM's ``fn(**task)``, which reaches the model through the OpenAI-compatible endpoint the
-      trainer serves (``training.agents.sdk.get_chat_client()``, or parameters named ``base_url`` /
+      trainer serves (``training.sdk.get_chat_client()``, or parameters named ``base_url`` /
       ``client``); or ``fn(task, model)`` (first parameter named ``task``, no ``**kwargs``) with
       our ``ModelClient``. See ``run_func_style``.
     - ``agent_flow`` and ``evaluator``: rLLM's AgentFlow API (its main branch; ``training.agents.flow``):

@@ -459,7 +459,7 @@ class SdkProcessingConfig:
             _check(
                 getattr(self, name) is None, f"rllm.sdk.processing.{name}",
                 "is not implemented: every call of an episode is one trajectory, unless the function returns "
-                "TrajectoryView lists (training.agents.sdk.trajectory / session); leave it null.",
+                "TrajectoryView lists (training.sdk.trajectory / session); leave it null.",
             )
 
 

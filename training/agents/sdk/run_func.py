@@ -49,8 +49,8 @@ def no_model_call_message(func: Callable[..., Any]) -> str:
     name = getattr(func, "__qualname__", repr(func))
     return (
         f"agent_run_func {name} returned without calling the model, so the episode has nothing to train on. "
-        "Call the model through the episode's endpoint: training.agents.sdk.get_chat_client() (rLLM's "
-        "get_chat_client), a parameter named `client` or `base_url`, or training.agents.sdk.current_base_url()."
+        "Call the model through the episode's endpoint: training.sdk.get_chat_client() (rLLM's "
+        "get_chat_client), a parameter named `client` or `base_url`, or training.sdk.current_base_url()."
     )
 
 

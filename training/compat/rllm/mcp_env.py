@@ -39,7 +39,7 @@ try:
     from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
     from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, PaginatedRequestParams, TextContent
 except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError("training.compat.rllm.mcp_env needs the MCP SDK: pip install 'agent-trainer[mcp]' (or pip install mcp).") from exc
+    raise ImportError("training.mcp_env needs the MCP SDK: pip install 'agent-trainer[mcp]' (or pip install mcp).") from exc
 
 from training.agents.base import split_settings
 from training.isolation.jail import refusing_programs
