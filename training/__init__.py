@@ -116,15 +116,15 @@ _MCP = ("MCPConnectionManager", "MCPEnvironment", "MCPTool")
 def __getattr__(name: str):
     # rLLM's DatasetRegistry lives with the datasets code, which imports HF datasets: loaded on first use.
     if name == "DatasetRegistry":
-        from training.data import DatasetRegistry  # datasets is imported by data: loaded when used
+        from training.data import DatasetRegistry  # brings in datasets: imported on first use
 
         return DatasetRegistry
     if name in _ENGINES:  # rLLM's inference engines import the openai client: loaded on first use
-        from training.compat.rllm import engines  # torch is imported by rollouts.generation: loaded when used
+        from training.compat.rllm import engines  # brings in torch: imported on first use
 
         return getattr(engines, name)
     if name in _MCP:  # rLLM's MCP environment needs the mcp SDK (an optional dependency): loaded on first use
-        from training.compat.rllm import mcp_env  # mcp is imported by compat.rllm.mcp_env: loaded when used
+        from training.compat.rllm import mcp_env  # brings in mcp: imported on first use
 
         return getattr(mcp_env, name)
     if name == "AgentSFTTrainer":  # TRL is imported when training starts; the module is light, but kept apart

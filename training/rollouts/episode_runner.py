@@ -170,7 +170,7 @@ class EpisodeRunner:
         if not self.spec.uses_endpoint or self.endpoint is not None:
             yield
             return
-        from training.rollouts.chat_endpoint import ChatEndpoint  # starlette is imported by rollouts.chat_endpoint: loaded when used
+        from training.rollouts.chat_endpoint import ChatEndpoint  # brings in starlette: imported on first use
 
         with ChatEndpoint(tokenizer=self.tokenizer) as self.endpoint:
             try:

@@ -19,7 +19,7 @@ def resolve_model_path(config: Config, run_path: str | Path) -> str:
             f"or '{TINY_MODEL}' for the built-in tiny model."
         )
     if model.path == TINY_MODEL:
-        from training.rollouts.tiny import save_tiny_model  # torch is imported by rollouts.tiny: loaded when used
+        from training.rollouts.tiny import save_tiny_model  # brings in torch: imported on first use
 
         target = Path(run_path) / "base_model"
         save_tiny_model(target, layers=model.tiny_layers, hidden_size=model.tiny_hidden_size, seed=config.trainer.seed)

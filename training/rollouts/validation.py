@@ -85,8 +85,8 @@ def _last_response(episode: Episode) -> str:
 def evaluate(spec: Any, model: Any, tokenizer: Any, config: Any, reward_fn: Any, tasks: list[dict], prefix: str) -> EvalResult:
     """Run ``val_kwargs.n`` episodes of each task with the validation sampling and summarize them.
     Synchronous: call it from code that is not inside an event loop."""
-    from training.rollouts.generation import HFBatchGenerator  # torch is imported by rollouts.generation: loaded when used
-    from training.rollouts.episode_runner import EpisodeRunner  # torch is imported by rollouts.generation: loaded when used
+    from training.rollouts.generation import HFBatchGenerator  # brings in torch: imported on first use
+    from training.rollouts.episode_runner import EpisodeRunner  # brings in torch: imported on first use
 
     val = config.actor_rollout_ref.rollout.val_kwargs
     generator = HFBatchGenerator(
@@ -99,7 +99,7 @@ def evaluate(spec: Any, model: Any, tokenizer: Any, config: Any, reward_fn: Any,
 
 def validation_tasks(dataset: Any, config: Any) -> list[dict]:
     """The test rows a validation pass scores: the first ``data.val_batch_size`` (all when None)."""
-    from training.data import dataset_to_tasks  # datasets is imported by data: loaded when used
+    from training.data import dataset_to_tasks  # brings in datasets: imported on first use
 
     limit = config.data.val_batch_size
     if limit is not None and limit < len(dataset):
@@ -126,7 +126,7 @@ def run_inference(processor: Any, dataset: Any = None) -> EvalResult:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.data import dataset_to_tasks, load_dataset  # datasets is imported by data: loaded when used
+    from training.data import dataset_to_tasks, load_dataset  # brings in datasets: imported on first use
 
     data = load_dataset(dataset, split="test", what="dataset") if dataset is not None else processor.test_dataset
     if data is None:

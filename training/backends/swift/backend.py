@@ -320,7 +320,7 @@ class SwiftProcessor(BuiltinProcessor):
         model = self.config.actor_rollout_ref.model
         if model.path != TINY_MODEL:
             return model.path, {"use_hf": True}  # hub ids from Hugging Face's hub and cache, as the other backends load them
-        from training.rollouts.tiny import build_char_tokenizer, save_tiny_model  # torch is imported by rollouts.tiny: loaded when used
+        from training.rollouts.tiny import build_char_tokenizer, save_tiny_model  # brings in torch: imported on first use
 
         target = save_tiny_model(self.path / "base_model", layers=model.tiny_layers, hidden_size=model.tiny_hidden_size, seed=self.config.trainer.seed)
         tokenizer = build_char_tokenizer()

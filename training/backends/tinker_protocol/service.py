@@ -295,7 +295,7 @@ class RemoteProcessor(BuiltinProcessor):
         """The tokenizer of the service's base model, loaded here: episodes are tokenized locally."""
         model = self.config.actor_rollout_ref.model
         if (model.tokenizer_path or model.path) == TINY_MODEL:
-            from training.rollouts.tiny import build_char_tokenizer  # torch is imported by rollouts.tiny: loaded when used
+            from training.rollouts.tiny import build_char_tokenizer  # brings in torch: imported on first use
 
             return build_char_tokenizer()
         from transformers import AutoTokenizer

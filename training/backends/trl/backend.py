@@ -77,7 +77,7 @@ class TRLProcessor(BuiltinProcessor):
                 "pushes the weights to the server through it (pip install vllm on the GPU machine), or leave it unset."
             )
         if self.agent_spec.kind == "single_turn":
-            from training.algorithms.episode_rows import refuse_row_options  # torch is imported by algorithms.episode_rows: loaded when used
+            from training.algorithms.episode_rows import refuse_row_options  # brings in torch: imported on first use
 
             refuse_row_options(config, "a plain single-turn prompt is generated and trained by TRL itself; give an agent or a workflow")
         if config.rllm.rejection_sample.multiplier != 1:
@@ -248,7 +248,7 @@ class _TRLRun:
             self.config.actor_rollout_ref.rollout.n, self.spec.kind,
         )
         self.step_started = time.perf_counter()
-        from training.rollouts.chat_endpoint import chat_endpoint_for  # starlette is imported by rollouts.chat_endpoint: loaded when used
+        from training.rollouts.chat_endpoint import chat_endpoint_for  # brings in starlette: imported on first use
 
         with chat_endpoint_for(self.spec, self.tokenizer, self.config.actor_rollout_ref.model.path) as self.endpoint:
             self.trainer.train(resume_from_checkpoint=resume)
@@ -305,16 +305,16 @@ class _TRLRun:
         """Run one episode per input (TRL repeats each prompt n times) and lay the episodes out as
         training rows (``training.algorithms.episode_rows``). Returns TRL's inputs: the same ones when each
         episode is one row, else one input per row (then ``finish_rollout`` sets the advantages)."""
-        from training.algorithms.episode_rows import episode_rows, equal_reward_groups, pad_rows  # torch is imported by algorithms.episode_rows: loaded when used
-        from training.rollouts.generation import HFBatchGenerator  # torch is imported by rollouts.generation: loaded when used
-        from training.rollouts.episode_runner import EpisodeRunner, summarize_episodes  # torch is imported by rollouts.generation: loaded when used
+        from training.algorithms.episode_rows import episode_rows, equal_reward_groups, pad_rows  # brings in torch: imported on first use
+        from training.rollouts.generation import HFBatchGenerator  # brings in torch: imported on first use
+        from training.rollouts.episode_runner import EpisodeRunner, summarize_episodes  # brings in torch: imported on first use
 
         tasks = [self.tasks[int(x["prompt"])] for x in inputs]
         model = trainer.accelerator.unwrap_model(trainer.model)
         rollout_cfg = self.config.actor_rollout_ref.rollout
         seed = self.config.trainer.seed + trainer.state.global_step
         if rollout_cfg.server_url:  # TRL has pushed this step's weights to the server
-            from training.rollouts.vllm_server import VLLMServerGenerator  # torch is imported by rollouts.generation: loaded when used
+            from training.rollouts.vllm_server import VLLMServerGenerator  # brings in torch: imported on first use
 
             generator = VLLMServerGenerator(
                 rollout_cfg.server_url, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, seed=seed,
@@ -372,7 +372,7 @@ class _TRLRun:
 
     def finish_rollout(self, output: dict[str, Any]) -> dict[str, Any]:
         """Advantages of expanded rows: each unit compared within its group (``episode_rows``)."""
-        from training.algorithms.episode_rows import row_advantages  # torch is imported by algorithms.episode_rows: loaded when used
+        from training.algorithms.episode_rows import row_advantages  # brings in torch: imported on first use
 
         completion_mask = output["completion_mask"]
         model_tokens = completion_mask * output["tool_mask"] if "tool_mask" in output else completion_mask
@@ -479,7 +479,7 @@ def _seed_everything(seed: int) -> None:
 def _check_loss_options(config: Config) -> None:
     """Refuse by name what TRL's loss cannot do: verl's other policy losses and the estimators
     that need a critic, a baseline rollout or several reward components."""
-    from training.algorithms.advantages import check_estimator  # torch is imported by algorithms.advantages: loaded when used
+    from training.algorithms.advantages import check_estimator  # brings in torch: imported on first use
 
     check_estimator(config.algorithm.adv_estimator, "trl")
     mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
@@ -534,7 +534,7 @@ def _agent_grpo_trainer_class():
     import torch
     from trl import GRPOTrainer
 
-    from training.algorithms.advantages import compute_advantages, equal_reward_groups  # torch is imported by algorithms.advantages: loaded when used
+    from training.algorithms.advantages import compute_advantages, equal_reward_groups  # brings in torch: imported on first use
 
     class AgentGRPOTrainer(GRPOTrainer):
         agent_run: _TRLRun

@@ -620,7 +620,7 @@ class VerlProcessor(BuiltinProcessor):
         return final
 
     def check_backend(self, config: Config) -> None:
-        from training.algorithms.episode_rows import refuse_row_options  # torch is imported by algorithms.episode_rows: loaded when used
+        from training.algorithms.episode_rows import refuse_row_options  # brings in torch: imported on first use
 
         refuse_row_options(config, f"the {self.name} backend trains one sequence per episode; use backend=trl")
         self._refuse_declared_multi_trajectory_workflow()
@@ -669,7 +669,7 @@ class VerlProcessor(BuiltinProcessor):
         if kind != "single_turn":
             payload = encode_object({"spec": self.agent_spec, "reward_fn": self.reward_fn, "config": config})
         if config.actor_rollout_ref.model.path == "tiny-char":
-            from training.rollouts.tiny import save_tiny_model  # torch is imported by rollouts.tiny: loaded when used
+            from training.rollouts.tiny import save_tiny_model  # brings in torch: imported on first use
 
             model = config.actor_rollout_ref.model
             save_tiny_model(self.path / "tiny_model", layers=model.tiny_layers, hidden_size=model.tiny_hidden_size)

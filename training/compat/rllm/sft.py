@@ -368,7 +368,7 @@ class AgentSFTTrainer:
         from transformers import AutoTokenizer
 
         if self.settings.model == TINY_MODEL:
-            from training.rollouts.tiny import build_char_tokenizer  # torch is imported by rollouts.tiny: loaded when used
+            from training.rollouts.tiny import build_char_tokenizer  # brings in torch: imported on first use
 
             return build_char_tokenizer()
         return AutoTokenizer.from_pretrained(self.settings.model, trust_remote_code=self.settings.trust_remote_code)
@@ -378,7 +378,7 @@ class AgentSFTTrainer:
     def _model_path(self) -> str:
         if self.settings.model != TINY_MODEL:
             return self.settings.model
-        from training.rollouts.tiny import save_tiny_model  # torch is imported by rollouts.tiny: loaded when used
+        from training.rollouts.tiny import save_tiny_model  # brings in torch: imported on first use
 
         return str(save_tiny_model(Path(self.settings.default_local_dir) / "base_model", seed=self.settings.seed))
 
@@ -386,7 +386,7 @@ class AgentSFTTrainer:
         """The rows as TRL's pre-tokenized columns (``input_ids``, ``assistant_masks``), every row checked first."""
         import datasets
 
-        from training.data import load_dataset  # datasets is imported by data: loaded when used
+        from training.data import load_dataset  # brings in datasets: imported on first use
 
         source = dataset if dataset is not None else files
         if source is None:
