@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CACHE_SECONDS = 120.0
 TIMEOUT_SECONDS = 30.0
 

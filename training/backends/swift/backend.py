@@ -40,7 +40,7 @@ from training.algorithms.recipes import refuse_recipe_keys
 from training.backends.processor import free_space
 from training.rollouts import outcomes
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_PYTHON = PROJECT_ROOT / ".venv-swift" / "bin" / "python"
 PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 STOP_GRACE_SECONDS = 60

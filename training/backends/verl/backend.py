@@ -746,7 +746,7 @@ def _runner_env_vars(metrics_path: Path) -> dict[str, str]:
     """Environment of verl's TaskRunner, inherited by every worker it starts: where Tracking's
     file backend writes, and a PYTHONPATH that finds this library and the user's modules
     (pickled classes are imported by name on the workers)."""
-    library_root = str(Path(__file__).resolve().parents[2])
+    library_root = str(Path(__file__).resolve().parents[3])
     paths = [library_root, os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {
         "VERL_FILE_LOGGER_PATH": str(metrics_path.resolve()),
