@@ -52,7 +52,7 @@ def fake_run_check(monkeypatch):
     import importlib
 
     from training.config import Config
-    from training.probe import _refusal
+    from training.platform.probe import _refusal
 
     module, _, name = RUN_CHECK_AT.rpartition(".")
     module = importlib.import_module(module)

@@ -6,17 +6,20 @@ import asyncio
 import inspect
 from typing import Any, Callable
 
-from training.agents import AgentSpec, Workflow
+from training.agents.workflow import Workflow
+
+from training.agents.spec import AgentSpec
 from training.log import logger
-from training.processor import (
+from training.backends.processor import (
     TrainerProcessor,
     available_processors,
     get_processor_class,
     register_processor,
     unregister_processor,
 )
-from training.sinks import MetricSink
+from training.tracking.sinks import MetricSink
 from training.utils import cuda_device_count, is_verl_available
+from training.errors import ConfigError, Problems
 
 
 def choose_backend(name: str | None) -> str:
@@ -130,8 +133,6 @@ class AgentTrainer:
         # A processor registered by a user (AWorld's contract) may return its own config type.
         named = getattr(getattr(self.final_config, "rllm", None), "backend", None)
         if named is not None and named != self.train_engine_name:
-            from training.config import ConfigError
-
             raise ConfigError(
                 "rllm.backend",
                 f"names backend {named!r} but this trainer runs {self.train_engine_name!r}; pass backend={named!r} "
@@ -143,8 +144,6 @@ class AgentTrainer:
         """The agent, the datasets and the reward, each checked even when one before it failed: a
         wrong dataset and a wrong reward are said together (``Problems``). The config is checked
         only when all three pass, since its checks read them."""
-        from training.config import Problems
-
         problems: list[ValueError] = []
         for check, args in ((self.train_processor.check_agent, (self.agent,)),
                             (self.train_processor.check_dataset, (self.train_dataset, self.test_dataset)),
@@ -165,7 +164,7 @@ class AgentTrainer:
     def train(self) -> Any:
         """Run training; returns what the backend's ``train`` returns (a ``TrainResult`` for built-ins).
 
-        A run that trained but had nothing to learn from (``training.outcomes.learning_warnings``)
+        A run that trained but had nothing to learn from (``training.rollouts.outcomes.learning_warnings``)
         is not a failure: its warnings are logged and kept in the result's ``warnings``.
         """
         if not self.train_processor.initialized:
@@ -235,9 +234,9 @@ class AgentTrainer:
 
 
 def _close_episode_loop() -> None:
-    """Close this thread's episode loop (``training.episode_runner``), imported only once it may exist."""
+    """Close this thread's episode loop (``training.rollouts.episode_runner``), imported only once it may exist."""
     import sys
 
-    runner_module = sys.modules.get("training.episode_runner")
+    runner_module = sys.modules.get("training.rollouts.episode_runner")
     if runner_module is not None:
         runner_module.close_episode_loop()

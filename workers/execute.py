@@ -29,8 +29,8 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
-from training.artifacts import CheckpointUploadSink
-from training.probe import check_platform_keys
+from training.platform.artifacts import CheckpointUploadSink
+from training.platform.probe import check_platform_keys
 from training.trainer import AgentTrainer
 from webapp.dashboard.recording import DashboardSink
 from webapp.integrations.tracking import prepare_run

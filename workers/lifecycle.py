@@ -35,8 +35,8 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models.functions import Now
 
-from training.artifacts import ArtifactStoreError, RunUploader
-from training.processor import RunSuperseded
+from training.platform.artifacts import ArtifactStoreError, RunUploader
+from training.backends.processor import RunSuperseded
 from webapp.policy.checks import redact
 from webapp.runs import artifacts
 from webapp.runs.models import AttemptSuperseded, Checkpoint, Run, lock_for_attempt

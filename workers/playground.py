@@ -136,7 +136,7 @@ def chat_reply(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[
     or the contents concatenated for a model without one)."""
     import torch
 
-    from training.generation import encode, render_messages  # torch, in the child only: seconds to import
+    from training.rollouts.generation import encode, render_messages  # torch, in the child only: seconds to import
 
     prompt = encode(tokenizer, render_messages(tokenizer, asked.messages))
     limit = min(settings.PLAYGROUND_MAX_PROMPT_TOKENS,
@@ -158,8 +158,8 @@ def chat_reply(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[
 def row_episode(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[str, Any]:
     """One episode of the run's own agent on one row of its dataset, with the chosen weights,
     scored as in training (the environment, or the run's reward)."""
-    from training.episode_runner import EpisodeRunner  # noqa: I001 (torch, in the child only: seconds to import)
-    from training.generation import HFBatchGenerator
+    from training.rollouts.episode_runner import EpisodeRunner  # noqa: I001 (torch, in the child only: seconds to import)
+    from training.rollouts.generation import HFBatchGenerator
 
     load_training_plugins()
     run = asked.run

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models.functions import Now
 
-from training.processor import get_processor_class
+from training.backends.processor import get_processor_class
 from webapp.runs.models import Run, RunLog
 
 logger = logging.getLogger(__name__)

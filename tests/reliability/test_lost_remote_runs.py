@@ -204,21 +204,21 @@ def test_a_deletion_cut_short_by_its_workers_exit_is_taken_up_by_a_later_sweep(m
 
 def test_a_lost_tinker_run_has_nothing_to_release():
     """Tinker provisions nothing per run: its session ends when the SDK's heartbeats stop."""
-    from training.backends.tinker_backend import TinkerProcessor
+    from training.backends.tinker_protocol.tinker import TinkerProcessor
 
     assert TinkerProcessor.release_abandoned({"tinker_model_id": "m-1"}, None) == ([], [])
 
 
 def test_what_only_the_ledger_lists_is_deleted_too(tmp_path):
     """What an attempt listed in its ledger but never reported (killed between the two) is deleted too."""
-    from training.backends.fireworks_backend import ResourceLedger
+    from training.backends.tinker_protocol.fireworks import ResourceLedger
 
     ledger = ResourceLedger(Path(tmp_path) / LEDGER)
     ledger.add("job", "only-in-ledger")
     standin = FireworksStandIn()
     try:
         standin.jobs["only-in-ledger"] = {"name": "accounts/standin/rlorTrainerJobs/only-in-ledger", "state": "JOB_STATE_RUNNING"}
-        from training.backends.fireworks_backend import delete_abandoned_resources
+        from training.backends.tinker_protocol.fireworks import delete_abandoned_resources
 
         deleted, left = delete_abandoned_resources({}, tmp_path, standin.api_key, standin.url)
     finally:

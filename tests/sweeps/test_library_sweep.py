@@ -1,4 +1,4 @@
-"""``training.sweep``: a sweep from the library, Optuna sampling and pruning; no platform."""
+"""``training.platform.sweep``: a sweep from the library, Optuna sampling and pruning; no platform."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from training.config import ConfigError
-from training.sweep import TrialRecord, parse_space, should_prune, sweep
+from training.errors import ConfigError
+from training.platform.sweep import TrialRecord, parse_space, should_prune, sweep
 
 
 def test_a_grid_sweep_trains_each_point_and_scores_it_with_the_last_reward(tmp_path):

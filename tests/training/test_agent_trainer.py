@@ -5,7 +5,7 @@ import pytest
 import examples  # noqa: F401  (registers the example datasets)
 from examples.frozenlake import FrozenLakeEnv
 from training import AgentTrainer, ConfigError
-from training.agents import AgentSpec
+from training.agents.spec import AgentSpec
 
 TINY = {"actor_rollout_ref.model.path": "tiny-char", "trainer.logger": []}
 FROZENLAKE = {"agent_class": "examples.frozenlake.FrozenLakeAgent", "env_class": "examples.frozenlake.FrozenLakeEnv"}
@@ -171,7 +171,7 @@ def test_model_path_missing(tmp_path):
 
 
 def test_a_wrong_dataset_and_a_wrong_reward_are_said_together(tmp_path):
-    from training.config import Problems
+    from training.errors import Problems
 
     with pytest.raises(Problems) as raised:
         build(tmp_path, **FROZENLAKE, train_dataset="copy:train", reward_func="exact_match")

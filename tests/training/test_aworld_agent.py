@@ -19,12 +19,13 @@ from transformers import AutoModelForCausalLM
 
 import examples  # noqa: F401  (registers the arithmetic dataset)
 from training import Agent, AgentConfig, AgentTrainer
-from training.chat_agent import chat_agent_from, load_agents_from_yaml
+from training.compat.aworld.agents import chat_agent_from, load_agents_from_yaml
 from training.config import Config
-from training.generation import GenerationOutput, encode
+from training.rollouts.generation import GenerationOutput
+from training.rendering import encode
 from training.rewards import load_reward
-from training.episode_runner import EpisodeRunner
-from training.tiny import build_char_tokenizer
+from training.rollouts.episode_runner import EpisodeRunner
+from training.rollouts.tiny import build_char_tokenizer
 from training.types import TerminationReason
 
 EXAMPLES = Path(__file__).parent / "aworld_examples"
@@ -237,7 +238,7 @@ def test_a_dataset_without_the_prompt_is_named_at_construction(tmp_path):
 
 
 def test_a_reward_that_raises_mid_training_fails_the_chat_agents_run_naming_it(tmp_path):
-    from training.outcomes import RewardFailed
+    from training.rollouts.outcomes import RewardFailed
 
     def picky(task, response):
         if response:

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from training import AgentTrainer, SingleTurnEnvironment
-from training.agents import AgentSpec
-from training.config import Config, ConfigError
+from training.agents.spec import AgentSpec
+from training.config import Config
+from training.errors import ConfigError
 
 TINY = {"actor_rollout_ref.model.path": "tiny-char", "trainer.logger": [], "data.train_batch_size": 2}
 QUESTIONS = [{"question": q} for q in ("1+1=", "2+2=", "3+3=", "4+4=")]
@@ -73,7 +74,7 @@ def test_functions_inside_args_are_recorded_by_import_path(tmp_path):
     recorded = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert recorded["agent"]["env_args"] == {"reward_fn": f"{__name__}.reward_fn"}
     described = AgentSpec(workflow_class="pkg.Flow", workflow_args={"fn": reward_fn, "cls": Config, "n": 2}).describe()
-    assert described["workflow_args"] == {"fn": f"{__name__}.reward_fn", "cls": "training.config.Config", "n": 2}
+    assert described["workflow_args"] == {"fn": f"{__name__}.reward_fn", "cls": "training.config.schema.Config", "n": 2}
     assert trainer.final_config.rllm.env.env_args == {}
 
 

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from training.data import DatasetRegistry
-from training.tiny import build_char_tokenizer
+from training.rollouts.tiny import build_char_tokenizer
 from training.types import Episode, Step, Task, Trajectory
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -147,7 +147,7 @@ def test_math_cookbook_trains_unchanged_and_learns(tmp_path, monkeypatch):
 def test_countdown_compute_score_scores_as_rllms():
     """rLLM's rules: the last <answer> must use each given number exactly once and reach the target
     (score 1); a well-formed answer that does not: format_score 0.1; no answer: 0."""
-    from training.evaluators import countdown_compute_score as compute_score
+    from training.compat.rllm.evaluators import countdown_compute_score as compute_score
 
     truth = {"target": 17, "numbers": [7, 3, 4]}
     assert compute_score("<answer>7*3-4</answer>", truth) == 1.0
@@ -170,9 +170,9 @@ def test_solver_judge_cookbook_scores_each_trajectory_through_the_endpoint():
     from rllm_cookbook_solver_judge_flow import solver_judge_flow
     from test_episode_runner import EOS, ScriptedGenerator, ids
 
-    from training.agents import AgentSpec
+    from training.agents.spec import AgentSpec
     from training.config import Config
-    from training.episode_runner import EpisodeRunner
+    from training.rollouts.episode_runner import EpisodeRunner
     from training.types import TerminationReason
 
     config = Config.build({"rllm.agent.max_tokens_per_turn": 24, "data.max_prompt_length": 4096, "rllm.agent.retries": 0})
@@ -209,10 +209,10 @@ def test_async_clients_a_flow_leaves_open_are_closed_on_their_own_loop(caplog):
     from rllm_cookbook_solver_judge_flow import solver_judge_flow
     from test_episode_runner import ScriptedGenerator
 
-    from training.agent_flow import rollout
-    from training.agents import AgentSpec
+    from training.agents.flow import rollout
+    from training.agents.spec import AgentSpec
     from training.config import Config
-    from training.episode_runner import EpisodeRunner, close_episode_loop
+    from training.rollouts.episode_runner import EpisodeRunner, close_episode_loop
 
     @rollout(name="solver-judge-collecting")
     async def flow_collecting_garbage(task, config):
@@ -319,9 +319,9 @@ def test_frozenlake_cookbook_plays_the_lake_through_the_endpoint_and_is_scored_b
     from rllm_cookbook_frozenlake_flow import frozenlake_flow
     from test_episode_runner import EOS, ScriptedGenerator, ids
 
-    from training.agents import AgentSpec
+    from training.agents.spec import AgentSpec
     from training.config import Config
-    from training.episode_runner import EpisodeRunner
+    from training.rollouts.episode_runner import EpisodeRunner
     from training.types import TerminationReason
 
     seed = next(s for s in range(40) if one_move_wins(s))

@@ -16,7 +16,7 @@ import torch
 from standins.tinker_service import TinkerStandIn
 from task_rewards import PROMPTS, starts_a_to_m
 from training import AgentTrainer
-from training.processor import RunSuperseded
+from training.errors import RunSuperseded
 
 pytestmark = pytest.mark.slow
 

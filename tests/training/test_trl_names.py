@@ -8,10 +8,11 @@ import logging
 import pytest
 
 from training import AgentTrainer
-from training.backends.trl_backend import _TRLRun
-from training.config import Config, ConfigError
+from training.backends.trl.backend import _TRLRun
+from training.config import Config
 
 # AWorld's own default config for its TRL trainer (train/trainer/utils.py, TRAIN_DEFAULT_CONFIG["trl"]).
+from training.errors import ConfigError
 AWORLD_TRL_DEFAULTS = {
     "output_dir": ".", "learning_rate": 5e-6, "per_device_train_batch_size": 2,
     "gradient_accumulation_steps": 1, "num_train_epochs": 1, "logging_steps": 10,

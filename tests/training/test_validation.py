@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from training import AgentTrainer
-from training.config import ConfigError
-from training.generation import HFBatchGenerator
-from training.tiny import build_char_tokenizer, build_tiny_model
-from training.validation import EvalResult, pass_at_k
+from training.errors import ConfigError
+from training.rollouts.generation import HFBatchGenerator
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
+from training.rollouts.validation import EvalResult, pass_at_k
 
 TRAIN = [{"prompt": p, "ground_truth": "a"} for p in "wxyz"]
 # Two sources, so the metrics come apart by data_source.

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from training.generation import encode, render_messages
-from training.tiny import build_char_tokenizer, build_tiny_model
+from training.rendering import encode, render_messages
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 
 
 def warm_tiny_model(

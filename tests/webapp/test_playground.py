@@ -21,7 +21,7 @@ from django.db import connection
 from django.utils import timezone
 
 from training.data import load_dataset
-from training.tiny import save_tiny_model
+from training.rollouts.tiny import save_tiny_model
 from webapp.playground.models import PlaygroundRequest
 from webapp.registry.models import Model
 from webapp.runs.models import Run

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from training.backends.base import BuiltinProcessor, TrainResult
-from training.processor import register_processor, unregister_processor
+from training.backends.processor import register_processor, unregister_processor
 from webapp.registry.models import Agent, Backend
 from webapp.dashboard.series import points_after
 from webapp.runs.models import Run, RunLog

@@ -13,19 +13,22 @@ from typing import Any
 
 import yaml
 
-from training.agents import AgentSpec, build_agent, build_env
-from training.chat_agent import Agent as ChatAgent
-from training.chat_agent import chat_agent_from
+from training.agents.base import build_agent, build_env
+
+from training.agents.spec import AgentSpec
+from training.compat.aworld.agents import Agent as ChatAgent
+from training.compat.aworld.agents import chat_agent_from
 from training.config import Config
 from training.data import dataset_to_tasks, load_dataset, require_columns, require_rows
-from training.jail import ProgramsRefused
-from training.outcomes import ColumnReads, columns_the_reward_lacks, learning_warnings
-from training.processor import TrainerProcessor
+from training.errors import ConfigError, ProgramsRefused
+from training.rollouts.outcomes import ColumnReads, columns_the_reward_lacks, learning_warnings
+from training.backends.processor import TrainerProcessor
 from training.rewards import RewardFunction, load_reward
-from training.sdk.run_func import check_task_fields
-from training.sinks import ConsoleSink, JsonlSink
-from training.system_metrics import SystemMetrics
-from training.trackers import tracker_sinks
+from training.agents.sdk.run_func import check_task_fields
+from training.tracking.sinks import ConsoleSink, JsonlSink
+from training.tracking.system_metrics import SystemMetrics
+from training.tracking.trackers import tracker_sinks
+from training.rollouts.validation import run_inference
 
 logger = logging.getLogger("training")
 
@@ -152,8 +155,6 @@ class BuiltinProcessor(TrainerProcessor):
     def inference(self, dataset: Any = None):
         """The agent on ``dataset`` (default: the test dataset) with the run's newest weights:
         an ``EvalResult`` of per-row results and per-data-source metrics (``test/<source>/...``)."""
-        from training.validation import run_inference
-
         return run_inference(self, dataset)
 
     # -- hooks for backends ----------------------------------------------------------------
@@ -175,8 +176,6 @@ class BuiltinProcessor(TrainerProcessor):
         """rLLM's ``rllm.agent.agent_args`` / ``rllm.env.env_args`` / ``rllm.workflow.workflow_args``
         join the spec's arguments (probed again when they change an agent and env), and
         ``rllm.workflow.use_workflow`` is checked against what was given."""
-        from training.config import ConfigError
-
         rllm = self.config.rllm
         if rllm.workflow.use_workflow and self.agent_spec.kind not in ("workflow", "agent_env"):
             raise ConfigError(

@@ -36,7 +36,7 @@ _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logpro
 
 
 class DashboardSink(BackgroundFlusher):
-    """A ``training.sinks.MetricSink`` for one run: the metric store + episodes + live push.
+    """A ``training.tracking.sinks.MetricSink`` for one run: the metric store + episodes + live push.
 
     While the database is down, points and episodes stay buffered (``webapp.runs.batching``; on disk
     with ``spool_dir``, the run's folder); the live push goes on meanwhile, so viewers still see the

@@ -22,7 +22,7 @@ from django.core.mail import send_mail
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
-from training.egress import EgressProxy, EgressRefused
+from training.isolation.egress import EgressProxy, EgressRefused
 from webapp.celery_app import app as celery_app  # sends by task name: the web side never imports workers
 from webapp.integrations.models import AlertDelivery, AlertRule
 from webapp.integrations.targets import SERVER_SCHEMES, WEBHOOK_SCHEMES, egress_guard, plugin_of, server_url, target_label

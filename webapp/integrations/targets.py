@@ -9,7 +9,7 @@ from urllib.parse import quote
 from django.conf import settings
 from django.core.validators import validate_email
 
-from training.egress import EgressRefused, Guard
+from training.isolation.egress import EgressRefused, Guard
 
 # apprise schemes a rule may name: webhooks only (no local files, no shell, no SMTP of the user's).
 WEBHOOK_SCHEMES = {"json", "jsons", "form", "forms", "slack", "discord"}

@@ -14,8 +14,8 @@ from typing import Any
 from django.conf import settings
 
 from training.config import TrainerConfig
-from training.egress import ALLOWED_HOSTS_ENV
-from training.trackers import IDS_FILE, read_ids
+from training.isolation.egress import ALLOWED_HOSTS_ENV
+from training.tracking.trackers import IDS_FILE, read_ids
 from webapp.integrations.alerts import ThresholdSink
 from webapp.integrations.models import TrackingTarget
 from webapp.runs import artifacts

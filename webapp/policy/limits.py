@@ -19,8 +19,10 @@ from typing import Any
 import yaml
 from django.core.exceptions import ValidationError
 
-from training.config import UNIFIED_NAMES, UNIFIED_SECTIONS, Config, ConfigError, flatten, to_dict, valid_keys
-from training.trl_names import translate_trl_names
+from training.config import UNIFIED_NAMES, UNIFIED_SECTIONS, Config, flatten, to_dict, valid_keys
+
+from training.errors import ConfigError
+from training.backends.trl.names import translate_trl_names
 
 # Sizes of what a person types. Overrides are short in practice (a few dozen keys).
 MAX_OVERRIDES_CHARS = 20_000

@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
-from training.processor import free_space
+from training.backends.processor import free_space
 from webapp.runs.models import AttemptSuperseded, RunLog, lock_for_attempt
 
 logger = logging.getLogger(__name__)

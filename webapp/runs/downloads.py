@@ -21,7 +21,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.views.decorators.http import require_GET
 
-from training.artifacts import STORED_MARKER, iter_chunks
+from training.platform.artifacts import STORED_MARKER, iter_chunks
 from training.config import TrainerConfig
 from webapp.runs import artifacts
 from webapp.runs.access import get_run_for_user

@@ -95,7 +95,7 @@ class RunRecorder(BackgroundFlusher):
 
 
 class DatabaseSink:
-    """A ``training.sinks.MetricSink`` that writes the run's log lines when the run ends. Metric
+    """A ``training.tracking.sinks.MetricSink`` that writes the run's log lines when the run ends. Metric
     points are stored once, by ``webapp.dashboard.recording.DashboardSink``."""
 
     def __init__(self, recorder: RunRecorder) -> None:

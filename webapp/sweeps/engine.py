@@ -1,5 +1,5 @@
 """Running a sweep on the platform: trials are ordinary runs; Optuna picks each next point and
-decides pruning from what the trials recorded (``training.sweep``).
+decides pruning from what the trials recorded (``training.platform.sweep``).
 
 - ``create(...)`` makes a sweep and starts its first trials, or refuses it (nothing kept) when
   they cannot start.
@@ -24,7 +24,7 @@ import numpy as np
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.db import transaction
 
-from training.sweep import TrialRecord, ask_next, grid_size, parse_space, should_prune
+from training.platform.sweep import TrialRecord, ask_next, grid_size, parse_space, should_prune
 from webapp.dashboard.series import all_points
 from webapp.runs.access import can
 from webapp.runs.forms import RunForm, overrides_text
