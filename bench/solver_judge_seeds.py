@@ -49,6 +49,8 @@ def one_seed(recipe: str, seed: int, steps: int, extra: list[str]) -> dict:
         "rise": round(trained["after"] - trained["before"], 3),
         "rewards": [round(m["reward"], 3) for m in trained["metrics"]],
         accuracy: [round(m[accuracy], 3) for m in trained["metrics"]],
+        **({"sampled_accuracy": [round(trained["accuracy_before"], 3), round(trained["accuracy_after"], 3)]}
+           if "accuracy_before" in trained else {}),
     }
 
 

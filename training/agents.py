@@ -107,6 +107,10 @@ class EnvInfo(dict):
 class MissingField(ValueError):
     """An environment's ``from_dict`` asked for a key that neither the dataset row nor ``env_args`` has."""
 
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
 
 def build_env(env_class: type, task: dict, env_args: dict) -> "BaseEnv":
     """One environment for one task, as every episode loop builds it (secrets named in ``env_args``
@@ -121,7 +125,7 @@ def build_env(env_class: type, task: dict, env_args: dict) -> "BaseEnv":
             raise  # a KeyError from deeper in the environment's own code, not a missing field
         columns = ", ".join(map(str, task)) or "none"
         settings = ", ".join(map(str, env_args)) or "none"
-        raise MissingField(
+        raise MissingField(key,
             f"{env_class.__name__}.from_dict needs {key!r}, which the dataset row does not have (its columns: "
             f"{columns}) and env_args does not give (its keys: {settings}). Add a {key!r} column to the dataset, "
             f"map one of its columns to {key!r} in the dataset's column mapping, or set {key!r} in env_args."

@@ -29,12 +29,13 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from training.data import DatasetRegistry
+from training.evaluators import extract_answer, grade_math_answer
 from training.tiny import build_char_tokenizer
 from training.types import Episode, Step, Task, Trajectory
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
-from warm_start import answer_logprob, warm_tiny_model  # noqa: E402
+from warm_start import answer_logprob, sampled_accuracy, warm_tiny_model  # noqa: E402
 
 TOKENIZER = build_char_tokenizer()
 
@@ -134,8 +135,11 @@ def train_math(directory: Path, seed: int = 0, steps: int = 5, extra: tuple[str,
     run = directory / "runs"
     warm, trained = (AutoModelForCausalLM.from_pretrained(path) for path in (model, run / "final_model"))
     before, after = (answer_logprob(m, prompts, "\\boxed{7}") for m in (warm, trained))
+    right = lambda reply: grade_math_answer(extract_answer(reply) or "", "7")  # noqa: E731  the cookbook's evaluator's rule
+    accuracy_before, accuracy_after = (sampled_accuracy(m, prompts, right, seed=seed) for m in (warm, trained))
     metrics, records, episodes = read_run(run)
-    return {"before": before, "after": after, "metrics": metrics, "records": records, "episodes": episodes, "model": model, "run": run}
+    return {"before": before, "after": after, "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
+            "metrics": metrics, "records": records, "episodes": episodes, "model": model, "run": run}
 
 
 @pytest.mark.slow

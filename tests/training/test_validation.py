@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import pytest
@@ -123,6 +124,11 @@ def test_inference_and_evaluate_after_training(tmp_path, caplog):
     assert row["task"]["prompt"] == "u" and len(row["responses"]) == 1 and row["termination_reasons"][0] in ("env_done", "max_response_length")
     assert row["rewards"] == [starts_with_a(None, row["responses"][0])]
     assert set(result.metrics) == {"test/letters/reward", "test/letters/pass@1", "test/digits/reward", "test/digits/pass@1"}
+    # AWorld's evolution runner writes the result with json.dump
+    written = tmp_path / "evaluation_result.json"
+    with open(written, "w") as f:
+        json.dump(result, f, indent=4, ensure_ascii=False)
+    assert json.loads(written.read_text()) == {"metrics": result.metrics, "rows": result.rows}
 
     other = trainer.evaluate([{"prompt": "q", "ground_truth": "a"}])
     assert [row["data_source"] for row in other.rows] == ["default"] and "test/default/reward" in other.metrics
