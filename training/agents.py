@@ -319,7 +319,10 @@ class AgentSpec:
             unknown = set(agent) - {f.name for f in fields(cls)}
             if unknown:
                 raise ValueError(
-                    f"Unknown agent field(s) {sorted(unknown)}; expected some of {[f.name for f in fields(cls)]}."
+                    f"Unknown agent field(s) {sorted(unknown)}; expected some of {[f.name for f in fields(cls)]}. "
+                    "An agent is given as those fields (our agent spec), as AWorld's agent YAML (an 'agents:' "
+                    "section of name: {system_prompt, llm_config, tool_names}, or one agent's own fields: "
+                    "name, desc, system_prompt, conf, tool_names), or as an Agent."
                 )
             return cls(**agent)
         if isinstance(agent, type):

@@ -311,9 +311,13 @@ def _agents_section(document: Any, environ: bool, source: str) -> dict[str, Any]
     return agents
 
 
+_SPEC_FIELDS = {"workflow_class", "agent_class", "env_class", "agent_run_func", "agent_flow", "evaluator"}
+
+
 def chat_agent_from(agent: Any) -> Agent | None:
-    """The chat agent that ``agent`` describes (an ``Agent``, AWorld's agent YAML path, or a dict
-    with an ``agents:`` section), or None when it describes another kind of agent.
+    """The chat agent that ``agent`` describes (an ``Agent``; a YAML path holding AWorld's ``agents:``
+    section or one agent's own fields, ``name`` with ``system_prompt``, ``conf``, ...; or a dict with an
+    ``agents:`` section), or None when it describes another kind of agent.
 
     Of several agents, the first is trained, as AWorld's own trainers do (a swarm is not trained whole).
     """
@@ -323,6 +327,10 @@ def chat_agent_from(agent: Any) -> Agent | None:
         agents = load_agents_from_dict(_agents_section(agent, environ=False, source="the agent mapping"))
     elif isinstance(agent, (str, Path)) and str(agent).endswith((".yaml", ".yml")):
         document = _read_yaml(Path(agent))
+        if isinstance(document, dict) and "agents" not in document and "name" in document and not _SPEC_FIELDS & set(document):
+            # One agent's own fields (name, desc, system_prompt, conf, ...): AWorld's trainers build
+            # Agent(**load_config(path)) from such a file.
+            return Agent(**document)
         if not (isinstance(document, dict) and "agents" in document):
             return None  # an AgentSpec YAML (workflow_class, agent_class, ...)
         agents = load_agents_from_dict(_agents_section(document, environ=True, source=str(agent)))

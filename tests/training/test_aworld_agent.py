@@ -188,6 +188,27 @@ def test_agent_objects_as_aworld_code_builds_them(tmp_path):
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["agent"]["tool_names"] == ["examples.arithmetic.add"]
 
 
+def test_one_agents_own_fields_as_aworlds_trainers_read_an_agent_yaml(tmp_path):
+    """AWorld's verl trainer: ``if isinstance(agent, str): agent = Agent(**load_config(agent))``."""
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({"name": "calc", "desc": "calc", "system_prompt": "Compute.",
+                                    "tool_names": ["examples.arithmetic.add"],
+                                    "conf": {"llm_config": {"llm_temperature": 0.7}, "max_steps": 2}}))
+    trainer = AgentTrainer(agent=str(path), train_dataset="arithmetic:train", reward_func="math", run_path=str(tmp_path),
+                           config={"actor_rollout_ref.model.path": "tiny-char"}, train_engine_name="trl")
+    config = trainer.final_config
+    assert config.actor_rollout_ref.rollout.temperature == 0.7 and config.rllm.agent.max_steps == 2
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["agent"]["tool_names"] == ["examples.arithmetic.add"]
+
+
+def test_an_agent_yaml_of_no_known_form_says_which_forms_there_are(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({"agent_name": "calc", "prompt": "Compute."}))
+    with pytest.raises(ValueError, match=r"Unknown agent field\(s\) \['agent_name', 'prompt'\].*AWorld's agent YAML \(an 'agents:' "
+                                         r"section .*or one agent's own fields: name, desc, system_prompt, conf"):
+        AgentTrainer(agent=str(path), train_dataset="arithmetic:train", reward_func="math", run_path=str(tmp_path))
+
+
 def undocumented(a: int) -> int:
     return a
 
