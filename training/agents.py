@@ -331,6 +331,8 @@ class AgentSpec:
             raise ValueError(
                 f"{agent.__name__} is not a Workflow; pass agent_class= and env_class= for a BaseAgent."
             )
+        if agent == "virtual":  # AWorld's TRL trainer: no agent, the dataset's prompts go to the model
+            return cls()
         if isinstance(agent, (str, Path)):
             text = str(agent)
             if text.endswith((".yaml", ".yml", ".json")):

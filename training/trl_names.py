@@ -45,6 +45,9 @@ DIRECT = {
     "logging_steps": "trainer.log_freq",
     "seed": "trainer.seed",
     "run_name": "trainer.experiment_name",
+    # AWorld's TRL config names the model 'model' (where a platform pins the model, the built
+    # config is checked against its value, whatever name set it).
+    "model": "actor_rollout_ref.model.path",
 }
 BATCH_NAMES = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size")
 # Names handled below with a rule of their own.
@@ -55,11 +58,10 @@ NO_EFFECT = {"remove_unused_columns", "disable_tqdm", "dataloader_num_workers", 
              "log_completions", "num_completions_to_print", "logging_first_step"}
 # Names refused whatever their value, with what to do instead.
 REFUSED_ALWAYS = {
-    "output_dir": "the run writes under run_path (checkpoints in <run_path>/checkpoints); give run_path, or set "
-                  "trainer.default_local_dir for the checkpoints",
+    "output_dir": "the run writes under run_path (checkpoints in <run_path>/checkpoints); give run_path (a config "
+                  "dict's output_dir becomes the run path when run_path is not given), or set trainer.default_local_dir "
+                  "for the checkpoints",
     "trust_remote_code": "set actor_rollout_ref.model.trust_remote_code instead",
-    # AWorld's TRL config names the model 'model'; the model key stays one key, so checks on it hold.
-    "model": "name the model with actor_rollout_ref.model.path",
     "reward_model": "reward models are not supported; give reward_func",
 }
 # Why some values cannot be honoured (other names get a generic reason).
