@@ -107,7 +107,7 @@ class _Stored:
         target = registry_home() / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{split}.parquet.{os.getpid()}")
-        dataset.to_parquet(str(partial))
+        pyarrow.parquet.write_table(dataset.with_format("arrow")[:], str(partial))  # the rows, indices applied
         os.replace(partial, target)
         cls._update(lambda index: index.setdefault(name, {}).__setitem__(split, relative))
 
