@@ -43,6 +43,9 @@ from training.types import Action, Step, Trajectory
 MODEL_CONFIG_KEYS = {
     "llm_model_name": "actor_rollout_ref.model.path",
     "llm_temperature": "actor_rollout_ref.rollout.temperature",
+    # sampling fields AWorld's agent configs carry (AgentConfig(top_k=80)); verl's names for them
+    "top_k": "actor_rollout_ref.rollout.top_k",
+    "top_p": "actor_rollout_ref.rollout.top_p",
 }
 # What an API client needs. Here the policy being trained answers, so these do nothing.
 MODEL_CLIENT_FIELDS = {
@@ -96,7 +99,8 @@ class _Coercible:
 
 class ModelConfig(_Coercible):
     """AWorld's ``ModelConfig`` (the ``llm_config`` of an agent). ``llm_model_name`` and
-    ``llm_temperature`` set the model and sampling temperature under the run's config; the API
+    ``llm_temperature`` set the model and sampling temperature under the run's config (``top_k``
+    and ``top_p``, as AWorld's configs carry them, the rollout's top-k and top-p); the API
     client fields (provider, URL, key) are accepted and do nothing, since the trained policy answers."""
 
     _given_as = "llm_config must be a mapping of AWorld ModelConfig fields"
@@ -131,8 +135,8 @@ class AgentConfig(_Coercible):
         if unknown:
             known = {"llm_config", "max_steps", "system_prompt"} | AGENT_RUNTIME_FIELDS | set(MODEL_CONFIG_KEYS) | MODEL_CLIENT_FIELDS
             hint = ""
-            if {"top_k", "top_p", "temperature"} & set(unknown):
-                hint = " Sampling is set in the training config (actor_rollout_ref.rollout.temperature, top_p)."
+            if "temperature" in unknown:
+                hint = " The sampling temperature is llm_temperature (actor_rollout_ref.rollout.temperature)."
             raise ValueError(_unknown("agent config", unknown, known) + hint)
         base = ModelConfig.coerce(llm_config)
         self.llm_config = ModelConfig(**{**base.fields, **model_fields}) if model_fields else base

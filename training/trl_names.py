@@ -36,6 +36,7 @@ DIRECT = {
     "num_generations": "actor_rollout_ref.rollout.n",
     "temperature": "actor_rollout_ref.rollout.temperature",
     "top_p": "actor_rollout_ref.rollout.top_p",
+    "top_k": "actor_rollout_ref.rollout.top_k",
     "num_generations_eval": "actor_rollout_ref.rollout.val_kwargs.n",
     "max_completion_length": "data.max_response_length",
     "max_prompt_length": "data.max_prompt_length",  # older TRL releases
@@ -69,7 +70,6 @@ REASONS = {
     "fp16": "mixed precision is not available on the trl backend; actor_rollout_ref.model.dtype=float16 loads the weights in half precision",
     "bf16": "mixed precision is not available on the trl backend; actor_rollout_ref.model.dtype=bfloat16 loads the weights in bfloat16",
     "use_vllm": "generation with vLLM belongs to the verl backend; choose backend=verl",
-    "top_k": "top-k sampling is not available; use top_p",
     "warmup_ratio": "give warmup_steps instead",
 }
 

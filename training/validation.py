@@ -97,7 +97,7 @@ def evaluate(spec: Any, model: Any, tokenizer: Any, config: Any, reward_fn: Any,
 
     val = config.actor_rollout_ref.rollout.val_kwargs
     generator = HFBatchGenerator(
-        model, tokenizer, temperature=val.temperature if val.do_sample else 1.0, top_p=val.top_p,
+        model, tokenizer, temperature=val.temperature if val.do_sample else 1.0, top_p=val.top_p, top_k=val.top_k,
         do_sample=val.do_sample, seed=config.trainer.seed,
     )
     engine = EpisodeRunner(spec, generator, tokenizer, config, reward_fn, is_validation=True)

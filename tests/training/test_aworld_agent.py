@@ -221,7 +221,7 @@ def undocumented(a: int) -> int:
     ({"tool_names": "examples.arithmetic.add"}, "agent 'calculator': tool_names must be a list of tools"),
     ({"llm_config": {"llm_temprature": 0.5}}, "agent 'calculator': llm_config: unknown field(s) 'llm_temprature' (did you mean 'llm_temperature'?)"),
     ({"llm_config": {"llm_temperature": 0}}, "agent 'calculator': llm_config.llm_temperature must be a number greater than 0"),
-    ({"config": {"top_k": 80}}, "agent 'calculator': agent config: unknown field(s) 'top_k'"),
+    ({"config": {"top_kk": 80}}, "agent 'calculator': agent config: unknown field(s) 'top_kk' (did you mean 'top_k'?)"),
     ({"config": {"max_steps": 0}}, "agent 'calculator': agent config max_steps must be a whole number of at least 1"),
     ({"system_prompt": ["a", "b"]}, "agent 'calculator': system_prompt must be text"),
 ])
@@ -272,3 +272,11 @@ def test_a_reward_that_raises_mid_training_fails_the_chat_agents_run_naming_it(t
                                    "trainer.total_training_steps": 2, "trainer.logger": []})
     with pytest.raises(RewardFailed, match=r"^reward function picky raised ValueError: cannot parse the answer on the row \{'prompt': '\w'\} in step 1"):
         trainer.train()
+
+
+def test_aworlds_top_k_in_an_agent_config_samples_with_top_k(tmp_path):
+    """AWorld's GAIA example: ``AgentConfig(llm_provider="verl", top_k=80)``."""
+    agent = Agent(name="gaia_agent", desc="gaia_agent", system_prompt="Gaia agent", conf=AgentConfig(llm_provider="verl", top_k=80))
+    trainer = AgentTrainer(agent=agent, train_dataset="arithmetic:train", reward_func="math", run_path=str(tmp_path),
+                           config={"actor_rollout_ref.model.path": "tiny-char"}, train_engine_name="trl")
+    assert trainer.final_config.actor_rollout_ref.rollout.top_k == 80

@@ -136,7 +136,8 @@ def train_math(directory: Path, seed: int = 0, steps: int = 5, extra: tuple[str,
     warm, trained = (AutoModelForCausalLM.from_pretrained(path) for path in (model, run / "final_model"))
     before, after = (answer_logprob(m, prompts, "\\boxed{7}") for m in (warm, trained))
     right = lambda reply: grade_math_answer(extract_answer(reply) or "", "7")  # noqa: E731  the cookbook's evaluator's rule
-    accuracy_before, accuracy_after = (sampled_accuracy(m, prompts, right, seed=seed) for m in (warm, trained))
+    # cookbooks/math's train.sh samples at temperature 0.6 (rllm.rollout.train.temperature)
+    accuracy_before, accuracy_after = (sampled_accuracy(m, prompts, right, seed=seed, temperature=0.6) for m in (warm, trained))
     metrics, records, episodes = read_run(run)
     return {"before": before, "after": after, "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
             "metrics": metrics, "records": records, "episodes": episodes, "model": model, "run": run}

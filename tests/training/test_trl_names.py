@@ -94,7 +94,6 @@ def test_aworlds_default_trl_config_is_refused_where_it_cannot_be_honoured(tmp_p
     ({"learning_rat": 1e-5}, "learning_rat: unknown config key. Did you mean 'learning_rate' (TRL's GRPOConfig name)?"),
     ({"loss_type": "bnpo"}, "loss_type: 'bnpo' cannot be honoured: use one of dapo, grpo, luspo, dr_grpo"),
     ({"importance_sampling_level": "word"}, "importance_sampling_level: 'word' cannot be honoured"),
-    ({"top_k": 50}, "top_k: TRL's GRPOConfig option top_k=50 cannot be honoured: top-k sampling is not available"),
     ({"use_vllm": True}, "use_vllm: TRL's GRPOConfig option use_vllm=True cannot be honoured: generation with vLLM belongs to the verl backend"),
     ({"trust_remote_code": True}, "trust_remote_code: trust_remote_code cannot be used here: set actor_rollout_ref.model.trust_remote_code"),
     ({"num_generations": 3, "per_device_train_batch_size": 8}, "per_device_train_batch_size: per_device_train_batch_size x gradient_accumulation_steps = 8 completions must be a multiple of num_generations (3)"),
@@ -110,3 +109,7 @@ def test_a_grpo_name_that_cannot_be_honoured_is_refused_naming_it(tmp_path, over
         AgentTrainer(train_dataset=[{"prompt": "x"}], reward_func=batch_reward, config=override, run_path=str(tmp_path),
                      train_engine_name="trl")
     assert str(error.value).startswith(message)
+
+
+def test_trls_top_k_is_the_rollouts_top_k():
+    assert Config.build({"top_k": 50}).actor_rollout_ref.rollout.top_k == 50

@@ -152,7 +152,7 @@ def test_scoring_on_schedule_needs_a_test_dataset(tmp_path):
      "actor_rollout_ref.rollout.val_kwargs.temperature: must be greater than 0 when do_sample is true"),
     ({"actor_rollout_ref.rollout.val_kwargs.n": 0}, "actor_rollout_ref.rollout.val_kwargs.n: must be at least 1."),
     ({"actor_rollout_ref.rollout.val_kwargs.top_p": 1.5}, "actor_rollout_ref.rollout.val_kwargs.top_p: must be in (0, 1]."),
-    ({"actor_rollout_ref.rollout.val_kwargs.top_k": 5}, "actor_rollout_ref.rollout.val_kwargs.top_k: is a verl setting"),
+    ({"actor_rollout_ref.rollout.val_kwargs.top_k": -2}, "actor_rollout_ref.rollout.val_kwargs.top_k: must be -1 or 0 (off) or a number of tokens."),
     ({"trainer.test_freq": -2}, "trainer.test_freq: must be -1 or 0 (never) or a number of steps."),
 ])
 def test_bad_validation_settings_are_refused_named(tmp_path, override, message):
