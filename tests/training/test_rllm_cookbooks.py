@@ -116,7 +116,8 @@ def train_math(directory: Path, seed: int = 0, steps: int = 5, extra: tuple[str,
 
     Four answers warmed alike, one rewarded (a quarter of the samples right at the start), at lr
     5e-4: with ten answers at lr 1e-3 the policy broke on a fresh install (reward 0.09 -> 0, the
-    answer's log-probability -2.39 -> -16.1)."""
+    answer's log-probability -2.39 -> -16.1). Also returned: the share of answers sampled at the
+    recipe's temperature (0.6) that the evaluator's rule grades right, before and after."""
     from rllm_cookbook_math_flow import SYSTEM_PROMPT
     from rllm_cookbook_math_train import main
 
@@ -158,7 +159,12 @@ def test_math_cookbook_trains_unchanged_and_learns(tmp_path):
         assert episode["trajectories"][0]["name"] == "math" and step["response_ids"]
         assert episode["prompt_ids"] == step["prompt_ids"] and episode["response_ids"] == step["response_ids"]
         assert len(step["logprobs"]) == len(step["response_ids"]) and episode["artifacts"]["answer"] == step["model_response"]
-    assert trained["after"] > trained["before"] + 0.3, (trained["before"], trained["after"], [m["reward"] for m in metrics])
+    # What the reward measures, at the recipe's temperature: the share of sampled answers graded right
+    # rises (by 0.22-0.42 over seeds 0-9, bench/results/math_seeds.json). The log-probability of the
+    # one string "\\boxed{7}" at temperature 1 is no measure here: it fell on seed 6 while that
+    # policy answered right most often of all (0.27 -> 0.68).
+    before, after = trained["accuracy_before"], trained["accuracy_after"]
+    assert after > before + 0.15, (before, after, [m["reward"] for m in metrics])
     assert_weights_changed(trained["model"], run)
 
 
