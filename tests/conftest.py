@@ -71,6 +71,13 @@ def fake_run_check(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _datasets_of_this_test(monkeypatch, tmp_path_factory):
+    """``DatasetRegistry`` keeps datasets on disk: each test gets a registry of its own, so a split
+    one test registers (``countdown``, say) never replaces a built-in one in the next."""
+    monkeypatch.setenv("AGENT_TRAINER_DATASETS", str(tmp_path_factory.mktemp("datasets")))
+
+
+@pytest.fixture(autouse=True)
 def _run_check_by_folder(request):
     folder = request.node.path.relative_to(request.config.rootpath / "tests").parts[0]
     if folder in FAKE_RUN_CHECK_IN and request.node.get_closest_marker("real_check") is None:

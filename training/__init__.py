@@ -17,7 +17,7 @@ from training.config import Config
 from training.errors import ConfigError, TerminationEvent
 from training.compat.rllm.environments import MultiTurnEnvironment, SingleTurnEnvironment
 from training.backends.processor import TrainerProcessor, register_processor, unregister_processor
-from training.rewards import RewardFunction, math_reward_fn
+from training.rewards import RewardFunction, code_reward_fn, countdown_reward_fn, f1_reward_fn, math_reward_fn, search_reward_fn
 from training.compat.rllm.agents import SEARCH_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, CompetitionCodingAgent, MathAgent, MCPToolAgent, ToolAgent
 from training.compat.rllm.tools import MultiTool, PythonInterpreter, Tool, ToolOutput, tool_registry
 from training.tracking.sinks import ConsoleSink, JsonlSink, MetricSink
@@ -98,8 +98,24 @@ __all__ = [
     "TrainerProcessor",
     "Workflow",
     "evaluator",
+    "code_reward_fn",
     "compute_pass_at_k",
+    "countdown_compute_score",
+    "countdown_reward_fn",
+    "current_base_url",
+    "evaluate_math",
+    "extract_answer",
+    "extract_answer_text",
+    "extract_boxed_answer",
+    "f1_reward_fn",
+    "get_chat_client",
+    "get_chat_client_async",
+    "grade_answer_mathd",
+    "grade_answer_sympy",
     "math_reward_fn",
+    "search_reward_fn",
+    "session",
+    "trajectory",
     "register_processor",
     "rollout",
     "save_trajectories",
@@ -111,6 +127,9 @@ __all__ = [
 _ENGINES = ("AgentExecutionEngine", "AsyncAgentExecutionEngine", "AgentWorkflowEngine", "OpenAIEngine", "compute_pass_at_k",
             "save_trajectories")
 _MCP = ("MCPConnectionManager", "MCPEnvironment", "MCPTool")
+_SDK = ("current_base_url", "get_chat_client", "get_chat_client_async", "session", "trajectory")
+_EVALUATORS = ("countdown_compute_score", "evaluate_math", "extract_answer", "extract_answer_text", "extract_boxed_answer",
+               "grade_answer_mathd", "grade_answer_sympy")
 
 
 def __getattr__(name: str):
@@ -127,6 +146,14 @@ def __getattr__(name: str):
         from training.compat.rllm import mcp_env  # brings in mcp: imported on first use
 
         return getattr(mcp_env, name)
+    if name in _SDK:  # rLLM's SDK helpers import the openai client: loaded on first use
+        from training import sdk
+
+        return getattr(sdk, name)
+    if name in _EVALUATORS:  # the math graders import sympy: loaded on first use
+        from training import evaluators
+
+        return getattr(evaluators, name)
     if name == "AgentSFTTrainer":  # TRL is imported when training starts; the module is light, but kept apart
 
         return AgentSFTTrainer

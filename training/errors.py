@@ -158,3 +158,13 @@ class MCPServerError(RuntimeError):
 
 class MCPToolError(RuntimeError):
     """A tool call that failed: the tool reported an error, or did not answer in time."""
+
+
+# --- raised in agents.base ---
+
+class MissingField(ValueError):
+    """An environment's ``from_dict`` asked for a key that neither the dataset row nor ``env_args`` has."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from pathlib import Path
 from typing import Any, Callable
 
 from training.agents.workflow import Workflow
@@ -76,7 +77,7 @@ class AgentTrainer:
         agent: Any = None,
         reward_func: Any = None,
         test_dataset: Any = None,
-        run_path: str = "runs",
+        run_path: str | None = None,
         train_engine_name: str | None = None,
         sinks: list[MetricSink] | None = None,
         should_stop: Callable[[], bool] | None = None,
@@ -108,6 +109,7 @@ class AgentTrainer:
                 evaluator=evaluator,
             )
 
+        config, run_path = _output_dir_as_run_path(config, run_path)
         self.agent = agent
         self.train_dataset = train_dataset
         self.test_dataset = test_dataset if test_dataset is not None else val_dataset
@@ -240,3 +242,14 @@ def _close_episode_loop() -> None:
     runner_module = sys.modules.get("training.rollouts.episode_runner")
     if runner_module is not None:
         runner_module.close_episode_loop()
+
+
+def _output_dir_as_run_path(config: Any, run_path: str | None) -> tuple[Any, str]:
+    """A config dict written for TRL (AWorld's TRL runs) names the run's folder ``output_dir``: it is
+    the run path when ``run_path`` is not given (default ``runs``), and must agree with it when it is."""
+    if not (isinstance(config, dict) and "output_dir" in config):
+        return config, run_path or "runs"
+    output_dir = config["output_dir"]
+    if run_path is not None and Path(str(output_dir)).resolve() != Path(run_path).resolve():
+        raise ConfigError("output_dir", f"is {output_dir!r} but run_path is {run_path!r}: both name the run's folder; give one.")
+    return {key: value for key, value in config.items() if key != "output_dir"}, str(output_dir)

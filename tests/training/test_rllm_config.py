@@ -88,8 +88,8 @@ def test_verl_resource_keys_are_accepted_and_recorded_as_without_effect(tmp_path
 
 
 def test_a_verl_key_without_meaning_here_says_it_is_verls_not_did_you_mean(tmp_path):
-    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.val_kwargs.top_k: is a verl setting") as caught:
-        build(tmp_path, {"actor_rollout_ref.rollout.val_kwargs.top_k": 20})
+    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.ignore_eos: is a verl setting") as caught:
+        build(tmp_path, {"actor_rollout_ref.rollout.ignore_eos": True})
     assert "backend=verl" in str(caught.value) and "Did you mean" not in str(caught.value)
 
 

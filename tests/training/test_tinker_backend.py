@@ -167,6 +167,11 @@ def test_test_freq_without_a_test_dataset_is_refused(service, tmp_path):
         trainer(service, tmp_path, 1, extra={"trainer.test_freq": 2})
 
 
+def test_top_k_the_service_is_not_given_is_refused_named(service, tmp_path):
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.top_k: the tinker service's sampler is not given a top-k"):
+        trainer(service, tmp_path, 1, extra={"actor_rollout_ref.rollout.top_k": 20})
+
+
 def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     with pytest.raises(ValueError, match="TINKER_API_KEY is not set"):

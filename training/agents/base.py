@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from training.config import secrets
+from training.errors import MissingField
 from training.types import Action, Step, Trajectory
 from training.utils import import_object
 
@@ -105,8 +106,22 @@ class EnvInfo(dict):
 
 def build_env(env_class: type, task: dict, env_args: dict) -> "BaseEnv":
     """One environment for one task, as every episode loop builds it (secrets named in ``env_args``
-    put in now: ``training.config.secrets``)."""
-    return env_class.from_dict(EnvInfo(task, secrets.resolve(env_args)))
+    put in now: ``training.config.secrets``). A ``KeyError`` for a key the row and ``env_args`` both
+    lack becomes a ``MissingField`` that names the key, what was there and the fixes."""
+    info = EnvInfo(task, secrets.resolve(env_args))
+    try:
+        return env_class.from_dict(info)
+    except KeyError as exc:
+        key = exc.args[0] if len(exc.args) == 1 else None
+        if not isinstance(key, str) or key in info:
+            raise  # a KeyError from deeper in the environment's own code, not a missing field
+        columns = ", ".join(map(str, task)) or "none"
+        settings = ", ".join(map(str, env_args)) or "none"
+        raise MissingField(key,
+            f"{env_class.__name__}.from_dict needs {key!r}, which the dataset row does not have (its columns: "
+            f"{columns}) and env_args does not give (its keys: {settings}). Add a {key!r} column to the dataset, "
+            f"map one of its columns to {key!r} in the dataset's column mapping, or set {key!r} in env_args."
+        ) from exc
 
 
 def build_agent(agent_class: type, agent_args: dict) -> Any:

@@ -184,7 +184,10 @@ class AgentSpec:
             unknown = set(agent) - {f.name for f in fields(cls)}
             if unknown:
                 raise ValueError(
-                    f"Unknown agent field(s) {sorted(unknown)}; expected some of {[f.name for f in fields(cls)]}."
+                    f"Unknown agent field(s) {sorted(unknown)}; expected some of {[f.name for f in fields(cls)]}. "
+                    "An agent is given as those fields (our agent spec), as AWorld's agent YAML (an 'agents:' "
+                    "section of name: {system_prompt, llm_config, tool_names}, or one agent's own fields: "
+                    "name, desc, system_prompt, conf, tool_names), or as an Agent."
                 )
             return cls(**agent)
         if isinstance(agent, type):
@@ -193,6 +196,8 @@ class AgentSpec:
             raise ValueError(
                 f"{agent.__name__} is not a Workflow; pass agent_class= and env_class= for a BaseAgent."
             )
+        if agent == "virtual":  # AWorld's TRL trainer: no agent, the dataset's prompts go to the model
+            return cls()
         if isinstance(agent, (str, Path)):
             text = str(agent)
             if text.endswith((".yaml", ".yml", ".json")):

@@ -164,6 +164,7 @@ class ActorConfig:
 class ValKwargsConfig:
     temperature: float = _doc("Validation sampling temperature (used when do_sample is true).", 0.0)
     top_p: float = _doc("Validation nucleus sampling threshold (used when do_sample is true).", 1.0)
+    top_k: int = _doc("Validation top-k sampling: the k likeliest tokens only (used when do_sample is true; -1 or 0: off).", -1)
     n: int = _doc("Episodes per validation task; pass@n is reported beside pass@1.", 1)
     do_sample: bool = _doc("Sample during validation; false decodes greedily (verl's default).", False)
 
@@ -171,6 +172,7 @@ class ValKwargsConfig:
         key = "actor_rollout_ref.rollout.val_kwargs"
         _check(self.n >= 1, f"{key}.n", "must be at least 1.")
         _check(0 < self.top_p <= 1, f"{key}.top_p", "must be in (0, 1].")
+        _check(self.top_k >= -1, f"{key}.top_k", "must be -1 or 0 (off) or a number of tokens.")
         _check(self.temperature >= 0, f"{key}.temperature", "must not be negative.")
         _check(
             not self.do_sample or self.temperature > 0, f"{key}.temperature",
@@ -183,6 +185,7 @@ class RolloutConfig:
     n: int = _doc("Episodes sampled per prompt (the group size of GRPO).", 8)
     temperature: float = _doc("Sampling temperature.", 1.0)
     top_p: float = _doc("Nucleus sampling threshold.", 1.0)
+    top_k: int = _doc("Top-k sampling: sample among the k likeliest tokens (-1 or 0: off, verl's default -1).", -1)
     name: str = _doc("Rollout engine of verl: vllm or sglang (ignored by trl).", "vllm")
     server_url: str | None = _doc(
         "trl backend: a running vLLM server (`vllm serve`) that generates the rollouts; TRL pushes the weights "
@@ -197,6 +200,7 @@ class RolloutConfig:
         _check(self.n >= 1, "actor_rollout_ref.rollout.n", "must be at least 1 (2 or more for GRPO).")
         _check(self.temperature > 0, "actor_rollout_ref.rollout.temperature", "must be greater than 0.")
         _check(0 < self.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1].")
+        _check(self.top_k >= -1, "actor_rollout_ref.rollout.top_k", "must be -1 or 0 (off) or a number of tokens.")
 
 
 @dataclass(frozen=True)

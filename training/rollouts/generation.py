@@ -72,11 +72,13 @@ class HFBatchGenerator:
         max_batch_size: int | None = None,
         max_wait_s: float = 0.05,
         do_sample: bool = True,
+        top_k: int = -1,
     ) -> None:
         """``seed`` fixes the sampling stream (None: torch's global RNG). ``max_batch_size`` splits
         larger batches to bound memory. ``max_wait_s`` bounds how long a batch waits for open
         sessions that are still busy elsewhere (an environment step in a thread, a tool call).
-        ``do_sample=False`` decodes greedily (the most likely token; ``top_p`` is unused)."""
+        ``do_sample=False`` decodes greedily (the most likely token; ``top_p`` and ``top_k`` are unused).
+        ``top_k`` keeps the k likeliest tokens before ``top_p`` truncates (-1 or 0: off, as in verl)."""
         if temperature <= 0:
             raise ValueError(f"temperature must be greater than 0, got {temperature}.")
         if not 0 < top_p <= 1:
@@ -85,6 +87,7 @@ class HFBatchGenerator:
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
+        self.top_k = top_k
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.do_sample = do_sample
@@ -219,10 +222,14 @@ class HFBatchGenerator:
         return completions, logprobs, ["stop" if s else "length" for s in stopped]
 
     def _pick(self, log_probs: torch.Tensor) -> torch.Tensor:
-        """Sample one token per row, with nucleus (top-p) truncation; the argmax when not sampling."""
+        """Sample one token per row, with top-k then nucleus (top-p) truncation; the argmax when not sampling."""
         if not self.do_sample:
             return log_probs.argmax(dim=-1)
         probs = log_probs.exp()
+        if 0 < self.top_k < probs.shape[-1]:
+            kth = probs.topk(self.top_k, dim=-1).values[..., -1:]
+            probs = probs.masked_fill(probs < kth, 0.0)
+            probs = probs / probs.sum(-1, keepdim=True)
         if self.top_p < 1.0:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             # Drop a token when the tokens before it already cover top_p; the first always stays.

@@ -14,7 +14,6 @@ engine as training, sampled with ``val_kwargs`` (greedy unless ``do_sample``). M
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,22 @@ from training.rollouts.models import load_policy
 DEFAULT_SOURCE = "default"  # as the reward functions name a row without data_source
 
 
-@dataclass
-class EvalResult:
+class EvalResult(dict):
     """What ``AgentTrainer.inference()``/``evaluate()`` return: one row per task (its responses,
-    rewards and verdicts), and metrics per data source."""
+    rewards and verdicts), and metrics per data source, as ``.rows`` and ``.metrics``. It is the
+    dict ``{"metrics": ..., "rows": ...}`` too, so ``json.dump(result, f)`` writes it, as AWorld's
+    evolution runner writes what ``await trainer.inference()`` returns."""
 
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
+    def __init__(self, rows: list[dict[str, Any]] | None = None, metrics: dict[str, float] | None = None) -> None:
+        super().__init__(metrics=dict(metrics or {}), rows=list(rows or []))
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self["rows"]
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return self["metrics"]
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:
@@ -90,7 +98,7 @@ def evaluate(spec: Any, model: Any, tokenizer: Any, config: Any, reward_fn: Any,
 
     val = config.actor_rollout_ref.rollout.val_kwargs
     generator = HFBatchGenerator(
-        model, tokenizer, temperature=val.temperature if val.do_sample else 1.0, top_p=val.top_p,
+        model, tokenizer, temperature=val.temperature if val.do_sample else 1.0, top_p=val.top_p, top_k=val.top_k,
         do_sample=val.do_sample, seed=config.trainer.seed,
     )
     engine = EpisodeRunner(spec, generator, tokenizer, config, reward_fn, is_validation=True)

@@ -31,6 +31,7 @@ class VLLMServerGenerator:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        top_k: int = -1,
         timeout: float = 600.0,
         max_concurrency: int = 256,
     ) -> None:
@@ -40,6 +41,7 @@ class VLLMServerGenerator:
         self.tokenizer = tokenizer
         self.model = model
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
+        self.top_k = top_k if top_k > 0 else -1  # vLLM's "off" is -1
         # vLLM ignores the key unless started with --api-key; the client requires one
         self.client = AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="EMPTY", timeout=timeout, max_retries=2)
         self._limit = asyncio.Semaphore(max_concurrency)
@@ -62,7 +64,7 @@ class VLLMServerGenerator:
                 top_p=self.top_p,
                 logprobs=0,  # the sampled token's log-probability only
                 seed=self.seed,
-                extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False},
+                extra_body={"top_k": self.top_k, "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False},
             )
         choice = response.choices[0]
         data = choice.model_dump()

@@ -293,6 +293,7 @@ class SwiftProcessor(BuiltinProcessor):
             "weight_decay": actor.optim.weight_decay, "max_grad_norm": actor.grad_clip,
             "beta": actor.kl_loss_coef if actor.use_kl_loss else 0.0, "epsilon": actor.clip_ratio,
             "num_iterations": actor.ppo_epochs, "temperature": rollout.temperature, "top_p": rollout.top_p,
+            "top_k": rollout.top_k if rollout.top_k > 0 else -1,  # ms-swift's "off" is -1
             "max_completion_length": cfg.rllm.agent.max_tokens_per_turn if multi_turn else cfg.data.max_response_length,
             **({"max_turns": cfg.rllm.agent.max_steps} if multi_turn else {}),
             "max_length": cfg.data.max_prompt_length + cfg.data.max_response_length,

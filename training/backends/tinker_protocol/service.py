@@ -251,7 +251,10 @@ class RemoteProcessor(BuiltinProcessor):
             raise ConfigError("actor_rollout_ref.rollout.n", "group advantages compare episodes of one prompt; use 2 or more.")
         if config.trainer.nnodes != 1:
             raise ConfigError("trainer.nnodes", f"the {self.name} service places the job itself; leave trainer.nnodes at 1.")
-
+        rollout = config.actor_rollout_ref.rollout
+        for key, top_k in (("actor_rollout_ref.rollout.top_k", rollout.top_k), ("actor_rollout_ref.rollout.val_kwargs.top_k", rollout.val_kwargs.top_k)):
+            if top_k > 0:
+                raise ConfigError(key, f"the {self.name} service's sampler is not given a top-k here; leave it at -1 (off) and use top_p.")
         check_estimator(config.algorithm.adv_estimator, self.name)
         if config.trainer.test_freq > 0 and self.test_dataset is None:
             raise ConfigError(

@@ -173,6 +173,7 @@ class _TRLRun:
             max_completion_length=cfg.data.max_response_length,
             temperature=rollout.temperature,
             top_p=rollout.top_p,
+            top_k=max(rollout.top_k, 0),  # TRL's "off" is 0
             learning_rate=actor.optim.lr,
             weight_decay=actor.optim.weight_decay,
             warmup_steps=actor.optim.lr_warmup_steps,
@@ -317,11 +318,13 @@ class _TRLRun:
             from training.rollouts.vllm_server import VLLMServerGenerator  # brings in torch: imported on first use
 
             generator = VLLMServerGenerator(
-                rollout_cfg.server_url, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, seed=seed,
+                rollout_cfg.server_url, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
+                top_k=rollout_cfg.top_k, seed=seed,
             )
         else:
             generator = HFBatchGenerator(
-                model, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, seed=seed,
+                model, self.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k,
+                seed=seed,
             )
         step = self.outcomes.step = trainer.state.global_step + 1
         engine = EpisodeRunner(self.spec, generator, self.tokenizer, self.config, self.reward_fn, self.endpoint)

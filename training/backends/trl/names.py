@@ -50,6 +50,7 @@ DIRECT = {
     "num_generations": "actor_rollout_ref.rollout.n",
     "temperature": "actor_rollout_ref.rollout.temperature",
     "top_p": "actor_rollout_ref.rollout.top_p",
+    "top_k": "actor_rollout_ref.rollout.top_k",
     "num_generations_eval": "actor_rollout_ref.rollout.val_kwargs.n",
     "max_completion_length": "data.max_response_length",
     "max_prompt_length": "data.max_prompt_length",  # older TRL releases
@@ -59,6 +60,9 @@ DIRECT = {
     "logging_steps": "trainer.log_freq",
     "seed": "trainer.seed",
     "run_name": "trainer.experiment_name",
+    # AWorld's TRL config names the model 'model' (where a platform pins the model, the built
+    # config is checked against its value, whatever name set it).
+    "model": "actor_rollout_ref.model.path",
 }
 BATCH_NAMES = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size")
 # Names handled below with a rule of their own.
@@ -69,11 +73,10 @@ NO_EFFECT = {"remove_unused_columns", "disable_tqdm", "dataloader_num_workers", 
              "log_completions", "num_completions_to_print", "logging_first_step"}
 # Names refused whatever their value, with what to do instead.
 REFUSED_ALWAYS = {
-    "output_dir": "the run writes under run_path (checkpoints in <run_path>/checkpoints); give run_path, or set "
-                  "trainer.default_local_dir for the checkpoints",
+    "output_dir": "the run writes under run_path (checkpoints in <run_path>/checkpoints); give run_path (a config "
+                  "dict's output_dir becomes the run path when run_path is not given), or set trainer.default_local_dir "
+                  "for the checkpoints",
     "trust_remote_code": "set actor_rollout_ref.model.trust_remote_code instead",
-    # AWorld's TRL config names the model 'model'; the model key stays one key, so checks on it hold.
-    "model": "name the model with actor_rollout_ref.model.path",
     "reward_model": "reward models are not supported; give reward_func",
 }
 # Why some values cannot be honoured (other names get a generic reason).
@@ -81,7 +84,6 @@ REASONS = {
     "fp16": "mixed precision is not available on the trl backend; actor_rollout_ref.model.dtype=float16 loads the weights in half precision",
     "bf16": "mixed precision is not available on the trl backend; actor_rollout_ref.model.dtype=bfloat16 loads the weights in bfloat16",
     "use_vllm": "generation with vLLM belongs to the verl backend; choose backend=verl",
-    "top_k": "top-k sampling is not available; use top_p",
     "warmup_ratio": "give warmup_steps instead",
 }
 

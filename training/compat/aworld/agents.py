@@ -45,6 +45,9 @@ from training.types import Action, Step, Trajectory
 MODEL_CONFIG_KEYS = {
     "llm_model_name": "actor_rollout_ref.model.path",
     "llm_temperature": "actor_rollout_ref.rollout.temperature",
+    # sampling fields AWorld's agent configs carry (AgentConfig(top_k=80)); verl's names for them
+    "top_k": "actor_rollout_ref.rollout.top_k",
+    "top_p": "actor_rollout_ref.rollout.top_p",
 }
 # What an API client needs. Here the policy being trained answers, so these do nothing.
 MODEL_CLIENT_FIELDS = {
@@ -98,7 +101,8 @@ class _Coercible:
 
 class ModelConfig(_Coercible):
     """AWorld's ``ModelConfig`` (the ``llm_config`` of an agent). ``llm_model_name`` and
-    ``llm_temperature`` set the model and sampling temperature under the run's config; the API
+    ``llm_temperature`` set the model and sampling temperature under the run's config (``top_k``
+    and ``top_p``, as AWorld's configs carry them, the rollout's top-k and top-p); the API
     client fields (provider, URL, key) are accepted and do nothing, since the trained policy answers."""
 
     _given_as = "llm_config must be a mapping of AWorld ModelConfig fields"
@@ -133,8 +137,8 @@ class AgentConfig(_Coercible):
         if unknown:
             known = {"llm_config", "max_steps", "system_prompt"} | AGENT_RUNTIME_FIELDS | set(MODEL_CONFIG_KEYS) | MODEL_CLIENT_FIELDS
             hint = ""
-            if {"top_k", "top_p", "temperature"} & set(unknown):
-                hint = " Sampling is set in the training config (actor_rollout_ref.rollout.temperature, top_p)."
+            if "temperature" in unknown:
+                hint = " The sampling temperature is llm_temperature (actor_rollout_ref.rollout.temperature)."
             raise ValueError(_unknown("agent config", unknown, known) + hint)
         base = ModelConfig.coerce(llm_config)
         self.llm_config = ModelConfig(**{**base.fields, **model_fields}) if model_fields else base
@@ -313,9 +317,13 @@ def _agents_section(document: Any, environ: bool, source: str) -> dict[str, Any]
     return agents
 
 
+_SPEC_FIELDS = {"workflow_class", "agent_class", "env_class", "agent_run_func", "agent_flow", "evaluator"}
+
+
 def chat_agent_from(agent: Any) -> Agent | None:
-    """The chat agent that ``agent`` describes (an ``Agent``, AWorld's agent YAML path, or a dict
-    with an ``agents:`` section), or None when it describes another kind of agent.
+    """The chat agent that ``agent`` describes (an ``Agent``; a YAML path holding AWorld's ``agents:``
+    section or one agent's own fields, ``name`` with ``system_prompt``, ``conf``, ...; or a dict with an
+    ``agents:`` section), or None when it describes another kind of agent.
 
     Of several agents, the first is trained, as AWorld's own trainers do (a swarm is not trained whole).
     """
@@ -325,6 +333,10 @@ def chat_agent_from(agent: Any) -> Agent | None:
         agents = load_agents_from_dict(_agents_section(agent, environ=False, source="the agent mapping"))
     elif isinstance(agent, (str, Path)) and str(agent).endswith((".yaml", ".yml")):
         document = _read_yaml(Path(agent))
+        if isinstance(document, dict) and "agents" not in document and "name" in document and not _SPEC_FIELDS & set(document):
+            # One agent's own fields (name, desc, system_prompt, conf, ...): AWorld's trainers build
+            # Agent(**load_config(path)) from such a file.
+            return Agent(**document)
         if not (isinstance(document, dict) and "agents" in document):
             return None  # an AgentSpec YAML (workflow_class, agent_class, ...)
         agents = load_agents_from_dict(_agents_section(document, environ=True, source=str(agent)))

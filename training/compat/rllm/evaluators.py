@@ -18,6 +18,8 @@ import re
 from fractions import Fraction
 from typing import Any
 
+import sympy
+
 from training.types import Episode, EvalOutput, Signal, Task
 
 
@@ -57,11 +59,32 @@ def _last_boxed(text: str) -> str | None:
     return None
 
 
+_BOX_TOKENS = re.compile(r"<\|begin_of_box\|>([\s\S]*?)<\|end_of_box\|>")
+
+
 def extract_answer(passage: str) -> str | None:
-    """The last boxed answer of ``passage``; None when it has none (no fallback to bare numbers)."""
+    """rLLM's ``extract_answer``: the last answer between ``<|begin_of_box|>`` tokens, else the last
+    boxed answer; None when it has neither (no fallback to bare numbers)."""
+    marked = _BOX_TOKENS.findall(passage)
+    if marked:
+        return marked[-1].strip()
     if "\\boxed" not in passage and "\\fbox" not in passage:
         return None
     return _last_boxed(passage)
+
+
+def extract_boxed_answer(solution: str) -> str | None:
+    """rLLM's ``extract_boxed_answer``: the content of the last ``\\boxed{...}`` (None without one)."""
+    return _last_boxed(solution)
+
+
+def grade_answer_mathd(given_answer: str, ground_truth: str) -> bool:
+    """rLLM's ``grade_answer_mathd``: equal after the MATH dataset's (mathd) normalisation, as verl's
+    grader normalises (``verl.utils.reward_score.prime_math.math_normalize``)."""
+    # verl is imported on first use: it is heavy, and only math grading needs it here.
+    from verl.utils.reward_score.prime_math.math_normalize import normalize_answer
+
+    return given_answer is not None and normalize_answer(ground_truth) == normalize_answer(given_answer)
 
 
 _TEXT_WRAPPERS = re.compile(r"\\(?:text|mbox|mathrm|textbf)\{([^{}]*)\}")
@@ -89,8 +112,6 @@ def normalize_math(answer: str) -> str:
 
 
 def _as_sympy(text: str) -> Any:
-    import sympy
-
     expression = _FRAC.sub(r"((\1)/(\2))", text)
     expression = expression.replace("\\sqrt", "sqrt").replace("\\pi", "pi").replace("\\cdot", "*")
     expression = expression.replace("\\times", "*").replace("^", "**").replace("{", "(").replace("}", ")")
@@ -99,21 +120,25 @@ def _as_sympy(text: str) -> Any:
     return sympy.sympify(expression, rational=True)
 
 
-def grade_math_answer(given: str, truth: str) -> bool:
-    """Whether two final answers are the same: as normalised text, else as sympy expressions
-    (``0.5`` and ``\\frac{1}{2}``)."""
-    given_n, truth_n = normalize_math(given), normalize_math(truth)
+def grade_answer_sympy(given_answer: str, ground_truth: str) -> bool:
+    """rLLM's ``grade_answer_sympy``: equal as normalised text, else as sympy expressions (``0.5`` and
+    ``\\frac{1}{2}``). verl's PRM800K grader (``prime_math.grade_answer``) is stricter on integers and
+    unreduced fractions, but it runs each sympy comparison in a forked process with a timeout, which
+    hangs in a process with threads (the episode loop's): so this one is ours."""
+    given_n, truth_n = normalize_math(given_answer or ""), normalize_math(ground_truth)
     if not given_n or not truth_n:
         return False
     if given_n == truth_n:
         return True
     try:
-        difference = _as_sympy(given_n) - _as_sympy(truth_n)
-        import sympy
-
-        return bool(sympy.simplify(difference) == 0)
+        return bool(sympy.simplify(_as_sympy(given_n) - _as_sympy(truth_n)) == 0)
     except Exception:  # sympy raises many kinds on text that is not an expression: not equal
         return False
+
+
+def grade_math_answer(given: str, truth: str) -> bool:
+    """Whether two final answers are the same, as rLLM's math evaluator decides: mathd, else sympy."""
+    return grade_answer_mathd(given, truth) or grade_answer_sympy(given, truth)
 
 
 def evaluate_math(task: Task | dict, episode: Episode) -> EvalOutput:
