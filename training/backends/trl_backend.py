@@ -23,6 +23,7 @@ from training.backends.base import BuiltinProcessor, TrainResult
 from training.config import Config
 from training.data import dataset_to_tasks
 from training.log import logger
+from training.models import lora_config
 from training.outcomes import OutcomeMonitor, TooManyEpisodeErrors
 from training.types import RewardOutput
 from training.validation import evaluate, validation_tasks
@@ -213,6 +214,9 @@ class _TRLRun:
             processing_class=self.tokenizer,
             rollout_func=self.rollout if multi_turn else None,
             callbacks=[_make_sink_callback(self)],
+            # lora_rank > 0: TRL wraps the model in a peft adapter; only the adapter trains, checkpoints and
+            # the final model hold it, and our rollouts generate through it (trainer.model is the PeftModel).
+            peft_config=lora_config(self.config),
         )
         trainer.agent_run = self
         # TRL prints every log dict when its progress bar is off; our sinks report instead.
