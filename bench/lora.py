@@ -73,9 +73,9 @@ def child(args: argparse.Namespace) -> None:
     rows = [{"prompt": f"{i}=", "ground_truth": "a"} for i in range(args.prompts)]
     config = {
         "actor_rollout_ref.model.path": args.model, "actor_rollout_ref.model.dtype": args.dtype,
-        "actor_rollout_ref.model.lora_rank": args.rank if args.mode == "lora" else 0,
+        "actor_rollout_ref.model.lora_rank": args.rank if args.child == "lora" else 0,
         "actor_rollout_ref.model.lora_alpha": 2 * args.rank,
-        "actor_rollout_ref.actor.optim.lr": 1e-5 if args.mode == "full" else 1e-4,
+        "actor_rollout_ref.actor.optim.lr": 1e-5 if args.child == "full" else 1e-4,
         "actor_rollout_ref.rollout.n": args.generations, "data.train_batch_size": args.prompts,
         "data.max_response_length": args.tokens, "trainer.total_training_steps": args.steps, "trainer.logger": [],
         "trainer.seed": SEED, "trainer.resume_mode": "disable", "trainer.device": args.device,

@@ -74,6 +74,16 @@ def test_the_final_model_is_an_adapter_that_peft_loads_and_merges(lora_run):
 
 
 @pytest.mark.slow
+def test_evaluate_after_training_uses_the_adapter(lora_run, caplog):
+    caplog.set_level("INFO")
+    trainer = AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="trl", run_path=str(lora_run),
+                           config=lora_config(20))
+    result = trainer.evaluate(PROMPTS)
+    assert f"inference with the trained weights in {lora_run / 'final_model'}" in caplog.text
+    assert "test/default/reward" in result.metrics
+
+
+@pytest.mark.slow
 def test_only_the_adapter_trained(lora_run, tmp_path):
     # The base model on disk is the one built from the seed, byte for byte.
     save_tiny_model(tmp_path / "fresh", seed=42)
