@@ -24,12 +24,13 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from training.rollouts.models import adapter_base, is_adapter, is_saved_model, load_trained
 from training.trainer import AgentTrainer
 from webapp.celery_app import app
 from webapp.playground.models import PlaygroundRequest
 from webapp.policy.checks import load_training_plugins
 from webapp.policy.keys import MODEL_KEY, PYTHON_KEY, TRUST_KEY
-from webapp.registry.models import Model
+from webapp.registry.models import Model, path_under_model_roots
 from webapp.runs.downloads import model_folder
 from webapp.runs.trainer_args import run_trainer_kwargs
 from workers.processes import child_env, start_child, tail, terminate_session
@@ -111,19 +112,35 @@ def trusts_remote_code(run) -> bool:
     return bool(entry and entry.trust_remote_code)
 
 
+def check_adapter_base(run, base: str) -> None:
+    """A LoRA run's adapter names its base model in a file the run's own process wrote: load only the
+    run's own base (inside its folder), a model under MODEL_ROOTS, or a hub id (from the cache)."""
+    path = Path(base)
+    if not path.is_absolute() and not path.exists():
+        return  # a hub id, read with local_files_only
+    resolved = path.resolve()
+    if resolved.is_relative_to(run.folder().resolve()):
+        return
+    try:
+        path_under_model_roots(base, "the adapter's base model")
+    except ValueError as exc:
+        raise Refused(f"Run {run.pk}'s adapter was trained on {base!r}, which is neither in the run's folder "
+                      f"nor a registered model: {exc}") from None
+
+
 def load_weights(asked: PlaygroundRequest):
     """``(model, tokenizer, device)`` of the chosen saved model of the run, loaded as the trainer loads a model."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = model_folder(asked.run, asked.model_name)
-    if folder is None or not (folder / "config.json").is_file():
+    if folder is None or not is_saved_model(folder):
         raise Refused(f"Run {asked.run_id} has no saved model '{asked.model_name}' on this worker.")
-    trust = trusts_remote_code(asked.run)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=trust, local_files_only=True)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    if is_adapter(folder):
+        check_adapter_base(asked.run, adapter_base(folder))
+    try:  # a LoRA run saved an adapter: its base model with the adapter merged in
+        model, tokenizer = load_trained(folder, trust_remote_code=trusts_remote_code(asked.run), local_files_only=True)
+    except ValueError as exc:  # the adapter's base model is not on this worker
+        raise Refused(str(exc)) from exc
     device = "cuda" if asked.run.backend and asked.run.backend.needs_gpu and torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(settings.PLAYGROUND_CPU_THREADS)

@@ -70,12 +70,27 @@ class ModelConfig:
     tiny_hidden_size: int = _doc("Hidden size of the 'tiny-char' model.", 64)
     lora_rank: int = _doc(
         "LoRA rank of the trained adapter; 0 trains all weights where the backend can (tinker and "
-        "fireworks train LoRA adapters and default to 32).",
+        "fireworks train LoRA adapters and default to 32). The trl backend trains a peft adapter and saves "
+        "it (adapter_config.json, adapter_model.safetensors) with each checkpoint and as the final model.",
         0,
+    )
+    lora_alpha: int = _doc("LoRA scaling factor (the adapter's update is scaled by lora_alpha / lora_rank).", 16)
+    target_modules: str | list[str] = _doc(
+        "The layers LoRA adapts, peft's names: 'all-linear' (every linear layer but the output one) or a "
+        "list of module names such as [q_proj, v_proj].",
+        "all-linear",
+    )
+    exclude_modules: str | list[str] | None = _doc(
+        "Layers LoRA leaves alone among target_modules, peft's names (a regex, or a list of names); None: none.", None
     )
 
     def __post_init__(self) -> None:
         _check(self.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", "must be 0 (no LoRA) or more.")
+        _check(self.lora_alpha > 0, "actor_rollout_ref.model.lora_alpha", f"must be more than 0, got {self.lora_alpha}.")
+        _check(
+            bool(self.target_modules), "actor_rollout_ref.model.target_modules",
+            "names no layer; use 'all-linear' or a list of module names such as [q_proj, v_proj].",
+        )
         _check(
             self.dtype in ("float32", "bfloat16", "float16"),
             "actor_rollout_ref.model.dtype",

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from training.log import logger
+from training.rollouts.models import is_saved_model, load_policy, load_trained
 from training.types import Episode, TerminationReason
-from training.rollouts.models import load_policy
 
 DEFAULT_SOURCE = "default"  # as the reward functions name a row without data_source
 
@@ -120,7 +120,7 @@ def trained_model_dir(processor: Any) -> Path | None:
     from transformers.trainer_utils import get_last_checkpoint
 
     final = processor.path / "final_model"
-    if (final / "config.json").is_file():
+    if is_saved_model(final):
         return final
     configured = processor.config.trainer.default_local_dir
     checkpoints = Path(configured) if configured else processor.path / "checkpoints"
@@ -132,7 +132,6 @@ def run_inference(processor: Any, dataset: Any = None) -> EvalResult:
     """The agent of a built-in processor on ``dataset`` (default: its test dataset), with the
     run's newest weights (or the base model before training). Metrics are named ``test/<source>/...``."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from training.data import dataset_to_tasks, load_dataset  # brings in datasets: imported on first use
 
@@ -146,10 +145,7 @@ def run_inference(processor: Any, dataset: Any = None) -> EvalResult:
         model, tokenizer, _ = load_policy(config, processor.run_path)
     else:
         logger.info("inference with the trained weights in %s", trained)
-        tokenizer = AutoTokenizer.from_pretrained(str(trained))
-        model = AutoModelForCausalLM.from_pretrained(str(trained), dtype=getattr(torch, config.actor_rollout_ref.model.dtype))
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        model, tokenizer = load_trained(trained, dtype=config.actor_rollout_ref.model.dtype)
     if config.trainer.device != "cpu" and torch.cuda.is_available():
         model = model.to("cuda")
     tasks = dataset_to_tasks(data)

@@ -52,6 +52,7 @@ PLATFORM_LIMITS: dict[str, float] = {
     "actor_rollout_ref.model.tiny_layers": 16,
     "actor_rollout_ref.model.tiny_hidden_size": 1024,
     "actor_rollout_ref.model.lora_rank": 512,
+    "actor_rollout_ref.model.lora_alpha": 1024,
     "actor_rollout_ref.actor.optim.lr": 1,
     "actor_rollout_ref.actor.optim.weight_decay": 1,
     "actor_rollout_ref.actor.optim.lr_warmup_steps": 100_000,

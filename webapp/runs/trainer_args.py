@@ -13,6 +13,7 @@ import os
 import re
 from typing import Any
 
+from training.rollouts.models import is_saved_model
 from webapp.policy import limits
 from webapp.policy.checks import ARGUMENT_KWARGS, HIDDEN, private_values, redact
 from webapp.policy.keys import (
@@ -40,7 +41,7 @@ def model_config(choice: str, user=None) -> dict[str, Any]:
                 raise ValueError(f"model {choice!r}: run {run.pk} ({run.status}) left no trained model in the artifact store.")
             return {MODEL_KEY: str(trained), "actor_rollout_ref.model.tokenizer_path": None, TRUST_KEY: False}
         trained = run.folder() / "final_model" if run.run_path else None
-        if run.status != Run.Status.SUCCEEDED or trained is None or not (trained / "config.json").is_file():
+        if run.status != Run.Status.SUCCEEDED or trained is None or not is_saved_model(trained):
             raise ValueError(f"model {choice!r}: run {run.pk} ({run.status}) left no trained model on the workers.")
         return {MODEL_KEY: str(trained), "actor_rollout_ref.model.tokenizer_path": None, TRUST_KEY: False}
     entries = Model.objects.visible_to(user) if user is not None else Model.objects.all()

@@ -121,6 +121,9 @@ class SwiftProcessor(BuiltinProcessor):
         refuse_recipe_keys(config, "swift")
         refuse_model_code(config.actor_rollout_ref.model)
         model = config.actor_rollout_ref.model
+        if model.lora_rank and model.exclude_modules is not None:
+            raise ConfigError("actor_rollout_ref.model.exclude_modules", "ms-swift's LoRA takes no list of layers to leave "
+                              "out; name the layers to adapt in target_modules instead, or use the trl or verl backend.")
         if model.tokenizer_path and model.tokenizer_path != model.path:
             raise ConfigError("actor_rollout_ref.model.tokenizer_path", "ms-swift loads the tokenizer from the model's own "
                               "directory; leave it unset here, or use the trl or verl backend.")
@@ -286,7 +289,7 @@ class SwiftProcessor(BuiltinProcessor):
         swift_args = {
             "rlhf_type": "grpo", "model": model, **extra,
             "dataset": [str(workdir / "train.jsonl")], "output_dir": str(output), "add_version": False,
-            "tuner_type": "lora" if lora else "full", **({"lora_rank": lora} if lora else {}),
+            "tuner_type": "lora" if lora else "full", **(swift_lora_args(cfg) if lora else {}),
             "num_generations": rollout.n, "per_device_train_batch_size": cfg.data.train_batch_size * rollout.n,
             "max_steps": cfg.trainer.total_training_steps, "learning_rate": actor.optim.lr,
             "lr_scheduler_type": actor.optim.lr_scheduler_type, "warmup_steps": actor.optim.lr_warmup_steps,
@@ -357,6 +360,13 @@ def refuse_model_code(model: Any) -> None:
     if code or auto_map:
         shipped = ", ".join(code) if code else f"config.json auto_map {auto_map}"
         raise ConfigError("actor_rollout_ref.model.path", f"{model.path} ships its own code ({shipped}); {why}.")
+
+
+def swift_lora_args(config: Config) -> dict[str, Any]:
+    """ms-swift's LoRA arguments for verl's keys (ms-swift's own names; its lora_alpha defaults to 32, ours to verl's 16)."""
+    model = config.actor_rollout_ref.model
+    targets = [model.target_modules] if isinstance(model.target_modules, str) else list(model.target_modules)
+    return {"lora_rank": model.lora_rank, "lora_alpha": model.lora_alpha, "target_modules": targets}
 
 
 def _latest_checkpoint(directory: Path) -> str | None:

@@ -48,6 +48,7 @@ from training.errors import ConfigError, RemoteCallError, Terminated
 from training.data import dataset_to_tasks
 from training.rollouts.generation import GenerationOutput
 from training.log import logger
+from training.rollouts.models import lora_keys_set
 from training.rollouts.outcomes import OutcomeMonitor
 from training.algorithms.recipes import clip_range, refuse_recipe_keys
 from training.utils import is_package_available
@@ -247,6 +248,9 @@ class RemoteProcessor(BuiltinProcessor):
             raise ValueError(f"backend: the {self.name} backend cannot run here: " + "; ".join(problems))
         if config.actor_rollout_ref.model.lora_rank < 1:
             raise ConfigError("actor_rollout_ref.model.lora_rank", f"the {self.name} service trains LoRA adapters; use a rank of 1 or more (32 is usual).")
+        for key in lora_keys_set(config):  # the services take a rank and choose the rest themselves
+            raise ConfigError(key, f"the {self.name} service sets the LoRA adapter's other settings itself (it takes "
+                                   "only actor_rollout_ref.model.lora_rank, and remote.lora_train_* for the layers); leave it unset.")
         if config.actor_rollout_ref.rollout.n < 2:
             raise ConfigError("actor_rollout_ref.rollout.n", "group advantages compare episodes of one prompt; use 2 or more.")
         if config.trainer.nnodes != 1:

@@ -24,6 +24,7 @@ from training.backends.trl.names import TRL_IMPORTANCE_SAMPLING, TRL_LOSS_TYPES
 from training.config import Config
 from training.data import dataset_to_tasks
 from training.log import logger
+from training.rollouts.models import lora_config
 from training.rollouts.outcomes import OutcomeMonitor
 from training.errors import ConfigError, TooManyEpisodeErrors
 from training.types import Episode, RewardOutput, Step, TerminationReason, Trajectory
@@ -213,6 +214,9 @@ class _TRLRun:
             processing_class=self.tokenizer,
             rollout_func=self.rollout if multi_turn else None,
             callbacks=[_make_sink_callback(self)],
+            # lora_rank > 0: TRL wraps the model in a peft adapter; only the adapter trains, checkpoints and
+            # the final model hold it, and our rollouts generate through it (trainer.model is the PeftModel).
+            peft_config=lora_config(self.config),
         )
         trainer.agent_run = self
         # TRL prints every log dict when its progress bar is off; our sinks report instead.
