@@ -67,10 +67,12 @@ PLATFORM_LIMITS: dict[str, float] = {
     "actor_rollout_ref.rollout.n": 64,
     "actor_rollout_ref.rollout.temperature": 10,
     "actor_rollout_ref.rollout.top_p": 1,
+    "actor_rollout_ref.rollout.top_k": 262_144,  # a vocabulary's size at most
     "actor_rollout_ref.rollout.gpu_memory_utilization": 1,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 8,
     "actor_rollout_ref.rollout.val_kwargs.temperature": 10,
     "actor_rollout_ref.rollout.val_kwargs.top_p": 1,
+    "actor_rollout_ref.rollout.val_kwargs.top_k": 262_144,
     "actor_rollout_ref.rollout.val_kwargs.n": 64,
     "algorithm.gamma": 1,
     "reward_model.overlong_buffer.len": 32_768,
