@@ -101,51 +101,6 @@ def terminate_session(process: subprocess.Popen, wait_seconds: float = 5.0) -> N
     kill_session(process)
 
 
-def kill_own_session() -> None:
-    """From inside a child (a session leader, ``start_child``): SIGKILL to every process of its
-    session, itself last (nothing of it runs on)."""
-    _kill_session_members(os.getsid(0))
-    os.killpg(os.getpgrp(), signal.SIGKILL)
-
-
-def _kill_session_members(session: int) -> None:
-    """SIGKILL to the session's processes but this one, until none is left (one may be starting
-    another as it is killed: a raylet its next worker)."""
-    for _ in range(20):
-        members = [pid for pid in psutil.pids() if pid != os.getpid() and _session_of(pid) == session]
-        if not members:
-            return
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)  # killed ones become zombies, then leave the table as their parents reap them
-
-
-def _session_of(pid: int) -> int | None:
-    try:
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return None  # dead already: it writes nothing more
-        return os.getsid(pid)
-    except (ProcessLookupError, PermissionError, psutil.Error):
-        return None
-
-
-def terminate_session(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:
-    """SIGTERM to the process's group; SIGKILL when it is still there after ``wait_seconds``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait_seconds)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def tail(path: Path, max_bytes: int = 20000) -> str:
     """The end of a child's output file ('' when there is none)."""
     try:

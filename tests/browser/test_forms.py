@@ -44,7 +44,7 @@ def test_one_submit_shows_every_problem_at_once(page, registry):
     assert "4 problems to fix" in page.inner_text("#form-error-count")
     assert "greater than or equal to 1" in " ".join(_errors(page, "steps"))
     assert _errors(page, "overrides") == ["line 2: trainer.total_epoch: unknown config key. Did you mean 'trainer.total_epochs'?"]
-    assert "has no field 'start_row'" in " ".join(_errors(page, "dataset"))
+    assert "FrozenLakeEnv.from_dict needs 'start_row'" in " ".join(_errors(page, "dataset"))
     reward = " ".join(_errors(page, "reward"))
     assert "reward function 'char-accuracy' would never be called" in reward and "char_accuracy" not in reward
     for field in ("steps", "overrides", "dataset", "reward"):  # each visible, not only in the markup

@@ -197,18 +197,6 @@ class AgentThatCannotReadAReply(FrozenLakeAgent):
         return {"move": response.split()[0]}  # an empty reply has no first word
 
 
-class EnvWithGymsFiveTuple(FrozenLakeEnv):
-    @staticmethod
-    def from_dict(info):
-        env = FrozenLakeEnv.from_dict(info)  # FrozenLakeEnv's builds its own class
-        env.__class__ = EnvWithGymsFiveTuple
-        return env
-
-    def step(self, action):
-        observation, reward, done, info = super().step(action)
-        return observation, reward, done, False, info
-
-
 def test_an_agent_that_returns_no_action_is_refused_at_construction(tmp_path):
     with pytest.raises(ValueError, match=r"AgentThatForgetsItsAction.update_from_model returned None for a model reply: it must "
                                          r"return the action to take .*step\(None\) every turn"):
@@ -219,9 +207,3 @@ def test_an_agent_that_returns_no_action_is_refused_at_construction(tmp_path):
 def test_an_agent_that_fails_on_a_reply_a_model_can_write_is_refused_at_construction(tmp_path):
     with pytest.raises(ValueError, match=r"AgentThatCannotReadAReply failed its first turn .*IndexError"):
         build(tmp_path, **{**FROZENLAKE, "agent_class": AgentThatCannotReadAReply}, train_dataset="frozenlake:train")
-
-
-def test_an_environment_whose_step_does_not_return_four_items_is_refused_at_construction(tmp_path):
-    with pytest.raises(ValueError, match=r"EnvWithGymsFiveTuple.step returned tuple of 5 items: it must return "
-                                         r"\(observation, reward, done, info\)"):
-        build(tmp_path, **{**FROZENLAKE, "env_class": EnvWithGymsFiveTuple}, train_dataset="frozenlake:train")

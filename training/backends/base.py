@@ -225,12 +225,13 @@ class BuiltinProcessor(TrainerProcessor):
         return target
 
     def _probe_agent_and_env(self, task: dict) -> None:
-        """Build one agent and one environment from the first row and play one turn, as the rollouts
-        will (reset both, ``update_from_env``, ``update_from_model`` on a model reply, ``step``), so
-        that a misspelt ``agent_args`` key, a broken env or an agent that breaks rLLM's contract (an
-        ``update_from_model`` that returns no action: the env would get ``step(None)`` every turn and
-        every episode would score 0) fails before training. The reply is empty text, which a model
-        can always write. An environment that starts programs (an MCP server) where this process
+        """Build one agent and one environment from the first row and play the agent's half of one
+        turn, as the rollouts will (reset both, ``update_from_env`` with the first observation,
+        ``update_from_model`` on a model reply), so that a misspelt ``agent_args`` key, a broken env
+        or an agent that breaks rLLM's contract (an ``update_from_model`` that returns no action: the
+        env would get ``step(None)`` every turn and every episode would score 0) fails before
+        training. The reply is empty text, which a model can always write. ``step`` is not played:
+        an environment's step may call tools or services, or wait on them. An environment that starts programs (an MCP server) where this process
         refuses them (a run's check) is built when the run starts instead. Errors name the
         arguments, never their values (an administrator's server arguments; they may hold what the
         person checking must not see)."""
@@ -264,11 +265,11 @@ class BuiltinProcessor(TrainerProcessor):
         except Exception as exc:
             raise self._env_error(task, exc) from exc
         try:
-            self._probe_one_turn(agent, env, observation, info)
+            self._probe_one_turn(agent, observation, info)
         finally:
             env.close()
 
-    def _probe_one_turn(self, agent: Any, env: Any, observation: Any, info: dict) -> None:
+    def _probe_one_turn(self, agent: Any, observation: Any, info: dict) -> None:
         spec = self.agent_spec
         agent_name, env_name = spec.agent_class.__name__, spec.env_class.__name__
         try:
@@ -286,19 +287,6 @@ class BuiltinProcessor(TrainerProcessor):
                 f"agent_class {agent_name}.update_from_model returned {action!r} for a model reply: it must "
                 f"return the action to take (rLLM's contract: return Action(action=...)); env_class {env_name} "
                 "would get step(None) every turn and every episode would score 0."
-            )
-        try:
-            result = env.step(taken)
-        except Exception as exc:
-            raise ValueError(
-                f"env_class {env_name}.step failed on the action {agent_name} took from an empty model reply "
-                f"(a model can write one, so training would fail the same way): {type(exc).__name__}: {exc}"
-            ) from exc
-        if not (isinstance(result, tuple) and len(result) == 4):
-            raise ValueError(
-                f"env_class {env_name}.step returned {type(result).__name__} "
-                f"{'of ' + str(len(result)) + ' items' if isinstance(result, tuple) else ''}: it must return "
-                "(observation, reward, done, info), as rLLM's BaseEnv.step does."
             )
 
     def _env_error(self, task: dict, exc: Exception) -> ValueError:
