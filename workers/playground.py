@@ -27,8 +27,8 @@ from django.utils import timezone
 
 from training.models import adapter_base, is_adapter, is_saved_model, load_trained
 from webapp.playground.models import PlaygroundRequest
-from webapp.registry.models import path_under_model_roots
 from webapp.runs.downloads import model_folder
+from webapp.runs.trainer_args import adapter_base_problem
 
 logger = logging.getLogger(__name__)
 
@@ -114,19 +114,9 @@ def trusts_remote_code(run) -> bool:
 
 
 def check_adapter_base(run, base: str) -> None:
-    """A LoRA run's adapter names its base model in a file the run's own process wrote: load only the
-    run's own base (inside its folder), a model under MODEL_ROOTS, or a hub id (from the cache)."""
-    path = Path(base)
-    if not path.is_absolute() and not path.exists():
-        return  # a hub id, read with local_files_only
-    resolved = path.resolve()
-    if resolved.is_relative_to(run.folder().resolve()):
-        return
-    try:
-        path_under_model_roots(base, "the adapter's base model")
-    except ValueError as exc:
-        raise Refused(f"Run {run.pk}'s adapter was trained on {base!r}, which is neither in the run's folder "
-                      f"nor a registered model: {exc}") from None
+    problem = adapter_base_problem(run, base)
+    if problem:
+        raise Refused(problem[0].upper() + problem[1:])
 
 
 def load_weights(asked: PlaygroundRequest):
