@@ -68,7 +68,7 @@ bench: install
 chromium:
 	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium chromium-driver)
 
-## bubblewrap: the jail that model-written code and the platform's run checks run in (training/jail.py).
+## bubblewrap: the jail that model-written code and the platform's run checks run in (training/isolation/jail.py).
 jail:
 	@test -x /usr/bin/bwrap || (apt-get update -q && apt-get install -y -q bubblewrap)
 

@@ -47,7 +47,7 @@ def write_checkpoint(folder: Path, size_mb: int) -> None:
 
 
 def measure(store, size_mb: int, count: int, scratch: Path) -> dict:
-    from training.artifacts import RunUploader
+    from training.platform.artifacts import RunUploader
 
     uploader = RunUploader(store, f"runs/bench-{size_mb}-{time.time_ns()}", scratch, max_pending=count + 1)
     folders = []
@@ -85,7 +85,7 @@ def main() -> None:
 
     from s3_server import S3Server
 
-    from training.artifacts import ArtifactStore
+    from training.platform.artifacts import ArtifactStore
 
     server = S3Server().start()
     os.environ.update(server.env())

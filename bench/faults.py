@@ -201,7 +201,7 @@ def postgres_outage(seconds: float = 30) -> dict:
     from django.db import connection
     from tcp_proxy import TcpProxy
 
-    from workers.execute import database_url
+    from workers.processes import database_url
 
     db = connection.settings_dict
     proxy = TcpProxy(db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))

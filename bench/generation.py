@@ -1,4 +1,4 @@
-"""Rollout generation: our batched decoding loop (training/generation.py, ``HFBatchGenerator``)
+"""Rollout generation: our batched decoding loop (training/rollouts/generation.py, ``HFBatchGenerator``)
 against transformers' continuous batching (``init_continuous_batching`` / ContinuousBatchingManager,
 and ``generate_batch``, which drives the same manager), on the CPU with the tiny model.
 
@@ -43,7 +43,7 @@ EPISODES, TURNS = 32, 7
 def build():
     import torch
 
-    from training.tiny import build_char_tokenizer, build_tiny_model
+    from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 
     torch.set_num_threads(1)
     tokenizer = build_char_tokenizer()
@@ -56,7 +56,7 @@ def prompts(tokenizer, count: int) -> list[list[int]]:
 
 
 def ours_single(model, tokenizer) -> int:
-    from training.generation import HFBatchGenerator
+    from training.rollouts.generation import HFBatchGenerator
 
     generator = HFBatchGenerator(model, tokenizer, seed=0)
     outputs = generator.generate_batch(prompts(tokenizer, SINGLE_PROMPTS), [SINGLE_TOKENS] * SINGLE_PROMPTS)
@@ -64,7 +64,7 @@ def ours_single(model, tokenizer) -> int:
 
 
 def ours_multi(model, tokenizer) -> int:
-    from training.generation import HFBatchGenerator
+    from training.rollouts.generation import HFBatchGenerator
 
     generator = HFBatchGenerator(model, tokenizer, seed=0)
     histories = prompts(tokenizer, EPISODES)
@@ -123,7 +123,7 @@ def trl_steps(continuous_batching: bool, steps: int = 6, warmup: int = 1) -> dic
     from trl import GRPOConfig, GRPOTrainer
 
     from examples.copy_task import make_copy_tasks
-    from training.tiny import save_tiny_model
+    from training.rollouts.tiny import save_tiny_model
 
     stamps: dict[int, tuple[float, float]] = {}
 

@@ -44,7 +44,7 @@ def save_model(directory: Path, shape: dict, dtype: str) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from training.tiny import build_char_tokenizer
+    from training.rollouts.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True,

@@ -42,7 +42,7 @@ def main() -> None:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from training.tiny import save_tiny_model
+    from training.rollouts.tiny import save_tiny_model
     from webapp.playground.models import PlaygroundRequest
     from webapp.registry.models import Agent, Backend, Dataset
     from webapp.registry.seed import seed_registry

@@ -1,4 +1,4 @@
-"""How long a person waits for the run form's checks (``training/probe.py``): the warm checking
+"""How long a person waits for the run form's checks (``training/platform/probe.py``): the warm checking
 server's start (once per web process, at startup), then each check in a sandboxed forked child:
 a valid tiny copy run, and one refused for a dataset lacking the agent's field.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from training.probe import Checker  # noqa: E402
+from training.platform.probe import Checker  # noqa: E402
 
 TINY = {"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2}
 SPECS = {

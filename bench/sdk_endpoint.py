@@ -28,13 +28,13 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from training.agents import AgentSpec  # noqa: E402
+from training.agents.spec import AgentSpec  # noqa: E402
 from training.config import Config  # noqa: E402
-from training.generation import HFBatchGenerator  # noqa: E402
-from training.episode_runner import EpisodeRunner  # noqa: E402
-from training.sdk import get_chat_client, get_chat_client_async  # noqa: E402
-from training.sdk.server import ChatEndpoint  # noqa: E402
-from training.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
+from training.rollouts.generation import HFBatchGenerator  # noqa: E402
+from training.rollouts.episode_runner import EpisodeRunner  # noqa: E402
+from training.agents.sdk import get_chat_client, get_chat_client_async  # noqa: E402
+from training.rollouts.chat_endpoint import ChatEndpoint  # noqa: E402
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "What is 3+4? "}]
 

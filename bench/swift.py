@@ -69,8 +69,8 @@ def main() -> None:
     import examples  # noqa: F401  (registers the frozenlake dataset)
     from task_rewards import PROMPTS
 
-    from training import interpreters
-    from training.backends.swift_backend import DEFAULT_PYTHON, environment_problem
+    from training.isolation import interpreters
+    from training.backends.swift.backend import DEFAULT_PYTHON, environment_problem
 
     interpreters.forget()
     started = time.perf_counter()

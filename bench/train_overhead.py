@@ -221,7 +221,7 @@ def main() -> None:
 
     import torch
 
-    from training.tiny import save_tiny_model
+    from training.rollouts.tiny import save_tiny_model
 
     # One thread for both: on a small shared machine two threads make the timings several times
     # noisier (and slower) for a model this size.

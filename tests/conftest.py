@@ -52,7 +52,7 @@ def fake_run_check(monkeypatch):
     import importlib
 
     from training.config import Config
-    from training.probe import _refusal
+    from training.platform.probe import _refusal
 
     module, _, name = RUN_CHECK_AT.rpartition(".")
     module = importlib.import_module(module)
@@ -68,6 +68,13 @@ def fake_run_check(monkeypatch):
 
     monkeypatch.setattr(module, name, check)
     return asked
+
+
+@pytest.fixture(autouse=True)
+def _datasets_of_this_test(monkeypatch, tmp_path_factory):
+    """``DatasetRegistry`` keeps datasets on disk: each test gets a registry of its own, so a split
+    one test registers (``countdown``, say) never replaces a built-in one in the next."""
+    monkeypatch.setenv("AGENT_TRAINER_DATASETS", str(tmp_path_factory.mktemp("datasets")))
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 
-from training.sinks import ConsoleSink
+from training.tracking.sinks import ConsoleSink
+from training.config import TrainerConfig, parse_overrides
+from training.errors import TrainingFailed
 
 RUN_FILE_KEYS = {"agent", "train_dataset", "val_dataset", "reward_func", "backend", "run_path", "config"}
 
@@ -99,8 +101,6 @@ def load_run_file(path: str | Path, overrides: list[str]) -> dict[str, Any]:
 def without_console_logger(config: dict[str, Any]) -> dict[str, Any]:
     """The run's config as flat keys with ``console`` taken out of ``trainer.logger``: the progress
     bar prints those lines here. Every other logger the user named (wandb, mlflow, ...) stays."""
-    from training.config import TrainerConfig, parse_overrides
-
     flat = parse_overrides(config)
     names = flat.get("trainer.logger", TrainerConfig().logger)
     if isinstance(names, (list, tuple)):  # anything else is the config check's to refuse
@@ -110,7 +110,7 @@ def without_console_logger(config: dict[str, Any]) -> dict[str, Any]:
 
 def build_trainer(run: dict[str, Any], sinks: list, should_stop=None):
     import examples  # noqa: F401  (registers the example datasets, so run files can name them)
-    from training import AgentTrainer
+    from training import AgentTrainer  # imports the whole library
 
     return AgentTrainer(
         agent=run.get("agent"),
@@ -159,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
             sink.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from training.outcomes import TrainingFailed
 
     started = time.perf_counter()
     try:

@@ -7,12 +7,14 @@ which argument is at fault.
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 import datasets
+import pyarrow.parquet
 
 DatasetBuilder = Callable[[], dict[str, list[dict] | datasets.Dataset]]
 
@@ -52,35 +54,135 @@ class RegisteredDataset(datasets.Dataset):
         return RegisteredDataset.of(self.select([index for index in range(len(self)) for _ in range(n)]))
 
 
+def registry_home() -> Path:
+    """Where ``DatasetRegistry`` keeps datasets between processes: ``$AGENT_TRAINER_DATASETS``, else
+    ``agent-trainer/datasets`` under ``$XDG_DATA_HOME`` (``~/.local/share``). rLLM keeps its own under
+    ``~/.rllm/datasets``; the layout is the same: ``<name>/<split>.parquet`` and ``registry.json``."""
+    explicit = os.environ.get("AGENT_TRAINER_DATASETS", "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    data_home = os.environ.get("XDG_DATA_HOME", "").strip() or Path.home() / ".local" / "share"
+    return Path(data_home) / "agent-trainer" / "datasets"
+
+
+def _plain_name(value: str, what: str) -> str:
+    """A dataset or split name is one folder or file name on disk: no separators, no leading dot."""
+    if not value or value.startswith(".") or "/" in value or "\\" in value or ":" in value or "\0" in value:
+        raise ValueError(f"DatasetRegistry: {what} {value!r} must be a plain name (no '/', ':' or leading '.').")
+    return value
+
+
+class _Stored:
+    """The datasets ``DatasetRegistry`` wrote to disk: ``registry.json`` lists ``{name: {split: file}}``,
+    each split a Parquet file. Every write replaces a whole file (written beside it, then renamed) under
+    a lock, so a reader in another process sees the old registry or the new one, never half of one."""
+
+    @staticmethod
+    def _index_path() -> Path:
+        return registry_home() / "registry.json"
+
+    @classmethod
+    def index(cls) -> dict[str, dict[str, str]]:
+        path = cls._index_path()
+        if not path.is_file():
+            return {}
+        try:
+            return json.loads(path.read_text(encoding="utf-8")).get("datasets", {})
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"DatasetRegistry: cannot read {path}: {exc}; fix or delete it.") from exc
+
+    @classmethod
+    def _update(cls, change: Callable[[dict[str, dict[str, str]]], None]) -> None:
+        home = registry_home()
+        home.mkdir(parents=True, exist_ok=True)
+        with open(home / ".registry.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            index = cls.index()
+            change(index)
+            _replace(cls._index_path(), json.dumps({"version": 1, "datasets": index}, indent=1).encode())
+
+    @classmethod
+    def save(cls, name: str, split: str, dataset: datasets.Dataset) -> None:
+        relative = f"{name}/{split}.parquet"
+        target = registry_home() / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{split}.parquet.{os.getpid()}")
+        pyarrow.parquet.write_table(dataset.with_format("arrow")[:], str(partial))  # the rows, indices applied
+        os.replace(partial, target)
+        cls._update(lambda index: index.setdefault(name, {}).__setitem__(split, relative))
+
+    @classmethod
+    def load(cls, name: str) -> dict[str, datasets.Dataset]:
+        splits = cls.index().get(name, {})
+        loaded = {}
+        for split, relative in splits.items():
+            path = registry_home() / relative
+            try:
+                loaded[split] = datasets.Dataset(pyarrow.parquet.read_table(path))
+            except OSError as exc:
+                raise ValueError(f"DatasetRegistry: dataset {name!r} split {split!r}: cannot read {path}: {exc}.") from exc
+        return loaded
+
+    @classmethod
+    def remove(cls, name: str, split: str | None) -> bool:
+        removed = []
+
+        def change(index: dict[str, dict[str, str]]) -> None:
+            splits = index.get(name, {})
+            for each in [split] if split is not None else list(splits):
+                if each in splits:
+                    removed.append(registry_home() / splits.pop(each))
+            if name in index and not splits:
+                del index[name]
+
+        cls._update(change)
+        for path in removed:
+            path.unlink(missing_ok=True)
+        return bool(removed)
+
+
+def _replace(path: Path, content: bytes) -> None:
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_bytes(content)
+    os.replace(partial, path)
+
+
 class DatasetRegistry:
     """rLLM's ``DatasetRegistry``: named datasets with splits, loadable by ``(name, split)``.
 
-    Kept in memory (rLLM also writes them under ``~/.rllm``). A new name is also registered with
-    ``register_dataset``, so ``"name:split"`` works wherever a dataset is accepted; names registered
-    there (the built-in ``countdown``, ``frozenlake``, ...) load through this class too.
+    As rLLM's, it keeps what it is given on disk (``registry_home()``), so a dataset prepared by one
+    script trains in another process ("prepare the data once, train later"). A name is also loadable
+    as ``"name:split"`` wherever a dataset is accepted. Names built into the library or its examples
+    (``countdown``, ``frozenlake``, ...) load through this class too; a split registered under such a
+    name replaces the built-in one.
     """
 
     _splits: dict[str, dict[str, datasets.Dataset]] = {}
 
     @classmethod
     def register_dataset(cls, name: str, data: list[dict] | datasets.Dataset, split: str = "default") -> RegisteredDataset:
-        """Add (or replace) ``split`` of dataset ``name``; returns it as a ``RegisteredDataset``."""
+        """Add (or replace) ``split`` of dataset ``name``, on disk and in this process; returns it."""
+        _plain_name(name, "dataset name"), _plain_name(split, "split")
         dataset = RegisteredDataset.of(load_dataset(data, what=f"DatasetRegistry {name!r} split {split!r}"))
-        if name not in cls._splits:
-            if name not in _BUILDERS:
-                register_dataset(name, lambda: cls._splits[name])
-            cls._splits[name] = {}
-        cls._splits[name][split] = dataset
+        _Stored.save(name, split, dataset)
+        cls._splits.setdefault(name, {})[split] = dataset
         _BUILT.pop(name, None)  # a new split: rebuild the cached splits on next use
         return dataset
 
     @classmethod
+    def splits(cls, name: str) -> dict[str, datasets.Dataset]:
+        """Every split of ``name``: the built-in ones, then those on disk, then this process's own."""
+        found = dict(_build(name)) if name in _BUILDERS else {}
+        found.update(_Stored.load(name))
+        found.update(cls._splits.get(name, {}))
+        return found
+
+    @classmethod
     def load_dataset(cls, name: str, split: str = "default") -> RegisteredDataset | None:
         """The split, or None when it was never registered (as rLLM answers)."""
-        if name in cls._splits:
-            dataset = cls._splits[name].get(split)
-        else:
-            dataset = _build(name).get(split) if name in _BUILDERS else None
+        dataset = cls._splits.get(name, {}).get(split)
+        if dataset is None:
+            dataset = cls.splits(name).get(split)
         return None if dataset is None else RegisteredDataset.of(dataset)
 
     @classmethod
@@ -89,18 +191,29 @@ class DatasetRegistry:
 
     @classmethod
     def get_dataset_names(cls) -> list[str]:
-        return sorted(set(cls._splits) | set(_BUILDERS))
+        return sorted(set(cls._splits) | set(_Stored.index()) | set(_BUILDERS))
 
     @classmethod
     def get_dataset_splits(cls, name: str) -> list[str]:
-        if name in cls._splits:
-            return sorted(cls._splits[name])
-        return sorted(_build(name)) if name in _BUILDERS else []
+        return sorted(set(cls._splits.get(name, {})) | set(_Stored.index().get(name, {})) |
+                      (set(_build(name)) if name in _BUILDERS else set()))
+
+    @classmethod
+    def remove_dataset_split(cls, name: str, split: str) -> bool:
+        """Forget one split (its file too); False when there was none. Built-in splits stay."""
+        in_memory = cls._splits.get(name, {}).pop(split, None) is not None
+        return _Stored.remove(name, split) or in_memory
+
+    @classmethod
+    def remove_dataset(cls, name: str) -> bool:
+        """Forget every registered split of ``name``; False when there was none. Built-in splits stay."""
+        in_memory = cls._splits.pop(name, None) is not None
+        return _Stored.remove(name, None) or in_memory
 
 
 def available_datasets() -> list[str]:
     """Names that ``load_dataset`` accepts without a path or hub id."""
-    return sorted(_BUILDERS)
+    return DatasetRegistry.get_dataset_names()
 
 
 def load_dataset(source: Any, split: str = "train", what: str = "train_dataset") -> datasets.Dataset | None:
@@ -153,8 +266,8 @@ def _from_string(source: str, split: str, what: str) -> datasets.Dataset:
         except Exception as exc:  # a malformed file can fail in many ways inside the builder
             raise ValueError(f"{what}: could not read {source}: {_root_message(exc)}") from exc
     name, _, named_split = source.partition(":")
-    if name in _BUILDERS:
-        return _pick_split(_build(name), named_split or split, what, repr_of=f"dataset {name!r}")
+    if name in available_datasets():
+        return _pick_split(DatasetRegistry.splits(name), named_split or split, what, repr_of=f"dataset {name!r}")
     try:
         return datasets.load_dataset(source, split=split)
     except Exception as exc:  # network, auth and missing-repo errors all land here

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from pathlib import Path
 from typing import Any, Callable
 
-from training.agents import AgentSpec, Workflow
+from training.agents.workflow import Workflow
+
+from training.agents.spec import AgentSpec
 from training.log import logger
-from training.processor import (
+from training.backends.processor import (
     TrainerProcessor,
     available_processors,
     get_processor_class,
     register_processor,
     unregister_processor,
 )
-from training.sinks import MetricSink
+from training.tracking.sinks import MetricSink
 from training.utils import cuda_device_count, is_verl_available
+from training.errors import ConfigError, Problems
 
 
 def choose_backend(name: str | None) -> str:
@@ -73,7 +77,7 @@ class AgentTrainer:
         agent: Any = None,
         reward_func: Any = None,
         test_dataset: Any = None,
-        run_path: str = "runs",
+        run_path: str | None = None,
         train_engine_name: str | None = None,
         sinks: list[MetricSink] | None = None,
         should_stop: Callable[[], bool] | None = None,
@@ -105,6 +109,7 @@ class AgentTrainer:
                 evaluator=evaluator,
             )
 
+        config, run_path = _output_dir_as_run_path(config, run_path)
         self.agent = agent
         self.train_dataset = train_dataset
         self.test_dataset = test_dataset if test_dataset is not None else val_dataset
@@ -130,8 +135,6 @@ class AgentTrainer:
         # A processor registered by a user (AWorld's contract) may return its own config type.
         named = getattr(getattr(self.final_config, "rllm", None), "backend", None)
         if named is not None and named != self.train_engine_name:
-            from training.config import ConfigError
-
             raise ConfigError(
                 "rllm.backend",
                 f"names backend {named!r} but this trainer runs {self.train_engine_name!r}; pass backend={named!r} "
@@ -143,8 +146,6 @@ class AgentTrainer:
         """The agent, the datasets and the reward, each checked even when one before it failed: a
         wrong dataset and a wrong reward are said together (``Problems``). The config is checked
         only when all three pass, since its checks read them."""
-        from training.config import Problems
-
         problems: list[ValueError] = []
         for check, args in ((self.train_processor.check_agent, (self.agent,)),
                             (self.train_processor.check_dataset, (self.train_dataset, self.test_dataset)),
@@ -165,7 +166,7 @@ class AgentTrainer:
     def train(self) -> Any:
         """Run training; returns what the backend's ``train`` returns (a ``TrainResult`` for built-ins).
 
-        A run that trained but had nothing to learn from (``training.outcomes.learning_warnings``)
+        A run that trained but had nothing to learn from (``training.rollouts.outcomes.learning_warnings``)
         is not a failure: its warnings are logged and kept in the result's ``warnings``.
         """
         if not self.train_processor.initialized:
@@ -235,9 +236,20 @@ class AgentTrainer:
 
 
 def _close_episode_loop() -> None:
-    """Close this thread's episode loop (``training.episode_runner``), imported only once it may exist."""
+    """Close this thread's episode loop (``training.rollouts.episode_runner``), imported only once it may exist."""
     import sys
 
-    runner_module = sys.modules.get("training.episode_runner")
+    runner_module = sys.modules.get("training.rollouts.episode_runner")
     if runner_module is not None:
         runner_module.close_episode_loop()
+
+
+def _output_dir_as_run_path(config: Any, run_path: str | None) -> tuple[Any, str]:
+    """A config dict written for TRL (AWorld's TRL runs) names the run's folder ``output_dir``: it is
+    the run path when ``run_path`` is not given (default ``runs``), and must agree with it when it is."""
+    if not (isinstance(config, dict) and "output_dir" in config):
+        return config, run_path or "runs"
+    output_dir = config["output_dir"]
+    if run_path is not None and Path(str(output_dir)).resolve() != Path(run_path).resolve():
+        raise ConfigError("output_dir", f"is {output_dir!r} but run_path is {run_path!r}: both name the run's folder; give one.")
+    return {key: value for key, value in config.items() if key != "output_dir"}, str(output_dir)

@@ -316,7 +316,7 @@ class TrajectoryGroup:
 class AgentConfig:
     """What rLLM's ``AgentFlow`` is called with (``rllm.types.AgentConfig``): the episode's
     OpenAI-compatible ``base_url`` and the ``model`` name to send. ``training.AgentConfig`` is a
-    different class, AWorld's agent config (``training.chat_agent``)."""
+    different class, AWorld's agent config (``training.compat.aworld.agents``)."""
 
     base_url: str
     model: str

@@ -1,6 +1,7 @@
 """ASGI entry point (served by webapp/server.py): HTTP, and the dashboard's websockets (session-authenticated)."""
 
 import os
+import threading
 
 from django.core.asgi import get_asgi_application
 
@@ -18,6 +19,7 @@ if settings.SERVE_STATIC:
     django_application = ASGIStaticFilesHandler(django_application)
 
 from webapp.dashboard.routing import websocket_urlpatterns  # noqa: E402
+from webapp.policy.checks import warm_checker  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_application,
@@ -27,3 +29,13 @@ application = ProtocolTypeRouter({
 from webapp.warmup import warm_up  # noqa: E402
 
 warm_up()  # before the first request, not during it
+
+
+def served_application():
+    """The ASGI application as ``webapp.server`` serves it (uvicorn's ``factory``, called in each
+    server process)."""
+    if os.environ.get("PLATFORM_WARM_CHECKER", "1") == "1":
+        # The run form's checks run in a jailed child of this process's warm checking server;
+        # start it now, so the first person to submit a run does not wait for torch's import.
+        threading.Thread(target=warm_checker, name="run-checker-warmup", daemon=True).start()
+    return application

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db import connection
 from django.http import JsonResponse
 
+from webapp.celery_app import app
+
 
 def _database_state() -> str:
     try:
@@ -16,8 +18,6 @@ def _database_state() -> str:
 
 
 def _broker_state() -> str:
-    from webapp.celery_app import app
-
     try:
         with app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
+
+from webapp.privileges import drop_root
 
 # Hundreds of viewers may connect at once; the kernel's default listen queue would reset some.
 BACKLOG = 1024
@@ -37,19 +38,6 @@ def command(host: str, port: int, log_level: str = "info", processes: int | None
     return argv
 
 
-def application():
-    """The ASGI application, built in each server process (uvicorn's ``factory``)."""
-    from webapp.asgi import application as asgi_application  # sets Django up
-
-    if os.environ.get("PLATFORM_WARM_CHECKER", "1") == "1":
-        # The run form's checks run in a jailed child of this process's warm checking server;
-        # start it now, so the first person to submit a run does not wait for torch's import.
-        from webapp.policy.checks import warm_checker
-
-        threading.Thread(target=warm_checker, name="run-checker-warmup", daemon=True).start()
-    return asgi_application
-
-
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -68,16 +56,14 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DATABASE_POOL_SIZE", str(DATABASE_POOL_SIZE))
     from django.conf import settings
 
-    from webapp.privileges import drop_root
-
     drop_root(settings.VAR_DIR)
     processes = args.processes if args.processes is not None else settings.WEB_PROCESSES
     if processes < 1:
         parser.error(f"--processes must be at least 1, not {processes}")
-    # Read by application() in each process, which uvicorn starts apart from this one.
+    # Read by webapp.asgi.served_application() in each process, which uvicorn starts apart from this one.
     os.environ["PLATFORM_WARM_CHECKER"] = "0" if args.no_warm_checker else "1"
     uvicorn.run(
-        "webapp.server:application", factory=True, host=args.host, port=args.port, workers=processes,
+        "webapp.asgi:served_application", factory=True, host=args.host, port=args.port, workers=processes,
         log_level=args.log_level, backlog=BACKLOG, loop="uvloop", http="httptools", ws="websockets-sansio",
         # Channels' router has no ASGI lifespan handler; saying so keeps a startup warning away.
         lifespan="off",

@@ -13,6 +13,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from training.isolation.egress import parse_allowed_hosts
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 _TRUE = ("1", "true", "yes", "on")
@@ -54,8 +56,6 @@ def envlist(name: str, default: str) -> list[str]:
 
 
 def envhosts(name: str) -> tuple[str, ...]:
-    from training.egress import parse_allowed_hosts
-
     try:
         return parse_allowed_hosts(os.environ.get(name, ""))
     except ValueError as exc:
@@ -288,7 +288,7 @@ RUN_HEARTBEAT_SECONDS = envint("RUN_HEARTBEAT_SECONDS", "2", minimum=1)
 RUN_STALE_SECONDS = envint("RUN_STALE_SECONDS", "10", minimum=2)
 if RUN_STALE_SECONDS <= RUN_HEARTBEAT_SECONDS:
     raise ImproperlyConfigured("RUN_STALE_SECONDS must be longer than RUN_HEARTBEAT_SECONDS.")
-# External runs report from elsewhere (training.remote heartbeats every 20 s): failed after this long silent.
+# External runs report from elsewhere (training.platform.reporter heartbeats every 20 s): failed after this long silent.
 EXTERNAL_RUN_STALE_SECONDS = envint("EXTERNAL_RUN_STALE_SECONDS", "120", minimum=10)
 # How often each worker's housekeeping thread looks for lost runs and sends due queued runs.
 RUN_SWEEP_SECONDS = envint("RUN_SWEEP_SECONDS", "2", minimum=1)

@@ -21,5 +21,5 @@ urlpatterns = [
     path("", include("webapp.integrations.urls")),
     path("", include("webapp.sweeps.urls")),
     path("", include("webapp.playground.urls")),
-    path("", include("webapp.runs.urls")),
+    path("", include("webapp.dashboard.run_urls")),
 ]

@@ -1,6 +1,6 @@
 """``python -m workers.child <run id>``: the training process of one claimed run.
 
-The Celery task supervises it (heartbeat, cancel, kill of the process group); see workers.execute.
+The Celery task supervises it (heartbeat, cancel, kill of its session); see workers.execute.
 It exits with ``EXIT_REQUEUED`` when it stopped (with a checkpoint) for a later attempt to resume.
 
 ``python -m workers.child --wait``: a spare one. It imports the training libraries first, then
@@ -11,20 +11,21 @@ sends its output to that file and trains the run.
 import os
 import sys
 
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+django.setup()  # the modules below use the ORM at import
+
+from django.db import connections  # noqa: E402 (after Django's setup, as every import below)
+
+from webapp.runs.models import Run  # noqa: E402
+from workers.execute import EXIT_REQUEUED, train_run  # noqa: E402
+from workers.processes import kill_own_session  # noqa: E402
+
 
 def main() -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-    import django
-
-    django.setup()
-    from webapp.runs.models import Run
-    from workers.execute import EXIT_REQUEUED, kill_this_attempt, train_run
-
     if sys.argv[1] == "--wait":
-        import training.trainer  # noqa: F401 (what takes a new training process seconds: torch, transformers, TRL)
-        from trl import GRPOTrainer  # noqa: F401
-
-        from django.db import connections
+        from trl import GRPOTrainer  # noqa: F401 (what takes a new training process seconds: torch, transformers, TRL)
 
         connections.close_all()  # it may wait for hours: no connection held meanwhile
         line = sys.stdin.readline().split(maxsplit=1)
@@ -37,7 +38,7 @@ def main() -> int:
         os.close(fd)
     else:
         run_id = int(sys.argv[1])
-    return EXIT_REQUEUED if train_run(run_id, on_lost=kill_this_attempt) == Run.Status.QUEUED else 0
+    return EXIT_REQUEUED if train_run(run_id, on_lost=kill_own_session) == Run.Status.QUEUED else 0
 
 
 if __name__ == "__main__":

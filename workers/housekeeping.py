@@ -30,12 +30,21 @@ import threading
 import time
 from datetime import timedelta
 
+import psutil
 from celery import bootsteps
 from celery.signals import worker_shutting_down
 from django.conf import settings
 from django.db import connection
-from django.db.models.functions import Now
 from django.utils import timezone
+
+from webapp.celery_app import app
+from webapp.fleet.models import WorkerState
+from webapp.integrations import alerts
+from webapp.runs.models import Run
+from workers.execute import EXECUTE_RUN
+from workers.playground import dispatch_due_requests
+from workers.processes import kill_session_of
+from workers.releases import release_in_background, retry_remote_releases
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +55,6 @@ BROKER_RETRY_SECONDS = 2.0
 
 def dispatch_due_runs(limit: int = 100) -> int:
     """Send due queued runs to their queues. Returns how many were sent."""
-    from webapp.runs.models import Run
-    from workers.tasks import execute_run_task
-
     sent = 0
     for run in Run.objects.due_for_dispatch().select_related("backend").order_by("created_at")[:limit]:
         now = timezone.now()
@@ -59,7 +65,7 @@ def dispatch_due_runs(limit: int = 100) -> int:
         if not taken:
             continue
         try:
-            result = execute_run_task.apply_async(args=[run.pk], queue=run.backend.queue)
+            result = app.send_task(EXECUTE_RUN, args=[run.pk], queue=run.backend.queue)  # by name: the task is the workers' face
         except Exception as exc:  # the broker is down: the run stays in the outbox
             Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED).update(
                 dispatch_at=now + timedelta(seconds=BROKER_RETRY_SECONDS)
@@ -73,8 +79,6 @@ def dispatch_due_runs(limit: int = 100) -> int:
 
 def recover_lost_runs() -> dict[int, str]:
     """Re-queue or fail the running runs nobody looks after. Returns {run id: status given}."""
-    from webapp.runs.models import Run
-
     outcome = {}
     for run in Run.objects.lost().select_related("backend"):
         if run.kind == Run.Kind.PLATFORM:
@@ -88,117 +92,6 @@ def recover_lost_runs() -> dict[int, str]:
             if status in Run.FINAL and run.kind == Run.Kind.PLATFORM:
                 release_in_background(run)
     return outcome
-
-
-# Retries of lost remote runs' deletions: settings.RUN_RELEASE_* (backoff, batch, lease).
-
-_releases: list[threading.Thread] = []
-
-
-def release_in_background(run) -> threading.Thread | None:
-    """Record that ``run``'s remote resources are to be deleted (on its row, before anything is
-    tried), then ``release_remote_resources`` in a thread of its own: the service's SDK retries an
-    unreachable service for minutes per call, and neither the sweep nor the dispatcher may wait.
-    None when another sweep holds the deletion."""
-    from webapp.runs.models import Run
-
-    Run.objects.filter(pk=run.pk, remote_release_pending=False).update(
-        remote_release_pending=True, remote_release_attempts=0, remote_release_at=Now())
-    return _start_release(run)
-
-
-def retry_remote_releases(limit: int | None = None) -> list[int]:
-    """Start the deletions due again (refused before, or cut short by a worker's exit), at most
-    ``limit`` (default ``RUN_RELEASE_BATCH``). Returns the ids of the runs whose deletion was started."""
-    from webapp.runs.models import Run
-
-    limit = settings.RUN_RELEASE_BATCH if limit is None else limit
-    due = (Run.objects.filter(remote_release_pending=True, remote_release_at__lte=Now())
-           .select_related("backend").order_by("remote_release_at")[:limit])
-    return [run.pk for run in due if _start_release(run) is not None]
-
-
-def _start_release(run) -> threading.Thread | None:
-    from webapp.runs.models import Run
-
-    # Take it: another worker's sweep may look at the same row.
-    taken = Run.objects.filter(pk=run.pk, remote_release_pending=True, remote_release_at__lte=Now()).update(
-        remote_release_at=Now() + timedelta(seconds=settings.RUN_RELEASE_LEASE_SECONDS))
-    if not taken:
-        return None
-
-    def release() -> None:
-        try:
-            release_remote_resources(run)
-        except Exception:  # noqa: BLE001 (logged: a thread's exception would otherwise vanish; the lease runs out and a later sweep tries again)
-            logger.exception("Run %s: releasing its remote resources failed.", run.pk)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=release, name=f"release-run-{run.pk}", daemon=True)
-    _releases[:] = [t for t in _releases if t.is_alive()] + [thread]
-    thread.start()
-    return thread
-
-
-def wait_for_releases(timeout: float | None = None) -> None:
-    """Wait for the releases started so far (tests; a worker's shutdown)."""
-    for thread in list(_releases):
-        thread.join(timeout)
-
-
-def release_remote_resources(run) -> None:
-    """A run ended without its training process (lost for the last time, or cancelled with its
-    worker gone), so no teardown ran: what it provisioned on a remote service (a fireworks trainer
-    job and deployment, billed while they exist) is deleted here, through its backend's
-    ``release_abandoned``, from the ids recorded on the run and its folder's ledger. The outcome is
-    added to the run's error and log. What could not be deleted keeps the run's
-    ``remote_release_pending`` and is tried again by a later sweep (``retry_remote_releases``,
-    with backoff) until the service says it is gone. A re-queued run needs none of this: its next
-    attempt deletes what the lost one left before it provisions its own."""
-    from training.processor import get_processor_class
-    from webapp.runs.models import Run, RunLog
-
-    def done() -> None:
-        Run.objects.filter(pk=run.pk).update(remote_release_pending=False, remote_release_at=None)
-
-    try:
-        release = getattr(get_processor_class(run.backend.processor), "release_abandoned", None)
-    except Exception as exc:  # a plugin backend that does not import here has nothing to release from here
-        logger.warning("Run %s: backend %s does not load here (%s); nothing released.", run.pk, run.backend.processor, exc)
-        return done()
-    if release is None:
-        return done()
-    remote_ids, tries = Run.objects.filter(pk=run.pk).values_list("remote_ids", "remote_release_attempts").first() or ({}, 0)
-    remote = (run.final_config or {}).get("remote") or {}
-    base_url = remote.get("base_url") or (run.backend.default_config or {}).get("remote.base_url")
-    try:
-        released, left = release(remote_ids or {}, str(run.folder()), base_url)
-    except Exception as exc:  # never let one run's service stop the sweep
-        released, left = [], [f"whatever is recorded on the run ({exc.__class__.__name__}: {exc})"]
-    tries += 1
-    service = run.backend.processor
-    if not left:
-        done()
-    else:
-        delay = min(settings.RUN_RELEASE_BACKOFF_SECONDS * 2 ** (tries - 1), settings.RUN_RELEASE_BACKOFF_MAX_SECONDS)
-        Run.objects.filter(pk=run.pk).update(remote_release_attempts=tries, remote_release_at=Now() + timedelta(seconds=delay))
-    notes = []
-    if released:
-        later = f" (try {tries})" if tries > 1 else ""
-        notes.append(f"Its {service} resources were deleted{later}: {', '.join(released)}.")
-        RunLog.objects.create(run=run, level="WARNING", message=notes[-1])
-    if left:
-        message = (f"Its {service} resources could not be deleted and may still be billing: {', '.join(left)}; "
-                   f"trying again in {delay} s (try {tries}), or delete them in the {service} console.")
-        RunLog.objects.create(run=run, level="ERROR", message=message)
-        logger.error("Run %s: %s", run.pk, message)
-        if tries == 1:  # the error names it once; each later try is in the log
-            notes.append(f"Its {service} resources could not be deleted and may still be billing: {', '.join(left)}; "
-                         f"the liveness sweep keeps trying (see the log), or delete them in the {service} console.")
-    if notes:
-        error = Run.objects.filter(pk=run.pk).values_list("error", flat=True).first() or ""
-        Run.objects.filter(pk=run.pk).update(error=" ".join([error, *notes]).strip())
 
 
 def worker_presence(worker) -> tuple[str, list[str], int]:
@@ -248,12 +141,8 @@ class Housekeeper:
                 self._last_sweep = now
                 recover_lost_runs()  # before dispatching: a run re-queued now is sent in this tick
                 retry_remote_releases()  # lost runs' paid resources a deletion left (refused, or cut short)
-                from webapp.integrations import alerts
-
                 alerts.tick()  # runs gone quiet, alerts due for (re)delivery; never raises
             dispatch_due_runs()
-            from workers.playground import dispatch_due_requests
-
             dispatch_due_requests()  # questions to runs' trained models (webapp.playground), the same outbox way
         except Exception as exc:  # the database is down: judge nothing until it has been back a while
             if self._database_since is not None:
@@ -265,8 +154,6 @@ class Housekeeper:
                 pass
 
     def _say_alive(self) -> None:
-        from webapp.fleet.models import WorkerState
-
         try:
             name, queues, slots = worker_presence(self._worker)
         except RuntimeError:  # a drain changed the queues as they were read: next heartbeat
@@ -280,8 +167,6 @@ class Housekeeper:
         finally:
             if self._worker is not None:
                 try:
-                    from webapp.fleet.models import WorkerState
-
                     WorkerState.objects.gone(self._worker.hostname)  # its queues are unserved now, not in 10 s
                 except Exception:  # noqa: BLE001 (the database is down: the row goes stale by itself)
                     pass
@@ -313,15 +198,13 @@ def _ask_runs_to_stop(sig=None, how=None, **kwargs) -> None:
     for process in training:
         _send(process, signal.SIGTERM)
     if training:
-        timer = threading.Timer(settings.RUN_SHUTDOWN_GRACE_SECONDS, lambda: [_send(p, signal.SIGKILL) for p in training])
+        timer = threading.Timer(settings.RUN_SHUTDOWN_GRACE_SECONDS, lambda: [kill_session_of(p.pid) for p in training])
         timer.daemon = True
         timer.start()
 
 
 def training_processes() -> list:
     """The training processes (``python -m workers.child``) this worker process started, at any depth."""
-    import psutil
-
     found = []
     for process in psutil.Process().children(recursive=True):
         try:
@@ -333,8 +216,6 @@ def training_processes() -> list:
 
 
 def _send(process, sig: int) -> None:
-    import psutil
-
     try:
         os.killpg(process.pid, sig)  # its process group: what it started goes too
     except (ProcessLookupError, PermissionError, psutil.Error):

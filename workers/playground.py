@@ -3,9 +3,9 @@
 ``dispatch_due_requests`` (the housekeeping thread, beside the runs' dispatcher) sends queued
 requests to their queue. ``answer_request`` (the Celery task's body) claims one and generates in a
 child process, ``python -m workers.playground_child <id>``, so the model's memory is freed after each
-answer and a reply that runs past ``PLAYGROUND_REPLY_SECONDS`` is stopped by killing the child's
-process group. ``generate_answer`` (in the child) loads the chosen weights of the run with
-transformers, as the trainer does, and writes the answer to the row.
+answer and a reply that runs past ``PLAYGROUND_REPLY_SECONDS`` is stopped by ending the child's
+session (``workers.processes``). ``generate_answer`` (in the child) loads the chosen weights of the
+run with transformers, as the trainer does, and writes the answer to the row.
 
 A model's own Python code (``trust_remote_code``) runs only when the registered model the run
 trained from is marked trusted by an administrator; a run's trained model used as a base never is.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
-import sys
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -25,13 +24,21 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from training.models import adapter_base, is_adapter, is_saved_model, load_trained
+from training.rollouts.models import adapter_base, is_adapter, is_saved_model, load_trained
+from training.trainer import AgentTrainer
+from webapp.celery_app import app
 from webapp.playground.models import PlaygroundRequest
+from webapp.policy.checks import load_training_plugins
+from webapp.policy.keys import MODEL_KEY, PYTHON_KEY, TRUST_KEY
+from webapp.registry.models import Model
 from webapp.runs.downloads import model_folder
-from webapp.runs.trainer_args import adapter_base_problem
+from webapp.runs.trainer_args import adapter_base_problem, run_trainer_kwargs
+from workers.processes import child_env, start_child, tail, terminate_session
 
 logger = logging.getLogger(__name__)
 
+# The Celery task that answers a request (``workers.tasks``), sent by name.
+ANSWER_REQUEST = "workers.playground_answer"
 BROKER_RETRY_SECONDS = 2.0
 # Of the child's output, what a failure shows.
 OUTPUT_TAIL_CHARS = 2000
@@ -39,8 +46,6 @@ OUTPUT_TAIL_CHARS = 2000
 
 def dispatch_due_requests(limit: int = 100) -> int:
     """Send due queued requests to their queues, and end those nobody took in time. Returns how many were sent."""
-    from workers.tasks import playground_answer_task
-
     for overdue in PlaygroundRequest.objects.overdue()[:limit]:
         overdue.expire_if_overdue()
     sent = 0
@@ -53,7 +58,7 @@ def dispatch_due_requests(limit: int = 100) -> int:
         if not taken:
             continue
         try:
-            playground_answer_task.apply_async(args=[asked.pk], queue=asked.queue)
+            app.send_task(ANSWER_REQUEST, args=[asked.pk], queue=asked.queue)
         except Exception as exc:  # the broker is down: the request stays in the outbox
             PlaygroundRequest.objects.filter(pk=asked.pk, status=asked.Status.QUEUED).update(
                 dispatch_at=now + timedelta(seconds=BROKER_RETRY_SECONDS))
@@ -66,8 +71,6 @@ def dispatch_due_requests(limit: int = 100) -> int:
 def answer_request(request_id: int, worker_name: str) -> str:
     """Claim request ``request_id`` and have a child process answer it. Returns its final status
     ('' when it was not this worker's to answer: taken, ended, or past its wait limit)."""
-    from workers.execute import _child_env, _tail, _terminate_group
-
     asked = PlaygroundRequest.objects.select_related("run__backend").filter(pk=request_id).first()
     if asked is None:
         return ""
@@ -77,24 +80,22 @@ def answer_request(request_id: int, worker_name: str) -> str:
     output = tempfile.NamedTemporaryFile(prefix="playground-", suffix=".log", dir=settings.VAR_DIR, delete=False)
     try:
         with output:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "workers.playground_child", str(asked.pk)], env=_child_env(asked.run),
-                stdout=output, stderr=subprocess.STDOUT, start_new_session=True, cwd=settings.BASE_DIR,
-            )
+            needs_gpu = bool(asked.run.backend and asked.run.backend.needs_gpu)
+            process = start_child("workers.playground_child", str(asked.pk), env=child_env(needs_gpu), output=output)
             try:
                 process.wait(timeout=settings.PLAYGROUND_REPLY_SECONDS)
             except subprocess.TimeoutExpired:
-                _terminate_group(process)
+                terminate_session(process)
                 asked.finish(asked.Status.FAILED, error=f"The answer took longer than {settings.PLAYGROUND_REPLY_SECONDS} s "
                                                        "and was stopped; ask for fewer new tokens.")
-        tail = _tail(Path(output.name))[-OUTPUT_TAIL_CHARS:]
+        last_words = tail(Path(output.name))[-OUTPUT_TAIL_CHARS:]
     finally:
         Path(output.name).unlink(missing_ok=True)
     asked.refresh_from_db()
     if not asked.is_final:  # the child died before it could write its answer (killed, out of memory)
         code = process.returncode
         how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
-        asked.finish(asked.Status.FAILED, error=f"The generating process {how} before answering.\n{tail}".strip())
+        asked.finish(asked.Status.FAILED, error=f"The generating process {how} before answering.\n{last_words}".strip())
     return asked.status
 
 
@@ -107,8 +108,6 @@ class Refused(Exception):
 def trusts_remote_code(run) -> bool:
     """Whether the run's weights may run their own code: only when the registered model it trained
     from is marked so by an administrator (a ``run:<id>`` base never is)."""
-    from webapp.registry.models import Model
-
     entry = Model.objects.filter(name=run.model).first() if run.model and not run.model.startswith("run:") else None
     return bool(entry and entry.trust_remote_code)
 
@@ -144,7 +143,7 @@ def chat_reply(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[
     or the contents concatenated for a model without one)."""
     import torch
 
-    from training.generation import encode, render_messages
+    from training.rollouts.generation import encode, render_messages  # torch, in the child only: seconds to import
 
     prompt = encode(tokenizer, render_messages(tokenizer, asked.messages))
     limit = min(settings.PLAYGROUND_MAX_PROMPT_TOKENS,
@@ -166,12 +165,8 @@ def chat_reply(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[
 def row_episode(asked: PlaygroundRequest, model, tokenizer, device: str) -> dict[str, Any]:
     """One episode of the run's own agent on one row of its dataset, with the chosen weights,
     scored as in training (the environment, or the run's reward)."""
-    from training.generation import HFBatchGenerator
-    from training.episode_runner import EpisodeRunner
-    from training.trainer import AgentTrainer
-    from webapp.policy.checks import load_training_plugins
-    from webapp.policy.keys import MODEL_KEY, PYTHON_KEY, TRUST_KEY
-    from webapp.runs.trainer_args import run_trainer_kwargs
+    from training.rollouts.episode_runner import EpisodeRunner  # noqa: I001 (torch, in the child only: seconds to import)
+    from training.rollouts.generation import HFBatchGenerator
 
     load_training_plugins()
     run = asked.run

@@ -4,14 +4,15 @@ playground request (see workers.playground), then exits, freeing the model's mem
 import os
 import sys
 
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+django.setup()  # the modules below use the ORM at import
+
+from workers.playground import generate_answer  # noqa: E402 (after Django's setup)
+
 
 def main() -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-    import django
-
-    django.setup()
-    from workers.playground import generate_answer
-
     generate_answer(int(sys.argv[1]))
     return 0
 

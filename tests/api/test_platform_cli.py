@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from training.platform_cli import main as cli
-from training.remote import RemoteSink
+from training.platform.cli import main as cli
+from training.platform.reporter import RemoteSink
 from webapp.runs.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)

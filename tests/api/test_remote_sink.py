@@ -1,5 +1,5 @@
 """The library reports to a running platform (``live_server``) with a real token: ``RemoteSink``
-from ``training.remote`` and the ``training.platform_cli`` commands."""
+from ``training.platform.reporter`` and the ``training.platform.cli`` commands."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import tempfile
 
 import pytest
 
-from training.platform_cli import main as cli
-from training.remote import PlatformClient, PlatformError, RemoteSink
+from training.platform.cli import main as cli
+from training.platform.reporter import PlatformClient, RemoteSink
+from training.errors import PlatformError
 from webapp.dashboard.series import keys_of, points_after
 from webapp.runs.models import Run, RunLog
 
@@ -56,7 +57,7 @@ def picky(task, response):
 def test_a_run_that_fails_outside_reads_failed_with_its_cause(live_server, owner, token_of, tmp_path, with_block):
     """The trainer closes its sinks before its error reaches the caller: the sink is told the run
     failed first, so the platform never reads 'succeeded' for it, however the sink is used."""
-    from training.outcomes import RewardFailed
+    from training.rollouts.outcomes import RewardFailed
     from training.trainer import AgentTrainer
 
     sink = RemoteSink(live_server.url, token_of(owner), flush_seconds=0.2, capture_logger=None)

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
 from fault_harness import finished as ended  # noqa: E402
 from fault_harness import latest_step, lost_and_doubled, private_trl_queue, slow_run_maker, start_worker, wait_for  # noqa: E402
 
-from training.artifacts import STORED_MARKER, ArtifactStore
+from training.platform.artifacts import STORED_MARKER, ArtifactStore
 from webapp.runs.models import Run, RunLog
-from workers.execute import database_url
+from workers.processes import database_url
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

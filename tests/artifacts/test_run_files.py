@@ -16,7 +16,7 @@ from asgiref.sync import async_to_sync
 from django.core.management import call_command
 from django.test import Client
 
-from training.artifacts import ArtifactStore, RunUploader
+from training.platform.artifacts import ArtifactStore, RunUploader
 from webapp.runs import artifacts
 from webapp.runs.models import Run
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from training.artifacts import (
-    STORED_MARKER, ArtifactStore, ArtifactStoreError, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints,
-)
+from training.platform.artifacts import STORED_MARKER, ArtifactStore, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints
+
+from training.errors import ArtifactStoreError
 
 
 @pytest.fixture(params=["s3", "folder"])
@@ -167,7 +167,7 @@ def test_artifacts_url_setting_names_what_it_accepts(monkeypatch):
 
 
 def test_verl_checkpoints_are_stored_once_its_marker_names_them_and_resume_gets_the_marker(store, tmp_path):
-    from training.artifacts import VERL_LATEST, CheckpointUploadSink
+    from training.platform.artifacts import VERL_LATEST, CheckpointUploadSink
 
     scratch = tmp_path / "scratch"
     checkpoints = scratch / "checkpoints"

@@ -54,7 +54,7 @@ def live_platform(django_db_setup, django_db_blocker, tmp_path_factory):
     from django.conf import settings
     from django.db import connection
 
-    from workers.execute import database_url
+    from workers.processes import database_url
 
     with django_db_blocker.unblock():
         db_url = database_url(connection.settings_dict)

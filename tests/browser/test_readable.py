@@ -49,13 +49,14 @@ def _record_episodes(run_path: str) -> list[dict]:
     import examples  # noqa: F401  (the examples' datasets and tools)
     from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv
     from training import AgentTrainer
-    from training.agents import AgentSpec
-    from training.chat_agent import Agent
+    from training.agents.spec import AgentSpec
+    from training.compat.aworld.agents import Agent
     from training.config import Config
-    from training.episode_runner import EpisodeRunner
-    from training.generation import GenerationOutput, encode
+    from training.rollouts.episode_runner import EpisodeRunner
+    from training.rollouts.generation import GenerationOutput
+    from training.rendering import encode
     from training.rewards import load_reward
-    from training.tiny import build_char_tokenizer
+    from training.rollouts.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
 

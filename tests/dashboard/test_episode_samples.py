@@ -2,7 +2,7 @@
 turns as the library recorded them, token ids dropped, and a trained-token count only where the
 backend reported token ids."""
 
-from training.backends.verl_backend import rollout_row_to_episode
+from training.backends.verl.backend import rollout_row_to_episode
 from training.types import Episode, Step, TerminationReason, Trajectory
 from webapp.dashboard.recording import episode_row
 

@@ -67,7 +67,7 @@ def servers(django_db_setup, django_db_blocker, tmp_path_factory):
     """Two single-process servers (A and B) and one server of two processes, all on one Redis."""
     from django.db import connection
 
-    from workers.execute import database_url
+    from workers.processes import database_url
 
     with django_db_blocker.unblock():
         env = {**os.environ, "DATABASE_URL": database_url(connection.settings_dict), "DJANGO_SETTINGS_MODULE": "webapp.settings"}

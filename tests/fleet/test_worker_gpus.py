@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import connection
 
 from webapp.fleet.control import list_workers
-from workers.execute import database_url
+from workers.processes import database_url
 from workers.gpus import inventory
 
 NVIDIA_SMI = """#!/bin/sh

@@ -183,7 +183,16 @@ def test_a_parquet_file_that_unpacks_far_beyond_its_bytes_is_refused(page_client
     pq.write_table(pa.table({"q": ["a" * (1 << 20)]}), buffer, compression="zstd")
     response = upload(client, project, "bomb", "bomb.parquet", buffer.getvalue())
     assert "Row 1, column 'q': the value has more than 100,000 characters (the limit)" in text(response)
+    assert not Dataset.objects.filter(name="bomb").exists()
 
+
+@pytest.mark.slow
+def test_a_parquet_value_that_needs_more_memory_than_the_reader_may_use_is_refused(page_client, owner, project, settings):
+    """A memory bomb: one value that unpacks past the child's memory limit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    client = page_client(owner)
     settings.DATASET_UPLOAD_MAX_BYTES = 20 * 1024 * 1024
     settings.DATASET_PARSE_MEMORY_MB = 64  # one 150 MB value does not fit
     buffer = io.BytesIO()

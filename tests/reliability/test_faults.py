@@ -16,7 +16,7 @@ from fault_harness import finished as ended
 from fault_harness import latest_step, lost_and_doubled, private_trl_queue, slow_run_maker, start_worker, wait_for
 from tcp_proxy import TcpProxy
 from webapp.runs.models import Run, RunLog
-from workers.execute import database_url
+from workers.processes import database_url
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 

@@ -26,8 +26,9 @@ from django.db.models.functions import Now
 
 from standins.fireworks_service import FireworksStandIn
 from webapp.runs.models import Run, RunLog
-from workers import housekeeping
-from workers.execute import _child_env, claim
+from workers import housekeeping, releases
+from workers.execute import claim
+from workers.processes import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -59,7 +60,7 @@ def lose_a_training_process(run: Run, platform: FireworksStandIn) -> dict[str, s
     weights (both paid resources exist and are recorded), then SIGKILL it: no teardown runs."""
     claimed = claim(run.pk, "gone@lost-host")
     assert isinstance(claimed, Run)
-    child = subprocess.Popen([sys.executable, "-m", "workers.child", str(run.pk)], env=_child_env(claimed),
+    child = subprocess.Popen([sys.executable, "-m", "workers.child", str(run.pk)], env=child_env(claimed.backend.needs_gpu),
                              cwd=django_settings.BASE_DIR, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -86,7 +87,7 @@ def test_a_run_lost_on_its_last_attempt_is_failed_and_its_job_and_deployment_del
     ids = lose_a_training_process(run, platform)
 
     assert housekeeping.recover_lost_runs() == {run.pk: Run.Status.FAILED}
-    housekeeping.wait_for_releases(120)  # deleted in a thread of its own: the sweep does not wait on the service
+    releases.wait_for_releases(120)  # deleted in a thread of its own: the sweep does not wait on the service
 
     assert platform.running() == []
     assert sorted(platform.deleted) == sorted([f"job:{ids['fireworks_trainer_job']}", f"deployment:{ids['fireworks_deployment']}"])
@@ -106,7 +107,7 @@ def test_a_cancelled_run_whose_worker_is_gone_is_cancelled_not_retried_and_its_r
     assert run.request_cancel()
 
     assert housekeeping.recover_lost_runs() == {run.pk: Run.Status.CANCELLED}
-    housekeeping.wait_for_releases(120)
+    releases.wait_for_releases(120)
 
     assert platform.running() == [] and len(platform.deleted) == 2
     run.refresh_from_db()
@@ -136,7 +137,7 @@ def test_resources_that_cannot_be_deleted_are_named_on_the_failed_run_and_delete
     before = Run.objects.values_list(Now(), flat=True).first()
 
     assert housekeeping.recover_lost_runs() == {run.pk: Run.Status.FAILED}
-    housekeeping.wait_for_releases(120)
+    releases.wait_for_releases(120)
 
     assert sorted(platform.running()) == ["deployment:deployment-left", "job:job-left"] and platform.deleted == []
     run.refresh_from_db()
@@ -153,8 +154,8 @@ def test_resources_that_cannot_be_deleted_are_named_on_the_failed_run_and_delete
     # Still refused on the next try: the backoff doubles.
     Run.objects.filter(pk=run.pk).update(remote_release_at=Now())  # the backoff has passed
     before = Run.objects.values_list(Now(), flat=True).first()
-    assert housekeeping.retry_remote_releases() == [run.pk]
-    housekeeping.wait_for_releases(120)
+    assert releases.retry_remote_releases() == [run.pk]
+    releases.wait_for_releases(120)
     run.refresh_from_db()
     assert run.remote_release_pending and run.remote_release_attempts == 2 and platform.deleted == []
     assert run.remote_release_at >= before + timedelta(seconds=2 * django_settings.RUN_RELEASE_BACKOFF_SECONDS)
@@ -163,8 +164,8 @@ def test_resources_that_cannot_be_deleted_are_named_on_the_failed_run_and_delete
     # The service deletes again: the next sweep deletes both and records it.
     platform.fail.pop("delete")
     Run.objects.filter(pk=run.pk).update(remote_release_at=Now())
-    assert housekeeping.retry_remote_releases() == [run.pk]
-    housekeeping.wait_for_releases(120)
+    assert releases.retry_remote_releases() == [run.pk]
+    releases.wait_for_releases(120)
     assert platform.running() == []
     assert sorted(platform.deleted) == ["deployment:deployment-left", "job:job-left"]
     run.refresh_from_db()
@@ -175,7 +176,7 @@ def test_resources_that_cannot_be_deleted_are_named_on_the_failed_run_and_delete
 
     # Nothing is left to delete: later sweeps do not go back to the service.
     Run.objects.filter(pk=run.pk).update(remote_release_at=Now())  # even were it due
-    assert housekeeping.retry_remote_releases() == []  # no deletion started
+    assert releases.retry_remote_releases() == []  # no deletion started
     assert sorted(platform.deleted) == ["deployment:deployment-left", "job:job-left"]  # none deleted twice
 
 
@@ -189,12 +190,12 @@ def test_a_deletion_cut_short_by_its_workers_exit_is_taken_up_by_a_later_sweep(m
     Run.objects.filter(pk=run.pk).update(
         remote_release_pending=True, remote_release_at=Now() + timedelta(seconds=django_settings.RUN_RELEASE_LEASE_SECONDS))
 
-    assert housekeeping.retry_remote_releases() == []  # still held by the deletion under way
+    assert releases.retry_remote_releases() == []  # still held by the deletion under way
     assert len(platform.running()) == 2
 
     Run.objects.filter(pk=run.pk).update(remote_release_at=Now())  # the hold has run out
-    assert housekeeping.retry_remote_releases() == [run.pk]
-    housekeeping.wait_for_releases(120)
+    assert releases.retry_remote_releases() == [run.pk]
+    releases.wait_for_releases(120)
     assert platform.running() == [] and sorted(platform.deleted) == ["deployment:deployment-left", "job:job-left"]
     run.refresh_from_db()
     assert not run.remote_release_pending
@@ -203,21 +204,21 @@ def test_a_deletion_cut_short_by_its_workers_exit_is_taken_up_by_a_later_sweep(m
 
 def test_a_lost_tinker_run_has_nothing_to_release():
     """Tinker provisions nothing per run: its session ends when the SDK's heartbeats stop."""
-    from training.backends.tinker_backend import TinkerProcessor
+    from training.backends.tinker_protocol.tinker import TinkerProcessor
 
     assert TinkerProcessor.release_abandoned({"tinker_model_id": "m-1"}, None) == ([], [])
 
 
 def test_what_only_the_ledger_lists_is_deleted_too(tmp_path):
     """What an attempt listed in its ledger but never reported (killed between the two) is deleted too."""
-    from training.backends.fireworks_backend import ResourceLedger
+    from training.backends.tinker_protocol.fireworks import ResourceLedger
 
     ledger = ResourceLedger(Path(tmp_path) / LEDGER)
     ledger.add("job", "only-in-ledger")
     standin = FireworksStandIn()
     try:
         standin.jobs["only-in-ledger"] = {"name": "accounts/standin/rlorTrainerJobs/only-in-ledger", "state": "JOB_STATE_RUNNING"}
-        from training.backends.fireworks_backend import delete_abandoned_resources
+        from training.backends.tinker_protocol.fireworks import delete_abandoned_resources
 
         deleted, left = delete_abandoned_resources({}, tmp_path, standin.api_key, standin.url)
     finally:
@@ -234,18 +235,18 @@ def test_the_release_backoff_is_read_from_the_settings(make_run, registry, platf
     platform.fail["delete"] = 2
     before = Run.objects.values_list(Now(), flat=True).first()
     assert housekeeping.recover_lost_runs() == {run.pk: Run.Status.FAILED}
-    housekeeping.wait_for_releases(120)
+    releases.wait_for_releases(120)
     run.refresh_from_db()
     assert before + timedelta(seconds=5) <= run.remote_release_at < before + timedelta(seconds=60)
     assert RunLog.objects.filter(run=run, message__contains="trying again in 5 s (try 1)").exists()
 
     settings.RUN_RELEASE_BATCH = 0
     Run.objects.filter(pk=run.pk).update(remote_release_at=Now())
-    assert housekeeping.retry_remote_releases() == []  # a sweep of none
+    assert releases.retry_remote_releases() == []  # a sweep of none
     settings.RUN_RELEASE_BATCH = 1
     before = Run.objects.values_list(Now(), flat=True).first()
-    assert housekeeping.retry_remote_releases() == [run.pk]
-    housekeeping.wait_for_releases(120)
+    assert releases.retry_remote_releases() == [run.pk]
+    releases.wait_for_releases(120)
     run.refresh_from_db()
     assert before + timedelta(seconds=8) <= run.remote_release_at < before + timedelta(seconds=10)  # min(10, 8)
     assert RunLog.objects.filter(run=run, message__contains="trying again in 8 s (try 2)").exists()

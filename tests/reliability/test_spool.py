@@ -247,7 +247,7 @@ def test_a_checkpoint_that_does_not_fit_fails_naming_the_folder_and_free_space_o
     import threading
 
     from training import AgentTrainer
-    from training.processor import DiskFull
+    from training.errors import DiskFull
 
     processor = AgentTrainer(train_dataset=[{"prompt": "ab"}] * 4, reward_func=lambda task, response: 0.0, backend="trl", run_path=str(tmp_path),
                              config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4}).train_processor

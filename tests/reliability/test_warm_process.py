@@ -8,6 +8,7 @@ import pytest
 
 from webapp.runs.models import Run, RunLog
 from workers import execute
+from workers.processes import terminate_session
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the training process reads the committed rows
 
@@ -20,7 +21,7 @@ def spares(monkeypatch, settings, tmp_path):
     monkeypatch.setattr(execute, "_keep_spares", False)
     yield
     if execute._spare is not None:
-        execute._terminate_group(execute._spare[0], wait_seconds=5)
+        terminate_session(execute._spare[0], wait_seconds=5)
 
 
 def claimed_line(run: Run) -> str:

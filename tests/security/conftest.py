@@ -14,7 +14,7 @@ def _fast_passwords(settings):
 
 @pytest.fixture
 def apply_async():
-    """The Celery send of a run, kept from a broker (a refused run is never created: the tests count Run rows)."""
-    with mock.patch("workers.tasks.execute_run_task.apply_async") as patched:
+    """The Celery send of a run (by name), kept from a broker (a refused run is never created: the tests count Run rows)."""
+    with mock.patch("webapp.celery_app.app.send_task") as patched:
         patched.return_value.id = "task-1"
         yield patched

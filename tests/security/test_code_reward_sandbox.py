@@ -1,5 +1,5 @@
-"""The ``code`` reward runs model-written programs against test cases (training/rewards.py,
-``code_reward_fn``) in the python tool's sandbox (training/sandbox.py). Attacks a response could
+"""The ``code`` reward runs model-written programs against test cases (training/rewards/builtin.py,
+``code_reward_fn``) in the python tool's sandbox (training/isolation/sandbox.py). Attacks a response could
 carry, replayed through the reward as a training run would score them: each would pass its test
 if it worked, so a reward of 1 would mean the sandbox let it through."""
 
@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from training.rewards import code_reward_fn
-from training.sandbox import Limits
+from training.isolation.sandbox import Limits
 
 FAST = Limits(timeout_s=10, memory_mb=512)
 

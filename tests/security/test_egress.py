@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 from standins.http import LoopbackServer, Response
 
-from training import egress
+from training.isolation import egress
 from webapp.integrations.alerts import deliver_due
 from webapp.integrations.models import AlertDelivery, AlertRule, TrackingTarget
 from webapp.integrations.secrets import seal
@@ -337,7 +337,8 @@ def test_wandb_core_sends_through_the_guard_so_a_rebinding_server_is_refused(lis
     then wandb-core connects through the proxy, which judges the address again. Were wandb-core to
     connect on its own, it would reach the listener."""
     from training.config import Config
-    from training.trackers import TrackerError, WandbSink
+    from training.tracking.trackers import WandbSink
+    from training.errors import TrackerError
 
     real = egress.resolve
     answers = iter([[PUBLIC]])
@@ -356,7 +357,8 @@ def test_wandb_core_sends_through_the_guard_so_a_rebinding_server_is_refused(lis
 
 def test_wandb_at_an_allowed_host_is_reached_and_its_answer_is_not_repeated(tmp_path, monkeypatch):
     from training.config import Config
-    from training.trackers import TrackerError, WandbSink
+    from training.tracking.trackers import WandbSink
+    from training.errors import TrackerError
 
     server = LoopbackServer(lambda request: Response(401, {"errors": [{"message": ANSWER}]}))
     try:
@@ -377,7 +379,8 @@ def test_wandb_at_an_allowed_host_is_reached_and_its_answer_is_not_repeated(tmp_
 
 def test_verl_gets_the_guards_proxy_for_wandb_and_no_unallowed_mlflow_server(tmp_path, monkeypatch):
     from training.config import Config
-    from training.trackers import TrackerError, verl_tracking_environment
+    from training.tracking.trackers import verl_tracking_environment
+    from training.errors import TrackerError
 
     monkeypatch.setenv("EGRESS_ALLOWED_HOSTS", "")
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)

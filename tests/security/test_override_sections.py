@@ -33,6 +33,8 @@ SECTION_ATTACKS = [
     ("rllm.trainer.python=/bin/sh", "trainer.python"),
     ("rllm.trainer.default_local_dir=/home", "trainer.default_local_dir"),
     ("model.name=/etc", "actor_rollout_ref.model.path"),
+    # and TRL's (AWorld's TRL configs name the model 'model').
+    ("model=/etc", "actor_rollout_ref.model.path"),
     # A section given as null or empty stands for the keys under it.
     ("actor_rollout_ref.model=null", "actor_rollout_ref.model"),
     ("rllm.env={}", "rllm.env"),

@@ -1,6 +1,6 @@
 """The ``python`` tool of rLLM's tool agents runs code the policy wrote, which on the platform a
 member can steer (their dataset's prompts, a model they trained). Each attack here is run in the
-sandbox (training/sandbox.py, in the jail of training/jail.py) as the model would send it, and must
+sandbox (training/isolation/sandbox.py, in the jail of training/isolation/jail.py) as the model would send it, and must
 fail without touching the machine. The walls are the kernel's (a mount namespace, an unprivileged
 uid, no network, a seccomp filter), so each attack is also tried below Python: raw system calls
 through ctypes, paths relative to a directory file descriptor, /proc."""
@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from training import PythonInterpreter
-from training.sandbox import run_python
+from training.isolation.sandbox import run_python
 
 # _posixsubprocess.fork_exec's arguments on Python 3.11 (what subprocess.Popen passes), starting
 # /bin/true: a fork from C, which only the kernel's filter can refuse.

@@ -1,5 +1,5 @@
 """The web process never imports or calls registry code (agents, environments, workflows, rewards,
-tools): checking a run happens in a child process in the jail (training/jail.py: a mount namespace
+tools): checking a run happens in a child process in the jail (training/isolation/jail.py: a mount namespace
 as an unprivileged uid, no network, no secret in its environment, no new program), and its errors
 still come back next to the form's fields and in the API's 400 body.
 

@@ -40,7 +40,7 @@ class LeakyEnv(SingleTurnEnvironment):
 
     @staticmethod
     def from_dict(info):
-        from training.agents import split_settings
+        from training.agents.base import split_settings
 
         task, settings = split_settings(info, ("api_key", "server_args", "fail_when"))
         return LeakyEnv(task=task, **settings)

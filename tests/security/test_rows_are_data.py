@@ -25,7 +25,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from training import SingleTurnEnvironment, ToolEnvironment
-from training.agents import build_env
+from training.agents.base import build_env
 from webapp.registry.models import Agent, Dataset
 from webapp.runs.models import Run, RunLog
 from workers.execute import claim, train_run

@@ -36,7 +36,7 @@ def roots(settings, tmp_path, db):
 def evil_model(roots):
     """A real (tiny) model directory whose config.json maps AutoConfig/AutoModel to evil.py, which
     writes a marker file (with its PID) when imported."""
-    from training.tiny import save_tiny_model
+    from training.rollouts.tiny import save_tiny_model
 
     directory = save_tiny_model(roots / "models" / "evil", seed=1)
     marker = roots / "evil-ran"
@@ -134,7 +134,7 @@ def strangers_run(roots, registry, stranger):
     checkpoint.mkdir(parents=True)
     (checkpoint / "trainer_state.json").write_text('{"global_step": 10}')
     (checkpoint / "model.safetensors").write_bytes(b"the stranger's weights")
-    from training.tiny import save_tiny_model
+    from training.rollouts.tiny import save_tiny_model
 
     save_tiny_model(folder / "final_model")
     return run
@@ -218,7 +218,7 @@ def test_members_list_the_models_they_may_choose(owner_client, registry, evil_mo
 
 
 def test_every_config_key_naming_a_place_is_set_by_the_platform_only():
-    """A new key such as ``trainer.foo_dir`` must be marked ``location=True`` in training/config.py."""
+    """A new key such as ``trainer.foo_dir`` must be marked ``location=True`` in training/config/schema.py."""
     import re
 
     from training.config import valid_keys

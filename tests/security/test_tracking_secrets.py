@@ -114,7 +114,8 @@ def test_each_wandb_run_in_a_process_sends_its_own_key_to_its_own_server(tmp_pat
     """wandb keeps the first run's server and key for a process; ours are passed per run, so a key
     reaches only the server it came with (two allowed stand-ins on loopback, answering 401)."""
     from training.config import Config
-    from training.trackers import TrackerError, WandbSink
+    from training.tracking.trackers import WandbSink
+    from training.errors import TrackerError
 
     received: list[list[str]] = [[], []]
 

@@ -1,4 +1,4 @@
-"""The compute behind the stand-in training services: a real tiny torch model (``training.tiny``).
+"""The compute behind the stand-in training services: a real tiny torch model (``training.rollouts.tiny``).
 
 It samples with per-token log-probabilities, computes Tinker's RL losses (``importance_sampling``
 and ``ppo``) with a real backward pass, steps AdamW with the parameters each ``optim_step`` sends,
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.generation import HFBatchGenerator
-from training.tiny import build_char_tokenizer, build_tiny_model
+from training.rollouts.generation import HFBatchGenerator
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 
 TINY_BASE_MODEL = "tiny-char"
 

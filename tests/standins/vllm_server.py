@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from standins.http import LoopbackServer, Request, Response
-from training.generation import HFBatchGenerator
+from training.rollouts.generation import HFBatchGenerator
 
 
 class VLLMStandIn:

@@ -1,4 +1,4 @@
-"""``training.sweep``: a sweep from the library, Optuna sampling and pruning; no platform."""
+"""``training.platform.sweep``: a sweep from the library, Optuna sampling and pruning; no platform."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from training.config import ConfigError
-from training.sweep import TrialRecord, parse_space, should_prune, sweep
+from training.errors import ConfigError
+from training.platform.sweep import TrialRecord, parse_space, should_prune, sweep
 
 
 def test_a_grid_sweep_trains_each_point_and_scores_it_with_the_last_reward(tmp_path):
@@ -16,7 +16,7 @@ def test_a_grid_sweep_trains_each_point_and_scores_it_with_the_last_reward(tmp_p
     study = sweep(
         {"train_dataset": "copy:train", "reward_func": "char_accuracy", "backend": "trl", "run_path": str(tmp_path),
          "config": {"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
-                    "data.max_response_length": 4, "trainer.total_training_steps": 2, "trainer.logger": ["jsonl"],
+                    "data.max_response_length": 4, "trainer.total_training_steps": 1, "trainer.logger": ["jsonl"],
                     "trainer.system_metrics_interval": 0}},
         space={"actor_rollout_ref.actor.optim.lr": "choice 0.01, 0.001"}, n_trials=5, sampler="grid", prune=False,
     )

@@ -85,16 +85,16 @@ def test_a_hopeless_trial_is_pruned_and_stopped(make_run, owner, queued):
     assert hopeless.cancel_requested() and Trial.objects.get(run=hopeless).state == "pruned"
     # The worker ends the stopped run as it ends any stop: the status says the pruner did it, since
     # "cancelled" means a person did (and sets off the owner's cancel alerts).
-    from workers.execute import _record_end
+    from workers.lifecycle import record_end
 
-    assert _record_end(hopeless, cancelled=True, steps=2, metrics={"reward": 0.0}, checkpoint="") == "pruned"
+    assert record_end(hopeless, cancelled=True, steps=2, metrics={"reward": 0.0}, checkpoint="") == "pruned"
     hopeless.refresh_from_db()
     assert hopeless.status == "pruned" and hopeless.is_final and hopeless.steps == 2
     assert Trial.objects.get(run=hopeless).state == "pruned"
 
 
 def test_a_person_cancelling_a_trial_still_cancels_it(make_run, owner, queued):
-    from workers.execute import _record_end
+    from workers.lifecycle import record_end
 
     base = make_run(name="base")
     sweep = Sweep.objects.create(owner=owner, name="cancel", base_run=base, space={"data.train_batch_size": "choice 2"},
@@ -102,7 +102,7 @@ def test_a_person_cancelling_a_trial_still_cancels_it(make_run, owner, queued):
     engine.launch(sweep.pk)
     run = sweep.trials.get().run
     assert run.claim("test-worker") and run.request_cancel()
-    assert _record_end(run, cancelled=True, steps=1, metrics={}, checkpoint="") == "cancelled"
+    assert record_end(run, cancelled=True, steps=1, metrics={}, checkpoint="") == "cancelled"
     assert Trial.objects.get(run=run).state == "failed"
 
 

@@ -23,8 +23,8 @@ class TwoConversations(Workflow):
 def datums_by_conversation(batch: list[dict], tasks: list[dict]) -> dict[str, list[dict]]:
     """The datums of one forward_backward call (as the stand-ins record them), by the
     conversation whose prompt they start with."""
-    from training.generation import encode, render_messages
-    from training.tiny import build_char_tokenizer
+    from training.rendering import encode, render_messages
+    from training.rollouts.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     found: dict[str, list[dict]] = {}

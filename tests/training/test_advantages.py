@@ -7,8 +7,9 @@ import torch
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo import core_algos
 
-from training.advantages import NEEDS, check_estimator, compute_advantages, equal_reward_groups, offered_estimators
-from training.config import ADV_ESTIMATORS, POLICY_LOSS_MODES, Config, ConfigError
+from training.algorithms.advantages import NEEDS, check_estimator, compute_advantages, equal_reward_groups, offered_estimators
+from training.config import ADV_ESTIMATORS, POLICY_LOSS_MODES, Config
+from training.errors import ConfigError
 
 GROUP = 4
 

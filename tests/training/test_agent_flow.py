@@ -14,9 +14,9 @@ from test_episode_runner import EOS, LOGPROB, ScriptedGenerator, ids
 
 import training as rllm
 from training import AgentTrainer
-from training.agents import AgentSpec
+from training.agents.spec import AgentSpec
 from training.config import Config
-from training.episode_runner import EpisodeRunner
+from training.rollouts.episode_runner import EpisodeRunner
 from training.types import AgentConfig, Episode, EvalOutput, Signal, Step, Task, TerminationReason, Trajectory
 
 
@@ -181,7 +181,7 @@ def test_bad_agent_flow_arguments_are_refused_when_the_trainer_is_built(tmp_path
 def test_rllm_mains_unified_config_names_and_a_hydra_dictconfig_are_read(tmp_path):
     from omegaconf import OmegaConf
 
-    from training.config import ConfigError
+    from training.errors import ConfigError
 
     # Overrides as rLLM's cookbooks/math/train_tinker.sh gives them (hydra's rllm/backend group too).
     config = Config.build(["rllm/backend=trl", "model.name=tiny-char", "training.group_size=4",

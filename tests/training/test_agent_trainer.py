@@ -3,9 +3,9 @@
 import pytest
 
 import examples  # noqa: F401  (registers the example datasets)
-from examples.frozenlake import FrozenLakeEnv
+from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv
 from training import AgentTrainer, ConfigError
-from training.agents import AgentSpec
+from training.agents.spec import AgentSpec
 
 TINY = {"actor_rollout_ref.model.path": "tiny-char", "trainer.logger": []}
 FROZENLAKE = {"agent_class": "examples.frozenlake.FrozenLakeAgent", "env_class": "examples.frozenlake.FrozenLakeEnv"}
@@ -90,7 +90,8 @@ def test_agent_class_of_the_wrong_kind(tmp_path):
 
 
 def test_env_that_cannot_be_built_from_the_dataset(tmp_path):
-    with pytest.raises(ValueError, match="train_dataset .*has no field 'start_row', which env_class FrozenLakeEnv needs"):
+    with pytest.raises(ValueError, match="train_dataset .*FrozenLakeEnv.from_dict needs 'start_row', which the dataset row does not have .*"
+                                         "Add a 'start_row' column"):
         build(tmp_path, **{k: v for k, v in FROZENLAKE.items()}, train_dataset=[{"prompt": "no start cell here"}])
 
 
@@ -171,7 +172,7 @@ def test_model_path_missing(tmp_path):
 
 
 def test_a_wrong_dataset_and_a_wrong_reward_are_said_together(tmp_path):
-    from training.config import Problems
+    from training.errors import Problems
 
     with pytest.raises(Problems) as raised:
         build(tmp_path, **FROZENLAKE, train_dataset="copy:train", reward_func="exact_match")
@@ -184,3 +185,43 @@ def test_one_problem_is_raised_as_itself(tmp_path):
     with pytest.raises(ValueError, match="reward_func: a single-turn task needs a reward function") as raised:
         build(tmp_path, train_dataset="copy:train")
     assert type(raised.value) is ValueError
+
+
+class AgentThatForgetsItsAction(FrozenLakeAgent):
+    def update_from_model(self, response, **kwargs):
+        super().update_from_model(response, **kwargs)  # records the step, returns nothing
+
+
+class AgentThatCannotReadAReply(FrozenLakeAgent):
+    def update_from_model(self, response, **kwargs):
+        return {"move": response.split()[0]}  # an empty reply has no first word
+
+
+class EnvWithGymsFiveTuple(FrozenLakeEnv):
+    @staticmethod
+    def from_dict(info):
+        env = FrozenLakeEnv.from_dict(info)  # FrozenLakeEnv's builds its own class
+        env.__class__ = EnvWithGymsFiveTuple
+        return env
+
+    def step(self, action):
+        observation, reward, done, info = super().step(action)
+        return observation, reward, done, False, info
+
+
+def test_an_agent_that_returns_no_action_is_refused_at_construction(tmp_path):
+    with pytest.raises(ValueError, match=r"AgentThatForgetsItsAction.update_from_model returned None for a model reply: it must "
+                                         r"return the action to take .*step\(None\) every turn"):
+        build(tmp_path, **{**FROZENLAKE, "agent_class": AgentThatForgetsItsAction}, train_dataset="frozenlake:train")
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_an_agent_that_fails_on_a_reply_a_model_can_write_is_refused_at_construction(tmp_path):
+    with pytest.raises(ValueError, match=r"AgentThatCannotReadAReply failed its first turn .*IndexError"):
+        build(tmp_path, **{**FROZENLAKE, "agent_class": AgentThatCannotReadAReply}, train_dataset="frozenlake:train")
+
+
+def test_an_environment_whose_step_does_not_return_four_items_is_refused_at_construction(tmp_path):
+    with pytest.raises(ValueError, match=r"EnvWithGymsFiveTuple.step returned tuple of 5 items: it must return "
+                                         r"\(observation, reward, done, info\)"):
+        build(tmp_path, **{**FROZENLAKE, "env_class": EnvWithGymsFiveTuple}, train_dataset="frozenlake:train")

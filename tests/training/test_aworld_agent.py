@@ -19,12 +19,13 @@ from transformers import AutoModelForCausalLM
 
 import examples  # noqa: F401  (registers the arithmetic dataset)
 from training import Agent, AgentConfig, AgentTrainer
-from training.chat_agent import chat_agent_from, load_agents_from_yaml
+from training.compat.aworld.agents import chat_agent_from, load_agents_from_yaml
 from training.config import Config
-from training.generation import GenerationOutput, encode
+from training.rollouts.generation import GenerationOutput
+from training.rendering import encode
 from training.rewards import load_reward
-from training.episode_runner import EpisodeRunner
-from training.tiny import build_char_tokenizer
+from training.rollouts.episode_runner import EpisodeRunner
+from training.rollouts.tiny import build_char_tokenizer
 from training.types import TerminationReason
 
 EXAMPLES = Path(__file__).parent / "aworld_examples"
@@ -188,6 +189,27 @@ def test_agent_objects_as_aworld_code_builds_them(tmp_path):
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["agent"]["tool_names"] == ["examples.arithmetic.add"]
 
 
+def test_one_agents_own_fields_as_aworlds_trainers_read_an_agent_yaml(tmp_path):
+    """AWorld's verl trainer: ``if isinstance(agent, str): agent = Agent(**load_config(agent))``."""
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({"name": "calc", "desc": "calc", "system_prompt": "Compute.",
+                                    "tool_names": ["examples.arithmetic.add"],
+                                    "conf": {"llm_config": {"llm_temperature": 0.7}, "max_steps": 2}}))
+    trainer = AgentTrainer(agent=str(path), train_dataset="arithmetic:train", reward_func="math", run_path=str(tmp_path),
+                           config={"actor_rollout_ref.model.path": "tiny-char"}, train_engine_name="trl")
+    config = trainer.final_config
+    assert config.actor_rollout_ref.rollout.temperature == 0.7 and config.rllm.agent.max_steps == 2
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["agent"]["tool_names"] == ["examples.arithmetic.add"]
+
+
+def test_an_agent_yaml_of_no_known_form_says_which_forms_there_are(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({"agent_name": "calc", "prompt": "Compute."}))
+    with pytest.raises(ValueError, match=r"Unknown agent field\(s\) \['agent_name', 'prompt'\].*AWorld's agent YAML \(an 'agents:' "
+                                         r"section .*or one agent's own fields: name, desc, system_prompt, conf"):
+        AgentTrainer(agent=str(path), train_dataset="arithmetic:train", reward_func="math", run_path=str(tmp_path))
+
+
 def undocumented(a: int) -> int:
     return a
 
@@ -200,7 +222,7 @@ def undocumented(a: int) -> int:
     ({"tool_names": "examples.arithmetic.add"}, "agent 'calculator': tool_names must be a list of tools"),
     ({"llm_config": {"llm_temprature": 0.5}}, "agent 'calculator': llm_config: unknown field(s) 'llm_temprature' (did you mean 'llm_temperature'?)"),
     ({"llm_config": {"llm_temperature": 0}}, "agent 'calculator': llm_config.llm_temperature must be a number greater than 0"),
-    ({"config": {"top_k": 80}}, "agent 'calculator': agent config: unknown field(s) 'top_k'"),
+    ({"config": {"top_kk": 80}}, "agent 'calculator': agent config: unknown field(s) 'top_kk' (did you mean 'top_k'?)"),
     ({"config": {"max_steps": 0}}, "agent 'calculator': agent config max_steps must be a whole number of at least 1"),
     ({"system_prompt": ["a", "b"]}, "agent 'calculator': system_prompt must be text"),
 ])
@@ -237,7 +259,7 @@ def test_a_dataset_without_the_prompt_is_named_at_construction(tmp_path):
 
 
 def test_a_reward_that_raises_mid_training_fails_the_chat_agents_run_naming_it(tmp_path):
-    from training.outcomes import RewardFailed
+    from training.rollouts.outcomes import RewardFailed
 
     def picky(task, response):
         if response:
@@ -251,3 +273,11 @@ def test_a_reward_that_raises_mid_training_fails_the_chat_agents_run_naming_it(t
                                    "trainer.total_training_steps": 2, "trainer.logger": []})
     with pytest.raises(RewardFailed, match=r"^reward function picky raised ValueError: cannot parse the answer on the row \{'prompt': '\w'\} in step 1"):
         trainer.train()
+
+
+def test_aworlds_top_k_in_an_agent_config_samples_with_top_k(tmp_path):
+    """AWorld's GAIA example: ``AgentConfig(llm_provider="verl", top_k=80)``."""
+    agent = Agent(name="gaia_agent", desc="gaia_agent", system_prompt="Gaia agent", conf=AgentConfig(llm_provider="verl", top_k=80))
+    trainer = AgentTrainer(agent=agent, train_dataset="arithmetic:train", reward_func="math", run_path=str(tmp_path),
+                           config={"actor_rollout_ref.model.path": "tiny-char"}, train_engine_name="trl")
+    assert trainer.final_config.actor_rollout_ref.rollout.top_k == 80

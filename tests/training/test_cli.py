@@ -1,4 +1,6 @@
-"""The command line, as a user runs it: a real subprocess."""
+"""The command line, as a user runs it: a real subprocess for a training run, a failed one and a
+refused key; the other refusals call the same ``main`` in this process (a fresh interpreter imports
+the whole library, seconds each, and they are not about the process)."""
 
 import json
 import subprocess
@@ -7,11 +9,28 @@ from pathlib import Path
 
 import pytest
 
+from training.cli import main
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "training", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def cli_in_process(capsys, monkeypatch):
+    """``main`` as ``python -m training`` calls it, from the repository root: its exit code and what it
+    wrote, in the shape of ``subprocess.run``'s answer."""
+    monkeypatch.chdir(ROOT)
+
+    def run(*args):
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["python", "-m", "training", *args], code, out, err)
+
+    return run
 
 
 @pytest.mark.slow
@@ -58,12 +77,12 @@ def test_every_episode_raising_exits_non_zero_with_the_count_and_the_agents_trac
     assert result.stdout.strip().splitlines()[-1] == "training failed: 0 of 2 steps, status failed (the error above says why)"
 
 
-def test_header_only_csv_is_refused_before_training(tmp_path):
+def test_header_only_csv_is_refused_before_training(tmp_path, cli_in_process):
     path = tmp_path / "tasks.csv"
     path.write_text("prompt,ground_truth\n")
     run_file = tmp_path / "run.yaml"
     run_file.write_text(f"train_dataset: {path}\nreward_func: exact_match\nbackend: trl\n")
-    result = run_cli("train", str(run_file))
+    result = cli_in_process("train", str(run_file))
     assert result.returncode == 2
     assert result.stderr.strip().endswith(f"error: train_dataset: cannot use {path}: it has a header (prompt, ground_truth) but no rows.")
     assert "Traceback" not in result.stderr
@@ -84,18 +103,18 @@ def test_a_run_that_learnt_nothing_succeeds_and_says_so_last(tmp_path):
     assert warning.startswith("warning: reward was 0 at every step (steps 1 to 2)") and "exact_match" in warning
 
 
-def test_a_misspelt_agent_class_is_answered_with_what_its_module_defines(tmp_path):
+def test_a_misspelt_agent_class_is_answered_with_what_its_module_defines(tmp_path, cli_in_process):
     run_file = tmp_path / "run.yaml"
     run_file.write_text("agent:\n  agent_class: examples.frozenlake.FrozenLakeAgnt\n  env_class: examples.frozenlake.FrozenLakeEnv\n"
                         "train_dataset: frozenlake:train\nbackend: trl\nconfig:\n  actor_rollout_ref.model.path: tiny-char\n")
-    result = run_cli("train", str(run_file), "--run-path", str(tmp_path / "run"))
+    result = cli_in_process("train", str(run_file), "--run-path", str(tmp_path / "run"))
     assert result.returncode == 2
     assert ("module has no attribute 'FrozenLakeAgnt'. Did you mean 'FrozenLakeAgent'? It defines: FrozenLakeAgent, "
             "FrozenLakeEnv, goal_distances, make_tasks.") in result.stderr
     assert "Traceback" not in result.stderr and "training finished" not in result.stdout
 
 
-def test_a_wrong_backend_reward_or_dataset_name_lists_the_valid_ones(tmp_path):
+def test_a_wrong_backend_reward_or_dataset_name_lists_the_valid_ones(tmp_path, cli_in_process):
     cases = {
         "backend: trll": "Unknown training backend 'trll'; known backends: fireworks, swift, tinker, trl, verl.",
         "reward_func: exact_mach": "unknown reward 'exact_mach': built-in rewards are char_accuracy, code, countdown,",
@@ -106,5 +125,5 @@ def test_a_wrong_backend_reward_or_dataset_name_lists_the_valid_ones(tmp_path):
         lines = [line for line in (ROOT / "examples/configs/copy.yaml").read_text().splitlines() if not line.startswith(f"{key}:")]
         run_file = tmp_path / "run.yaml"
         run_file.write_text("\n".join([*lines, change]) + "\n")
-        result = run_cli("train", str(run_file), "--run-path", str(tmp_path / "run"))
+        result = cli_in_process("train", str(run_file), "--run-path", str(tmp_path / "run"))
         assert result.returncode == 2 and message in result.stderr, (change, result.stderr[-1000:])

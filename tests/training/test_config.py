@@ -4,7 +4,9 @@ import dataclasses
 
 import pytest
 
-from training.config import Config, ConfigError, valid_keys
+from training.config import Config, valid_keys
+
+from training.errors import ConfigError
 
 
 def test_defaults_follow_verl_names():

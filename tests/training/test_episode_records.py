@@ -14,14 +14,16 @@ import pytest
 import examples  # noqa: F401  (registers the examples' datasets)
 from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv
 from training import AgentTrainer
-from training.agents import AgentSpec, BaseEnv
-from training.chat_agent import Agent
+from training.agents.base import BaseEnv
+from training.agents.spec import AgentSpec
+from training.compat.aworld.agents import Agent
 from training.config import Config
-from training.episode_runner import EpisodeRunner
-from training.generation import GenerationOutput, encode
+from training.rollouts.episode_runner import EpisodeRunner
+from training.rollouts.generation import GenerationOutput
+from training.rendering import encode
 from training.rewards import load_reward
-from training.tiny import build_char_tokenizer
-from training.workflow import CumulativeWorkflow
+from training.rollouts.tiny import build_char_tokenizer
+from training.agents.workflow import CumulativeWorkflow
 
 TOKENIZER = build_char_tokenizer()
 

@@ -13,11 +13,16 @@ import time
 
 import pytest
 
-from training.agents import AgentSpec, BaseAgent, BaseEnv, Workflow
+from training.agents.base import BaseAgent, BaseEnv
+from training.agents.workflow import Workflow
+
+from training.agents.spec import AgentSpec
 from training.config import Config
-from training.generation import GenerationOutput, HFBatchGenerator, encode
-from training.episode_runner import ModelCallError, EpisodeRunner, summarize_episodes
-from training.tiny import build_char_tokenizer, build_tiny_model
+from training.rollouts.generation import GenerationOutput, HFBatchGenerator
+from training.rendering import encode
+from training.rollouts.episode_runner import EpisodeRunner, summarize_episodes
+from training.errors import ModelCallError
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 from training.types import Action, Episode, RewardOutput, Step, TerminationReason, Trajectory
 
 TOKENIZER = build_char_tokenizer()

@@ -9,8 +9,10 @@ import math
 import pytest
 import torch
 
-from training.generation import GenerationOutput, HFBatchGenerator, ModelClient, encode, render_messages
-from training.tiny import build_char_tokenizer, build_tiny_model
+from training.rollouts.generation import GenerationOutput, HFBatchGenerator, ModelClient
+
+from training.rendering import encode, render_messages
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 
 
 

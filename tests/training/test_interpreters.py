@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from training import interpreters
-from training.backends.swift_backend import CHILD_MODULES, CHILD_PACKAGES, DEFAULT_PYTHON, environment_problem
+from training.isolation import interpreters
+from training.backends.swift.backend import CHILD_MODULES, CHILD_PACKAGES, DEFAULT_PYTHON, environment_problem
 
 THIS_PYTHON = Path(sys.executable)
 
@@ -21,7 +21,7 @@ def fresh_cache():
 
 
 def test_an_interpreter_that_imports_the_modules_is_fine():
-    assert interpreters.import_problem(THIS_PYTHON, ("json", "training.interpreters")) is None
+    assert interpreters.import_problem(THIS_PYTHON, ("json", "training.isolation.interpreters")) is None
 
 
 def test_an_interpreter_without_the_package_names_the_import_error():

@@ -5,7 +5,7 @@ import pytest
 
 from task_rewards import PROMPTS, starts_a_to_m
 from training import AgentTrainer
-from training.outcomes import ColumnReads, RewardTrace, columns_the_reward_lacks, learning_warnings
+from training.rollouts.outcomes import ColumnReads, RewardTrace, columns_the_reward_lacks, learning_warnings
 from training.rewards import RewardFunction
 
 TINY = {
@@ -62,8 +62,8 @@ def test_verls_metrics_reach_the_trace_through_its_bridge(tmp_path, monkeypatch,
     """What verl's Tracking file backend writes, as the verl backend forwards it to every sink."""
     from verl.utils.tracking import Tracking
 
-    from training.backends.verl_backend import VerlMetricsBridge
-    from training.sinks import MultiSink
+    from training.backends.verl.backend import VerlMetricsBridge
+    from training.tracking.sinks import MultiSink
 
     metrics_path = tmp_path / "verl_metrics.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics_path))

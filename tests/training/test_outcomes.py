@@ -7,7 +7,8 @@ import pytest
 
 import examples  # noqa: F401  (registers the example datasets)
 from training import AgentTrainer
-from training.outcomes import NoStepsTrained, OutcomeMonitor, RewardFailed, RewardNeverRan, TooManyEpisodeErrors
+from training.rollouts.outcomes import NoStepsTrained, OutcomeMonitor, RewardFailed, RewardNeverRan
+from training.errors import TooManyEpisodeErrors
 from training.types import Episode, TerminationReason
 
 MISPORTED_AGENT = str(Path(__file__).resolve().parents[1] / "fixtures" / "misported_agent.py") + ":MisportedAgent"

@@ -3,7 +3,7 @@
 import pytest
 
 from training import AgentTrainer, TrainerProcessor
-from training.processor import get_processor_class, processor
+from training.backends.processor import get_processor_class, processor
 from training.trainer import choose_backend
 
 

@@ -9,11 +9,12 @@ from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig as VerlActorConfig
 
 from training import AgentTrainer
-from training.backends.trl_backend import _TRLRun
+from training.backends.trl.backend import _TRLRun
 from training.cli import build_trainer, load_run_file
-from training.config import Config, ConfigError
-from training.models import load_policy
-from training.recipes import overlong_penalties
+from training.config import Config
+from training.errors import ConfigError
+from training.rollouts.models import load_policy
+from training.algorithms.recipes import overlong_penalties
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "configs"
 MAX_TOKENS = 6

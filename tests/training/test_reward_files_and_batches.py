@@ -116,7 +116,7 @@ def test_a_batch_reward_trains_single_turn_with_one_call_per_generation(tmp_path
 
 
 def test_a_batch_reward_that_raises_mid_training_is_named_with_its_rows_and_step(tmp_path):
-    from training.outcomes import RewardFailed
+    from training.rollouts.outcomes import RewardFailed
 
     def batch(completions, prompts, **kwargs):
         if len(completions) > 1:

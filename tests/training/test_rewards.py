@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-from training import rewards
+from training.rewards import registry
 from training.rewards import RewardFunction, builtin_rewards, load_reward, register_reward
 from training.types import RewardOutput
 
@@ -188,7 +188,7 @@ def test_load_reward_not_callable():
 
 
 def test_register_reward_refuses_duplicates(monkeypatch):
-    monkeypatch.setattr(rewards, "_REWARDS", dict(rewards._REWARDS))
+    monkeypatch.setattr(registry, "_REWARDS", dict(registry._REWARDS))
 
     @register_reward("always_one")
     def always_one(task_info, action):

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from training import AgentTrainer, SingleTurnEnvironment
-from training.agents import AgentSpec
-from training.config import Config, ConfigError
+from training.agents.spec import AgentSpec
+from training.config import Config
+from training.errors import ConfigError
 
 TINY = {"actor_rollout_ref.model.path": "tiny-char", "trainer.logger": [], "data.train_batch_size": 2}
 QUESTIONS = [{"question": q} for q in ("1+1=", "2+2=", "3+3=", "4+4=")]
@@ -73,7 +74,7 @@ def test_functions_inside_args_are_recorded_by_import_path(tmp_path):
     recorded = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert recorded["agent"]["env_args"] == {"reward_fn": f"{__name__}.reward_fn"}
     described = AgentSpec(workflow_class="pkg.Flow", workflow_args={"fn": reward_fn, "cls": Config, "n": 2}).describe()
-    assert described["workflow_args"] == {"fn": f"{__name__}.reward_fn", "cls": "training.config.Config", "n": 2}
+    assert described["workflow_args"] == {"fn": f"{__name__}.reward_fn", "cls": "training.config.schema.Config", "n": 2}
     assert trainer.final_config.rllm.env.env_args == {}
 
 
@@ -87,8 +88,8 @@ def test_verl_resource_keys_are_accepted_and_recorded_as_without_effect(tmp_path
 
 
 def test_a_verl_key_without_meaning_here_says_it_is_verls_not_did_you_mean(tmp_path):
-    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.val_kwargs.top_k: is a verl setting") as caught:
-        build(tmp_path, {"actor_rollout_ref.rollout.val_kwargs.top_k": 20})
+    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.ignore_eos: is a verl setting") as caught:
+        build(tmp_path, {"actor_rollout_ref.rollout.ignore_eos": True})
     assert "backend=verl" in str(caught.value) and "Did you mean" not in str(caught.value)
 
 

@@ -1,7 +1,7 @@
 """rLLM's inference-only engines (``AgentExecutionEngine``, ``AgentWorkflowEngine``, ``OpenAIEngine``,
 ``compute_pass_at_k``) run rLLM's evaluation scripts against a real local OpenAI-compatible server.
 
-The server is the trainer's own chat endpoint (``training.sdk.server.ChatEndpoint``) serving a tiny
+The server is the trainer's own chat endpoint (``training.rollouts.chat_endpoint.ChatEndpoint``) serving a tiny
 model through one session, whose base URL is an ordinary OpenAI base URL: the real ``openai``
 client talks HTTP to it, and every call it answers is recorded, so the tests can check that each
 result came from the server. rLLM's ``run_*.py`` scripts are in ``tests/fixtures`` with only their
@@ -36,10 +36,11 @@ from training import (
     compute_pass_at_k,
 )
 from training.data import DatasetRegistry
-from training.generation import HFBatchGenerator, ModelCallError, ModelClient
+from training.rollouts.generation import HFBatchGenerator, ModelClient
+from training.errors import ModelCallError
 from training.rewards import countdown_reward_fn
-from training.sdk.server import ChatEndpoint
-from training.tiny import build_char_tokenizer
+from training.rollouts.chat_endpoint import ChatEndpoint
+from training.rollouts.tiny import build_char_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import rllm_run_frozenlake_agent as frozenlake_script  # noqa: E402

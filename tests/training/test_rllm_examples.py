@@ -21,7 +21,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from training import AgentTrainer, RewardOutput, SingleTurnEnvironment
-from training.config import Config, ConfigError
+from training.config import Config
+from training.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from rllm_frozenlake_agent import FrozenLakeAgent  # noqa: E402
@@ -298,8 +299,8 @@ def test_rllm_single_turn_workflow_example_trains_unchanged(tmp_path, monkeypatc
     its imports changed: SingleTurnWorkflow with rLLM's MathAgent and SingleTurnEnvironment scored
     by math_reward_fn. The tiny model is first taught to answer with a digit, every digit alike;
     RL must then make the right one (7) likelier."""
-    from training.generation import encode, render_messages
-    from training.tiny import build_char_tokenizer
+    from training.rendering import encode, render_messages
+    from training.rollouts.tiny import build_char_tokenizer
 
     questions = ["3+4=", "2+5=", "1+6=", "9-2="]
     tokenizer = build_char_tokenizer()

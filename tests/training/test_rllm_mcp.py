@@ -49,10 +49,11 @@ from transformers import AutoModelForCausalLM
 import training.data
 from training import AgentExecutionEngine, AgentTrainer, MCPToolAgent, SEARCH_SYSTEM_PROMPT
 from training.data import DatasetRegistry
-from training.mcp_env import MCPConnectionManager, MCPEnvironment, MCPServerError, MCPTool, MCPToolError
+from training.compat.rllm.mcp_env import MCPConnectionManager, MCPEnvironment, MCPTool
+from training.errors import MCPServerError, MCPToolError
 
 from training.rewards import search_reward_fn
-from training.tiny import build_char_tokenizer
+from training.rollouts.tiny import build_char_tokenizer
 
 from standins.http import LoopbackServer, Response
 

@@ -18,8 +18,8 @@ import yaml
 
 from task_rewards import PROMPTS, starts_a_to_m
 from training import AgentTrainer
-from training.backends.remote import RLLM_REMOTE_ALIASES
-from training.backends.rllm_remote_names import RLLM_REMOTE_NAMES, Rename
+from training.backends.tinker_protocol.service import RLLM_REMOTE_ALIASES
+from training.backends.tinker_protocol.rllm_names import RLLM_REMOTE_NAMES, Rename
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "rllm_remote_names.yaml"
 SOURCES = yaml.safe_load(FIXTURE.read_text())

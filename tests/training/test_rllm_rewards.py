@@ -1,6 +1,6 @@
 """rLLM's code_reward_fn, search_reward_fn and f1_reward_fn on real inputs: right, wrong,
 malformed, and for code, programs that loop forever, eat memory or fork without end (each run
-is a child interpreter in training.sandbox, the python tool's sandbox)."""
+is a child interpreter in training.isolation.sandbox, the python tool's sandbox)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from training.sandbox import Limits
+from training.isolation.sandbox import Limits
 from training.rewards import code_reward_fn, f1_reward_fn, load_reward, search_reward_fn
 from training.types import Action
 

@@ -1,4 +1,4 @@
-"""Episodes as training rows (training/episode_rows.py): one row per conversation, advantages
+"""Episodes as training rows (training/algorithms/episode_rows.py): one row per conversation, advantages
 compared within (task, trajectory name) groups, rLLM's stepwise modes and filters."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from training.config import Config
-from training.episode_rows import episode_rows, equal_reward_groups, pad_rows, row_advantages
+from training.algorithms.episode_rows import episode_rows, equal_reward_groups, pad_rows, row_advantages
 from training.types import Episode, ModelOutput, Step, TerminationReason, Trajectory
 
 NO_STD = Config.build({"algorithm.norm_adv_by_std_in_grpo": False}).algorithm  # advantages are reward - group mean

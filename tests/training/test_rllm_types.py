@@ -123,7 +123,7 @@ def test_rllms_main_branch_types_and_agent_config_next_to_aworlds():
     config = AgentConfig(base_url="http://127.0.0.1:1/v1", model="m", session_uid="u")
     assert config.is_validation is False and config.sampling_params == {}
     # training.AgentConfig stays AWorld's agent config; rLLM's is training.types.AgentConfig.
-    assert training.AgentConfig is not AgentConfig and training.AgentConfig.__module__ == "training.chat_agent"
+    assert training.AgentConfig is not AgentConfig and training.AgentConfig.__module__ == "training.compat.aworld.agents"
     assert EvalOutput(reward=1.0, is_correct=True, signals=[Signal("accuracy", 1.0)]).signals[0].value == 1.0
 
     class Flow:

@@ -13,9 +13,10 @@ import pytest
 from test_episode_runner import EOS, LOGPROB, TOKENIZER, ScriptedGenerator, ids
 
 from training import Episode, ModelOutput, Step, TerminationEvent, TerminationReason, Trajectory, Workflow
-from training.agents import AgentSpec
+from training.agents.spec import AgentSpec
 from training.config import Config
-from training.episode_runner import ModelCallError, EpisodeRunner
+from training.rollouts.episode_runner import EpisodeRunner
+from training.errors import ModelCallError
 
 
 def run(workflow_class, replies=None, tasks=None, reward_fn=None, **overrides):
@@ -152,13 +153,13 @@ def test_rllms_rolloutengine_is_the_only_class_of_that_name():
     """``training.RolloutEngine`` is rLLM's model interface (what rLLM code imports); the class that
     runs whole episodes is ``EpisodeRunner``, so the two never shadow each other."""
     import training
-    import training.episode_runner
-    from training.generation import ModelClient
-    from training.workflow import RolloutEngine
+    import training.rollouts.episode_runner
+    from training.rollouts.generation import ModelClient
+    from training.agents.workflow import RolloutEngine
 
     assert training.RolloutEngine is RolloutEngine and issubclass(ModelClient, RolloutEngine)
-    assert not hasattr(training.episode_runner, "RolloutEngine")
-    assert training.episode_runner.EpisodeRunner is EpisodeRunner
+    assert not hasattr(training.rollouts.episode_runner, "RolloutEngine")
+    assert training.rollouts.episode_runner.EpisodeRunner is EpisodeRunner
 
 
 def test_simple_workflow_asks_once_and_scores_with_the_reward_function():

@@ -11,13 +11,15 @@ import openai
 import pytest
 import torch
 
-from training.agents import AgentSpec
+from training.agents.spec import AgentSpec
 from training.config import Config
-from training.generation import GenerationOutput, HFBatchGenerator, encode
-from training.episode_runner import ModelCallError, EpisodeRunner
-from training.sdk import current_base_url, get_chat_client, get_chat_client_async
-from training.sdk.server import ChatEndpoint
-from training.tiny import build_char_tokenizer, build_tiny_model
+from training.rollouts.generation import GenerationOutput, HFBatchGenerator
+from training.rendering import encode
+from training.rollouts.episode_runner import EpisodeRunner
+from training.errors import ModelCallError
+from training.agents.sdk import current_base_url, get_chat_client, get_chat_client_async
+from training.rollouts.chat_endpoint import ChatEndpoint
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 from training.types import RewardOutput, TerminationReason
 
 TOKENIZER = build_char_tokenizer()

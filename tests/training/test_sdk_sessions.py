@@ -8,12 +8,13 @@ import asyncio
 
 import pytest
 
-from training.agents import AgentSpec
+from training.agents.spec import AgentSpec
 from training.config import Config
-from training.generation import HFBatchGenerator, encode
-from training.episode_runner import EpisodeRunner
-from training.sdk import StepView, TrajectoryView, get_chat_client, get_chat_client_async, session, trajectory
-from training.tiny import build_char_tokenizer, build_tiny_model
+from training.rollouts.generation import HFBatchGenerator
+from training.rendering import encode
+from training.rollouts.episode_runner import EpisodeRunner
+from training.agents.sdk import StepView, TrajectoryView, get_chat_client, get_chat_client_async, session, trajectory
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 from training.types import TerminationReason
 
 TOKENIZER = build_char_tokenizer()

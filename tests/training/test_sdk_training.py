@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM
 
 from training import AgentTrainer
 from training.data import DatasetRegistry
-from training.generation import encode
-from training.outcomes import TooManyEpisodeErrors
-from training.sdk import get_chat_client
-from training.tiny import build_char_tokenizer, build_tiny_model
+from training.rendering import encode
+from training.errors import TooManyEpisodeErrors
+from training.agents.sdk import get_chat_client
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 from training.utils import import_object
 
 RLLM_EXAMPLE = Path(__file__).parents[1] / "fixtures" / "rllm_sdk_hendrycks_math.py"

@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from training import Step, Trajectory
-from training.sft import AgentSFTTrainer, SFTSettings, mean_nll
-from training.tiny import build_char_tokenizer
+from training.compat.rllm.sft import AgentSFTTrainer, SFTSettings, mean_nll
+from training.rollouts.tiny import build_char_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import rllm_train_math_sft  # noqa: E402
@@ -152,7 +152,7 @@ def test_the_norobots_tinker_script_trains_through_the_tinker_sdk(tmp_path, monk
 
     import rllm_train_norobots_tinker
     from training.data import DatasetRegistry
-    from training.tiny import build_tiny_model
+    from training.rollouts.tiny import build_tiny_model
 
     service = TinkerStandIn()
     monkeypatch.setenv("TINKER_API_KEY", service.api_key)

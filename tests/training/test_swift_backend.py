@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from task_rewards import PROMPTS
 from training import AgentTrainer
-from training.processor import RunSuperseded
-from training.backends.swift_backend import DEFAULT_PYTHON, environment_problem
+from training.errors import RunSuperseded
+from training.backends.swift.backend import DEFAULT_PYTHON, environment_problem
 
 pytestmark = pytest.mark.slow
 needs_swift_env = pytest.mark.skipif(
@@ -151,7 +151,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_continues_counting(tmp_pa
 @needs_swift_env
 def test_a_model_that_ships_code_is_refused_unless_trusted(tmp_path):
     """ms-swift loads every model with trust_remote_code=True, so the backend looks at the files first."""
-    from training.tiny import save_tiny_model
+    from training.rollouts.tiny import save_tiny_model
 
     model = save_tiny_model(tmp_path / "model")
     settings = {"actor_rollout_ref.model.path": str(model), "data.train_batch_size": 4}
@@ -209,7 +209,7 @@ def test_episodes_whose_environment_raises_fail_the_run_naming_the_error(tmp_pat
     """An environment given as a file path (as uploaded code is) that raises: the episodes end with
     an error inside ms-swift's rollout, and past trainer.max_episode_error_rate the run fails with
     the same message and traceback as on the other backends."""
-    from training.outcomes import TooManyEpisodeErrors
+    from training.errors import TooManyEpisodeErrors
 
     env_file = tmp_path / "cracking_lake.py"
     env_file.write_text(CRACKING_LAKE)

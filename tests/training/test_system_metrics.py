@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from training.sinks import MultiSink
-from training.system_metrics import SystemMetrics
+from training.tracking.sinks import MultiSink
+from training.tracking.system_metrics import SystemMetrics
 
 
 def sampled(sampler: SystemMetrics, count: int = 2, timeout: float = 30) -> None:

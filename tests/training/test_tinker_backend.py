@@ -16,7 +16,7 @@ import torch
 from standins.tinker_service import TinkerStandIn
 from task_rewards import PROMPTS, starts_a_to_m
 from training import AgentTrainer
-from training.processor import RunSuperseded
+from training.errors import RunSuperseded
 
 pytestmark = pytest.mark.slow
 
@@ -165,6 +165,11 @@ def test_the_test_dataset_is_scored_through_the_service_sampler_on_schedule(serv
 def test_test_freq_without_a_test_dataset_is_refused(service, tmp_path):
     with pytest.raises(ValueError, match=r"trainer\.test_freq: scoring every 2 steps needs a test dataset"):
         trainer(service, tmp_path, 1, extra={"trainer.test_freq": 2})
+
+
+def test_top_k_the_service_is_not_given_is_refused_named(service, tmp_path):
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.top_k: the tinker service's sampler is not given a top-k"):
+        trainer(service, tmp_path, 1, extra={"actor_rollout_ref.rollout.top_k": 20})
 
 
 def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from training.tiny import build_char_tokenizer, build_tiny_model, save_tiny_model
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model, save_tiny_model
 
 TEXT = string.printable[:95] + "\n  two  spaces\n\nand a blank line </ends> here\n"
 

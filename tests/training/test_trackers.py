@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import wandb_records
-from training.config import Config, ConfigError
+from training.config import Config
+from training.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,8 +157,8 @@ def test_trl_report_to_names_the_same_trackers():
 
 
 def test_verl_backend_hands_the_trackers_to_verls_tracking_with_run_folder_defaults(tmp_path, monkeypatch):
-    from training.backends.verl_backend import _our_keys_in_verl
-    from training.trackers import verl_tracking_environment
+    from training.backends.verl.backend import _our_keys_in_verl
+    from training.tracking.trackers import verl_tracking_environment
 
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR", "TENSORBOARD_DIR", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(name, raising=False)

@@ -12,13 +12,13 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import training.generation
+import training.rollouts.generation
 from training import AgentTrainer
-from training.backends.swift_backend import swift_lora_args
-from training.backends.verl_backend import _our_keys_in_verl
+from training.backends.swift.backend import swift_lora_args
+from training.backends.verl.backend import _our_keys_in_verl
 from training.config import Config, ConfigError
-from training.models import is_adapter, load_policy, load_trained
-from training.tiny import save_tiny_model
+from training.rollouts.models import is_adapter, load_policy, load_trained
+from training.rollouts.tiny import save_tiny_model
 
 PROMPTS = [{"prompt": p} for p in ("x=", "y=", "z=", "w=")]
 LORA = {"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.lora_alpha": 16}
@@ -130,12 +130,12 @@ def test_the_multi_turn_rollout_generates_through_the_adapter(tmp_path, sink, mo
 
     generated_with = []
 
-    class RecordingGenerator(training.generation.HFBatchGenerator):
+    class RecordingGenerator(training.rollouts.generation.HFBatchGenerator):
         def __init__(self, model, *args, **kwargs):
             generated_with.append(model)
             super().__init__(model, *args, **kwargs)
 
-    monkeypatch.setattr(training.generation, "HFBatchGenerator", RecordingGenerator)
+    monkeypatch.setattr(training.rollouts.generation, "HFBatchGenerator", RecordingGenerator)
     result = AgentTrainer(
         workflow_class="examples.countdown_workflow.CountdownWorkflow", workflow_args={"attempts": 2},
         train_dataset="countdown:train", backend="trl", run_path=str(tmp_path), sinks=[sink],

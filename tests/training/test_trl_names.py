@@ -8,10 +8,11 @@ import logging
 import pytest
 
 from training import AgentTrainer
-from training.backends.trl_backend import _TRLRun
-from training.config import Config, ConfigError
+from training.backends.trl.backend import _TRLRun
+from training.config import Config
 
 # AWorld's own default config for its TRL trainer (train/trainer/utils.py, TRAIN_DEFAULT_CONFIG["trl"]).
+from training.errors import ConfigError
 AWORLD_TRL_DEFAULTS = {
     "output_dir": ".", "learning_rate": 5e-6, "per_device_train_batch_size": 2,
     "gradient_accumulation_steps": 1, "num_train_epochs": 1, "logging_steps": 10,
@@ -79,13 +80,12 @@ def test_eval_strategy_steps_is_validation_every_eval_steps():
 
 def test_aworlds_default_trl_config_is_refused_where_it_cannot_be_honoured(tmp_path):
     with pytest.raises(ConfigError, match=r"^output_dir: output_dir cannot be used here: the run writes under run_path"):
-        Config.build(AWORLD_TRL_DEFAULTS)
+        Config.build(AWORLD_TRL_DEFAULTS)  # the trainer takes a dict's output_dir as its run path (test_aworld_trl_runs.py)
     rest = {k: v for k, v in AWORLD_TRL_DEFAULTS.items() if k != "output_dir"}
     with pytest.raises(ConfigError, match=r"^fp16: TRL's GRPOConfig option fp16=True cannot be honoured: mixed precision"):
         Config.build(rest)
     rest = {k: v for k, v in rest.items() if k != "fp16"}
-    with pytest.raises(ConfigError, match=r"^model: model cannot be used here: name the model with actor_rollout_ref.model.path"):
-        Config.build({**rest, "model": "tiny-char"})
+    assert Config.build({**rest, "model": "tiny-char"}).actor_rollout_ref.model.path == "tiny-char"  # AWorld's name for it
     config = Config.build(rest)
     assert config.data.max_prompt_length == 12800 and config.data.train_batch_size == 1
     assert config.trainer.save_freq == 100 and config.trainer.total_training_steps == 2
@@ -95,7 +95,6 @@ def test_aworlds_default_trl_config_is_refused_where_it_cannot_be_honoured(tmp_p
     ({"learning_rat": 1e-5}, "learning_rat: unknown config key. Did you mean 'learning_rate' (TRL's GRPOConfig name)?"),
     ({"loss_type": "bnpo"}, "loss_type: 'bnpo' cannot be honoured: use one of dapo, grpo, luspo, dr_grpo"),
     ({"importance_sampling_level": "word"}, "importance_sampling_level: 'word' cannot be honoured"),
-    ({"top_k": 50}, "top_k: TRL's GRPOConfig option top_k=50 cannot be honoured: top-k sampling is not available"),
     ({"use_vllm": True}, "use_vllm: TRL's GRPOConfig option use_vllm=True cannot be honoured: generation with vLLM belongs to the verl backend"),
     ({"trust_remote_code": True}, "trust_remote_code: trust_remote_code cannot be used here: set actor_rollout_ref.model.trust_remote_code"),
     ({"num_generations": 3, "per_device_train_batch_size": 8}, "per_device_train_batch_size: per_device_train_batch_size x gradient_accumulation_steps = 8 completions must be a multiple of num_generations (3)"),
@@ -111,3 +110,7 @@ def test_a_grpo_name_that_cannot_be_honoured_is_refused_naming_it(tmp_path, over
         AgentTrainer(train_dataset=[{"prompt": "x"}], reward_func=batch_reward, config=override, run_path=str(tmp_path),
                      train_engine_name="trl")
     assert str(error.value).startswith(message)
+
+
+def test_trls_top_k_is_the_rollouts_top_k():
+    assert Config.build({"top_k": 50}).actor_rollout_ref.rollout.top_k == 50

@@ -5,16 +5,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import pytest
 import torch
 
 from training import AgentTrainer
-from training.config import ConfigError
-from training.generation import HFBatchGenerator
-from training.tiny import build_char_tokenizer, build_tiny_model
-from training.validation import EvalResult, pass_at_k
+from training.errors import ConfigError
+from training.rollouts.generation import HFBatchGenerator
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
+from training.rollouts.validation import EvalResult, pass_at_k
 
 TRAIN = [{"prompt": p, "ground_truth": "a"} for p in "wxyz"]
 # Two sources, so the metrics come apart by data_source.
@@ -123,6 +124,11 @@ def test_inference_and_evaluate_after_training(tmp_path, caplog):
     assert row["task"]["prompt"] == "u" and len(row["responses"]) == 1 and row["termination_reasons"][0] in ("env_done", "max_response_length")
     assert row["rewards"] == [starts_with_a(None, row["responses"][0])]
     assert set(result.metrics) == {"test/letters/reward", "test/letters/pass@1", "test/digits/reward", "test/digits/pass@1"}
+    # AWorld's evolution runner writes the result with json.dump
+    written = tmp_path / "evaluation_result.json"
+    with open(written, "w") as f:
+        json.dump(result, f, indent=4, ensure_ascii=False)
+    assert json.loads(written.read_text()) == {"metrics": result.metrics, "rows": result.rows}
 
     other = trainer.evaluate([{"prompt": "q", "ground_truth": "a"}])
     assert [row["data_source"] for row in other.rows] == ["default"] and "test/default/reward" in other.metrics
@@ -146,7 +152,7 @@ def test_scoring_on_schedule_needs_a_test_dataset(tmp_path):
      "actor_rollout_ref.rollout.val_kwargs.temperature: must be greater than 0 when do_sample is true"),
     ({"actor_rollout_ref.rollout.val_kwargs.n": 0}, "actor_rollout_ref.rollout.val_kwargs.n: must be at least 1."),
     ({"actor_rollout_ref.rollout.val_kwargs.top_p": 1.5}, "actor_rollout_ref.rollout.val_kwargs.top_p: must be in (0, 1]."),
-    ({"actor_rollout_ref.rollout.val_kwargs.top_k": 5}, "actor_rollout_ref.rollout.val_kwargs.top_k: is a verl setting"),
+    ({"actor_rollout_ref.rollout.val_kwargs.top_k": -2}, "actor_rollout_ref.rollout.val_kwargs.top_k: must be -1 or 0 (off) or a number of tokens."),
     ({"trainer.test_freq": -2}, "trainer.test_freq: must be -1 or 0 (never) or a number of steps."),
 ])
 def test_bad_validation_settings_are_refused_named(tmp_path, override, message):

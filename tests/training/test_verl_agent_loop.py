@@ -12,13 +12,16 @@ import asyncio
 import pytest
 from omegaconf import OmegaConf
 
-from training.agents import AgentSpec, BaseAgent, BaseEnv, Workflow
-from training.backends.verl_backend import AGENT_LOOP_NAME, compose_verl_config, encode_object, task_to_verl_row
+from training.agents.base import BaseAgent, BaseEnv
+from training.agents.workflow import Workflow
+
+from training.agents.spec import AgentSpec
+from training.backends.verl.backend import AGENT_LOOP_NAME, compose_verl_config, encode_object, task_to_verl_row
 from training.config import Config
-from training.tiny import build_char_tokenizer
+from training.rollouts.tiny import build_char_tokenizer
 from training.types import Action, Episode, Step, Trajectory
 
-verl_agent_loop = pytest.importorskip("training.backends.verl_agent_loop")
+verl_agent_loop = pytest.importorskip("training.backends.verl.agent_loop")
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
@@ -138,7 +141,7 @@ AGENT_ENV = AgentSpec(agent_class=EchoAgent, env_class=GuessEnv)
 
 
 def test_loop_is_registered_with_verl():
-    assert _agent_loop_registry[AGENT_LOOP_NAME] == {"_target_": "training.backends.verl_agent_loop.AgentTrainerLoop"}
+    assert _agent_loop_registry[AGENT_LOOP_NAME] == {"_target_": "training.backends.verl.agent_loop.AgentTrainerLoop"}
 
 
 def test_turns_masks_and_reward_until_env_done(base_verl_config):
@@ -191,7 +194,7 @@ def test_env_error_ends_the_episode_with_reward_zero(base_verl_config):
 
 
 def test_a_reward_that_raises_stops_the_run_naming_the_reward_and_the_row(base_verl_config):
-    from training.outcomes import RewardFailed
+    from training.rollouts.outcomes import RewardFailed
     from training.rewards import load_reward
 
     def strict(task, response):
@@ -242,7 +245,7 @@ def test_rllm_solver_judge_episode_stops_the_run_naming_verl_and_the_workflow(ba
     import sys
     from pathlib import Path
 
-    from training.episode_rows import MultiSequenceEpisode
+    from training.errors import MultiSequenceEpisode
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
     from rllm_solver_judge_flow import SolverJudgeWorkflow
@@ -263,7 +266,8 @@ def test_rllm_solver_judge_episode_stops_the_run_naming_verl_and_the_workflow(ba
 def test_the_layout_verl_uses_refuses_any_episode_of_several_sequences():
     """``single_sequence`` is what the loop calls before ``episode_to_output``: one conversation
     passes (continued calls included); two conversations in one trajectory are refused too."""
-    from training.episode_rows import MultiSequenceEpisode, single_sequence
+    from training.algorithms.episode_rows import single_sequence
+    from training.errors import MultiSequenceEpisode
 
     config = Config.build({"actor_rollout_ref.model.path": "tiny-char"})
 

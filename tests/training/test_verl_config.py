@@ -12,8 +12,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from training.backends import verl_backend
-from training.backends.verl_backend import (
+from training.backends.verl import backend as verl_backend
+from training.backends.verl.backend import (
     AGENT_LOOP_MODULE,
     AGENT_LOOP_NAME,
     NO_GPU_MESSAGE,
@@ -22,7 +22,8 @@ from training.backends.verl_backend import (
     split_overrides,
 )
 from training import CumulativeWorkflow, SimpleWorkflow, SingleTurnEnvironment, SingleTurnWorkflow, Workflow, math_reward_fn
-from training.config import Config, ConfigError
+from training.config import Config
+from training.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 for module in ("copy_task", "countdown_workflow", "frozenlake"):  # they register their datasets

@@ -7,7 +7,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from training.backends.verl_backend import (
+from training.backends.verl.backend import (
     REWARD_MODULE,
     VerlMetricsBridge,
     reward_kwargs_for,
@@ -16,8 +16,8 @@ from training.backends.verl_backend import (
     write_verl_parquet,
 )
 from training.rewards import load_reward
-from training.sinks import MultiSink
-from training.tiny import build_char_tokenizer
+from training.tracking.sinks import MultiSink
+from training.rollouts.tiny import build_char_tokenizer
 
 TASKS = [
     {"prompt": "2+3=", "ground_truth": "5", "nums": [2, 3], "meta": {"level": 1}},
@@ -122,7 +122,8 @@ def test_metrics_bridge_reads_verls_tracking_file(tmp_path, monkeypatch, sink):
 
 
 def test_metrics_bridge_fails_a_step_whose_dumped_episodes_mostly_errored(tmp_path, sink):
-    from training.outcomes import OutcomeMonitor, TooManyEpisodeErrors
+    from training.rollouts.outcomes import OutcomeMonitor
+    from training.errors import TooManyEpisodeErrors
 
     rollouts = tmp_path / "rollouts"
     rollouts.mkdir()

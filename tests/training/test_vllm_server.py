@@ -8,12 +8,12 @@ import pytest
 from standins.http import Response
 from standins.vllm_server import VLLMStandIn
 from training import AgentTrainer
-from training.agents import AgentSpec
-from training.backends.trl_backend import _TRLRun
+from training.agents.spec import AgentSpec
+from training.backends.trl.backend import _TRLRun
 from training.config import Config
-from training.episode_runner import EpisodeRunner
-from training.tiny import build_char_tokenizer, build_tiny_model
-from training.vllm_server import VLLMServerGenerator
+from training.rollouts.episode_runner import EpisodeRunner
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
+from training.rollouts.vllm_server import VLLMServerGenerator
 
 
 @pytest.fixture

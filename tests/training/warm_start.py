@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from training.generation import encode, render_messages
-from training.tiny import build_char_tokenizer, build_tiny_model
+from training.rendering import encode, render_messages
+from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 
 
 def warm_tiny_model(
@@ -81,3 +81,26 @@ def _common_prefix(sequences: list[list[int]]) -> list[int]:
     for other in sequences[1:]:
         length = next((i for i, (a, b) in enumerate(zip(first[:length], other)) if a != b), min(length, len(other)))
     return first[:length]
+
+
+def sampled_accuracy(model, prompts: list[list[dict]], is_right, samples: int = 64, max_new_tokens: int = 12, seed: int = 0,
+                     temperature: float = 1.0) -> float:
+    """The share of ``samples`` replies per prompt, sampled from the policy at ``temperature`` (give
+    the recipe's: what training samples with), that ``is_right(reply)`` accepts: what the reward
+    measures. The log-probability of one exact string at temperature 1 can fall while the policy at
+    the recipe's temperature answers right more often (its tail grows as its mode sharpens)."""
+    tokenizer = build_char_tokenizer()
+    generator = torch.Generator().manual_seed(seed)
+    right = 0
+    with torch.no_grad():
+        for messages in prompts:
+            prompt = encode(tokenizer, render_messages(tokenizer, messages))
+            rows = torch.tensor([prompt] * samples)
+            for _ in range(max_new_tokens):
+                probs = torch.softmax(model(input_ids=rows).logits[:, -1].float() / temperature, -1)
+                rows = torch.cat([rows, torch.multinomial(probs, 1, generator=generator)], 1)
+            for row in rows[:, len(prompt):].tolist():
+                if tokenizer.eos_token_id in row:
+                    row = row[: row.index(tokenizer.eos_token_id)]
+                right += bool(is_right(tokenizer.decode(row)))
+    return right / (samples * len(prompts))

@@ -21,13 +21,13 @@ from django.db import connection
 from django.utils import timezone
 
 from training.data import load_dataset
-from training.tiny import save_tiny_model
+from training.rollouts.tiny import save_tiny_model
 from webapp.playground.models import PlaygroundRequest
 from webapp.registry.models import Model
 from webapp.runs.models import Run
 from webapp.policy.checks import load_training_plugins
 from webapp.teams.models import Membership
-from workers.execute import database_url
+from workers.processes import database_url
 from workers.playground import answer_request, dispatch_due_requests, trusts_remote_code
 
 # Tests whose child process reads the rows need them committed (transaction=True); the rest do not.
@@ -196,14 +196,14 @@ def test_a_question_nobody_takes_in_time_says_so(trained_run, owner_client, sett
 
 @pytest.mark.django_db
 def test_the_dispatcher_sends_each_request_to_the_runs_queue_once(trained_run, owner_client, monkeypatch):
-    from workers import tasks
+    from webapp.celery_app import app
 
     sent = []
     # The broker send itself (a Celery message) is what tests/browser/test_newcomer.py covers with a real worker.
-    monkeypatch.setattr(tasks.playground_answer_task, "apply_async", lambda args, queue: sent.append((args, queue)))
+    monkeypatch.setattr(app, "send_task", lambda name, args, queue: sent.append((name, args, queue)))
     first = ask(owner_client, trained_run).json()["id"]
     assert dispatch_due_requests() == 1 and dispatch_due_requests() == 0
-    assert sent == [([first], trained_run.backend.queue)]
+    assert sent == [("workers.playground_answer", [first], trained_run.backend.queue)]
 
 
 @pytest.mark.gpu

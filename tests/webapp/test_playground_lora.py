@@ -11,8 +11,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from training.models import adapter_base
-from training.tiny import save_tiny_model
+from training.rollouts.models import adapter_base
+from training.rollouts.tiny import save_tiny_model
 from webapp.playground.models import PlaygroundRequest
 from webapp.runs.models import Run
 from webapp.runs.trainer_args import model_config

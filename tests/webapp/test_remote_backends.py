@@ -45,8 +45,8 @@ def test_a_backend_with_its_own_interpreter_is_checked_in_that_interpreter(admin
     not from the web process: this process's interpreter has no ms-swift, .venv-swift has."""
     import sys
 
-    from training import interpreters
-    from training.backends.swift_backend import DEFAULT_PYTHON
+    from training.isolation import interpreters
+    from training.backends.swift.backend import DEFAULT_PYTHON
 
     interpreters.forget()
     swift = registry["backends"]["swift"]
@@ -145,7 +145,7 @@ def test_a_multi_turn_swift_run_trains_through_the_worker_in_the_backends_interp
     """The seeded swift backend, its python (.venv-swift) honoured by the worker's train_run: a
     FrozenLake run trains multi-turn through ms-swift and its steps and turns reach the database.
     Nothing is a stand-in."""
-    from training.backends.swift_backend import DEFAULT_PYTHON, environment_problem
+    from training.backends.swift.backend import DEFAULT_PYTHON, environment_problem
     from webapp.dashboard.series import points_after
     from workers.execute import claim, train_run
 

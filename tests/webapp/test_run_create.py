@@ -55,10 +55,10 @@ def test_valid_run_is_created_and_queued_on_its_backend_queue(owner_client, owne
     assert run.config_overrides == {"trainer.total_training_steps": 3, "data.train_batch_size": 2,
                                     "actor_rollout_ref.rollout.n": 2, "data.max_response_length": 4}
     assert outbox() == [run]
-    with mock.patch("workers.tasks.execute_run_task.apply_async") as apply_async:
-        apply_async.return_value.id = "task-1"
+    with mock.patch("webapp.celery_app.app.send_task") as send_task:
+        send_task.return_value.id = "task-1"
         assert dispatch_due_runs() == 1
-    apply_async.assert_called_once_with(args=[run.pk], queue="cpu")
+    send_task.assert_called_once_with("workers.execute_run", args=[run.pk], queue="cpu")
     assert Run.objects.get().task_id == "task-1" and outbox() == []
 
 

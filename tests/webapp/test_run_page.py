@@ -99,8 +99,8 @@ def test_an_empty_list_says_how_to_start(owner_client):
 
 
 def test_metrics_csv_pages_whole_steps(owner_client, finished_run, monkeypatch):
-    from webapp.runs import downloads
+    from webapp.dashboard import views
 
-    monkeypatch.setattr(downloads, "CSV_STEPS", 1)  # one step per window
+    monkeypatch.setattr(views, "CSV_STEPS", 1)  # one step per window
     rows = list(csv.reader(io.StringIO(body(owner_client.get(f"/runs/{finished_run.pk}/metrics.csv")).decode())))
     assert rows == [["step", "kl", "loss", "reward"], ["1", "", "2.0", "0.1"], ["2", "", "", "0.5"], ["3", "", "", "0.9"]]

@@ -17,7 +17,7 @@ from webapp.runs.forms import RunForm
 from webapp.runs.models import Run
 from webapp.policy.checks import HIDDEN
 from webapp.runs.trainer_args import Revoked, attempt_kwargs, run_spec, run_trainer_kwargs
-from workers import execute
+from workers import execute, lifecycle
 from workers.execute import claim, train_run
 
 pytestmark = pytest.mark.real_check  # the spec is what the real check validated
@@ -35,7 +35,7 @@ def built(monkeypatch):
             seen.append({key: value for key, value in kwargs.items() if key not in ("sinks", "should_stop", "run_path")})
             super().__init__(**kwargs)
 
-    monkeypatch.setattr(training.trainer, "AgentTrainer", Recorded)
+    monkeypatch.setattr(execute, "AgentTrainer", Recorded)
     return seen
 
 
@@ -52,14 +52,14 @@ def edit_every_row(registry, number: int) -> None:
 
 def pause_after_first_check(monkeypatch):
     """The attempt is asked to stop (as a worker's shutdown asks it) at its first step: it is queued again."""
-    original = execute._StopCheck.__call__
+    original = lifecycle.StopCheck.__call__
 
     def check(self):
         self.pause("the test stops this attempt.")
         return original(self)
 
-    monkeypatch.setattr(execute._StopCheck, "__call__", check)
-    return lambda: monkeypatch.setattr(execute._StopCheck, "__call__", original)
+    monkeypatch.setattr(lifecycle.StopCheck, "__call__", check)
+    return lambda: monkeypatch.setattr(lifecycle.StopCheck, "__call__", original)
 
 
 # The recorder writes from its own thread and connection: the rows must be committed.

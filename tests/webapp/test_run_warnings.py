@@ -11,7 +11,8 @@ from django.urls import reverse
 
 from webapp.registry.models import Dataset, RewardFunction
 from webapp.runs.models import Run, RunLog
-from workers.execute import _record_end, claim, train_run
+from workers.execute import claim, train_run
+from workers.lifecycle import record_end
 
 CSV = "question,answer\n" + "".join(f"say {w},{w}\n" for w in ("ab", "cd", "ef", "gh", "ij", "kl"))
 TINY = {"trainer.total_training_steps": 2, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
@@ -100,5 +101,5 @@ def test_only_a_success_keeps_warnings(make_run):
         claim(run.pk, "w")
         if cancelled:
             run.request_cancel()
-        assert _record_end(Run.objects.get(pk=run.pk), cancelled, 2, {}, "", ["reward was 0 at every step"]) == status
+        assert record_end(Run.objects.get(pk=run.pk), cancelled, 2, {}, "", ["reward was 0 at every step"]) == status
         assert Run.objects.get(pk=run.pk).warnings == ([] if cancelled else ["reward was 0 at every step"])

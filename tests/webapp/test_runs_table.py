@@ -10,7 +10,7 @@ import pytest
 
 from webapp.dashboard.series import SeriesWriter
 from webapp.runs.models import Run, RunTableView
-from webapp.runs.views import PAGE_SIZE
+from webapp.dashboard.pages import PAGE_SIZE
 
 pytestmark = pytest.mark.django_db
 

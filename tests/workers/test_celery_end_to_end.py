@@ -19,7 +19,7 @@ from django.db import connection
 from webapp.registry.models import Backend
 from webapp.dashboard.series import points_after
 from webapp.runs.models import Run, RunLog
-from workers.execute import database_url
+from workers.processes import database_url
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # slow: trains in the worker
 

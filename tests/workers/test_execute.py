@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from training.backends.base import BuiltinProcessor, TrainResult
-from training.processor import register_processor, unregister_processor
+from training.backends.processor import register_processor, unregister_processor
 from webapp.registry.models import Agent, Backend
 from webapp.dashboard.series import points_after
 from webapp.runs.models import Run, RunLog
 from workers import execute
-from workers.execute import BUSY, SKIPPED, claim, database_url, train_run
+from workers.execute import BUSY, SKIPPED, claim, train_run
+from workers.processes import database_url, terminate_session
 
 
 def test_claim_skips_a_run_that_is_not_queued(make_run):
@@ -125,7 +126,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_terminate_group_kills_the_whole_tree(tmp_path):
+def test_terminate_session_kills_the_whole_tree(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     process = subprocess.Popen(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; sleep 60"], start_new_session=True)
     for _ in range(50):
@@ -133,7 +134,7 @@ def test_terminate_group_kills_the_whole_tree(tmp_path):
             break
         time.sleep(0.1)
     grandchild = int(pid_file.read_text())
-    execute._terminate_group(process, wait_seconds=2)
+    terminate_session(process, wait_seconds=2)
     assert process.poll() is not None
     deadline = time.monotonic() + 10  # killed: gone as soon as the kernel has torn it down
     while _alive(grandchild) and time.monotonic() < deadline:

@@ -13,19 +13,24 @@ from typing import Any
 
 import yaml
 
-from training.agents import AgentSpec, build_agent, build_env
-from training.chat_agent import Agent as ChatAgent
-from training.chat_agent import chat_agent_from
+from training.agents.base import build_agent, build_env
+
+from training.agents.spec import AgentSpec
+from training.compat.aworld.agents import Agent as ChatAgent
+from training.compat.aworld.agents import chat_agent_from
+from training.errors import MissingField
+from training.types import Action
 from training.config import Config
 from training.data import dataset_to_tasks, load_dataset, require_columns, require_rows
-from training.jail import ProgramsRefused
-from training.outcomes import ColumnReads, columns_the_reward_lacks, learning_warnings
-from training.processor import TrainerProcessor
+from training.errors import ConfigError, ProgramsRefused
+from training.rollouts.outcomes import ColumnReads, columns_the_reward_lacks, learning_warnings
+from training.backends.processor import TrainerProcessor
 from training.rewards import RewardFunction, load_reward
-from training.sdk.run_func import check_task_fields
-from training.sinks import ConsoleSink, JsonlSink
-from training.system_metrics import SystemMetrics
-from training.trackers import tracker_sinks
+from training.agents.sdk.run_func import check_task_fields
+from training.tracking.sinks import ConsoleSink, JsonlSink
+from training.tracking.system_metrics import SystemMetrics
+from training.tracking.trackers import tracker_sinks
+from training.rollouts.validation import run_inference
 
 logger = logging.getLogger("training")
 
@@ -152,8 +157,6 @@ class BuiltinProcessor(TrainerProcessor):
     def inference(self, dataset: Any = None):
         """The agent on ``dataset`` (default: the test dataset) with the run's newest weights:
         an ``EvalResult`` of per-row results and per-data-source metrics (``test/<source>/...``)."""
-        from training.validation import run_inference
-
         return run_inference(self, dataset)
 
     # -- hooks for backends ----------------------------------------------------------------
@@ -175,8 +178,6 @@ class BuiltinProcessor(TrainerProcessor):
         """rLLM's ``rllm.agent.agent_args`` / ``rllm.env.env_args`` / ``rllm.workflow.workflow_args``
         join the spec's arguments (probed again when they change an agent and env), and
         ``rllm.workflow.use_workflow`` is checked against what was given."""
-        from training.config import ConfigError
-
         rllm = self.config.rllm
         if rllm.workflow.use_workflow and self.agent_spec.kind not in ("workflow", "agent_env"):
             raise ConfigError(
@@ -224,25 +225,33 @@ class BuiltinProcessor(TrainerProcessor):
         return target
 
     def _probe_agent_and_env(self, task: dict) -> None:
-        """Build and reset one agent and one environment from the first row, as the rollouts will,
-        so that a misspelt ``agent_args`` key or a broken env fails before training. An environment
-        that starts programs (an MCP server) where this process refuses them (a run's check) is
-        built when the run starts instead. Errors name the arguments, never their values (an
-        administrator's server arguments; they may hold what the person checking must not see)."""
+        """Build one agent and one environment from the first row and play one turn, as the rollouts
+        will (reset both, ``update_from_env``, ``update_from_model`` on a model reply, ``step``), so
+        that a misspelt ``agent_args`` key, a broken env or an agent that breaks rLLM's contract (an
+        ``update_from_model`` that returns no action: the env would get ``step(None)`` every turn and
+        every episode would score 0) fails before training. The reply is empty text, which a model
+        can always write. An environment that starts programs (an MCP server) where this process
+        refuses them (a run's check) is built when the run starts instead. Errors name the
+        arguments, never their values (an administrator's server arguments; they may hold what the
+        person checking must not see)."""
         spec = self.agent_spec
+        name = spec.agent_class.__name__
         try:
-            build_agent(spec.agent_class, spec.agent_args).reset()
+            agent = build_agent(spec.agent_class, spec.agent_args)
+            agent.reset()
         except Exception as exc:
             raise ValueError(
-                f"agent_class {spec.agent_class.__name__} could not be built with agent_args "
-                f"{_names(spec.agent_args)} and reset: {type(exc).__name__}: {exc}"
+                f"agent_class {name} could not be built with agent_args {_names(spec.agent_args)} and reset: "
+                f"{type(exc).__name__}: {exc}"
             ) from exc
         try:
             env = build_env(spec.env_class, task, spec.env_args)
-            env.reset()
-            env.close()
+            observation, info = env.reset()
         except ProgramsRefused as exc:
             logger.info("env_class %s not built here: %s", spec.env_class.__name__, exc)
+            return
+        except MissingField as exc:
+            raise ValueError(f"train_dataset {_describe(self.train_source)}: {exc}") from exc
         except KeyError as exc:
             missing = exc.args[0] if exc.args else None
             if isinstance(missing, str) and missing not in task and missing not in spec.env_args:
@@ -254,6 +263,43 @@ class BuiltinProcessor(TrainerProcessor):
             raise self._env_error(task, exc) from exc
         except Exception as exc:
             raise self._env_error(task, exc) from exc
+        try:
+            self._probe_one_turn(agent, env, observation, info)
+        finally:
+            env.close()
+
+    def _probe_one_turn(self, agent: Any, env: Any, observation: Any, info: dict) -> None:
+        spec = self.agent_spec
+        agent_name, env_name = spec.agent_class.__name__, spec.env_class.__name__
+        try:
+            agent.update_from_env(observation, 0.0, False, info)
+            action = agent.update_from_model("")
+        except Exception as exc:
+            raise ValueError(
+                f"agent_class {agent_name} failed its first turn on the first row (update_from_env with the "
+                f"environment's first observation, then update_from_model with an empty model reply, which a "
+                f"model can write): {type(exc).__name__}: {exc}"
+            ) from exc
+        taken = action.action if isinstance(action, Action) else action
+        if taken is None:
+            raise ValueError(
+                f"agent_class {agent_name}.update_from_model returned {action!r} for a model reply: it must "
+                f"return the action to take (rLLM's contract: return Action(action=...)); env_class {env_name} "
+                "would get step(None) every turn and every episode would score 0."
+            )
+        try:
+            result = env.step(taken)
+        except Exception as exc:
+            raise ValueError(
+                f"env_class {env_name}.step failed on the action {agent_name} took from an empty model reply "
+                f"(a model can write one, so training would fail the same way): {type(exc).__name__}: {exc}"
+            ) from exc
+        if not (isinstance(result, tuple) and len(result) == 4):
+            raise ValueError(
+                f"env_class {env_name}.step returned {type(result).__name__} "
+                f"{'of ' + str(len(result)) + ' items' if isinstance(result, tuple) else ''}: it must return "
+                "(observation, reward, done, info), as rLLM's BaseEnv.step does."
+            )
 
     def _env_error(self, task: dict, exc: Exception) -> ValueError:
         spec = self.agent_spec

@@ -8,14 +8,14 @@ from typing import Any
 
 from rest_framework import serializers
 
+from webapp.fleet.queues import QueueBoard
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.policy import limits
 from webapp.runs import table
-from webapp.runs.models import Run, RunLog
+from webapp.runs.models import MAX_STEP, Run, RunLog
 from webapp.runs.trainer_args import shown_spec
 from webapp.teams.models import Project
 
-MAX_STEP = 2**31 - 1  # Run.steps, which the metric store keeps, is a 32-bit column on every database
 MAX_KEY_LENGTH = 200
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -110,8 +110,6 @@ class RunSerializer(serializers.ModelSerializer):
         return shown_spec(run.spec)
 
     def get_waiting(self, run: Run) -> str:
-        from webapp.fleet.queues import QueueBoard
-
         if run.status != Run.Status.QUEUED:
             return ""
         if "queue_board" not in self.context:  # one read of the queues for a whole page of runs

@@ -3,8 +3,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from webapp.api import views
+from webapp.api.sweeps import SweepViewSet
 from webapp.api.token_view import ObtainExpiringToken
-from webapp.sweeps.api import SweepViewSet
 
 router = DefaultRouter()
 router.register("projects", views.ProjectViewSet, basename="project")

@@ -1,5 +1,3 @@
-import logging
-
 from django.apps import AppConfig
 
 
@@ -9,62 +7,6 @@ class DashboardConfig(AppConfig):
     verbose_name = "Dashboard"
 
     def ready(self) -> None:
-        from django.db.models.signals import post_delete, post_save
+        from webapp.dashboard import signals  # imports models: only once the apps are loaded
 
-        from webapp.runs.models import Run, run_status_changed
-        from webapp.teams.models import Membership, ShareLink, share_link_revoked
-
-        run_status_changed.connect(_push_status, dispatch_uid="dashboard-run-status")
-        run_status_changed.connect(_fold_ended_run, dispatch_uid="dashboard-run-fold")
-        # Open websockets re-check their access when it may have shrunk.
-        for signal in (post_save, post_delete):
-            signal.connect(_membership_changed, sender=Membership, dispatch_uid=f"dashboard-membership-{signal is post_save}")
-        post_delete.connect(_share_link_ended, sender=ShareLink, dispatch_uid="dashboard-share-link-deleted")
-        post_save.connect(_share_link_saved, sender=ShareLink, dispatch_uid="dashboard-share-link-saved")
-        share_link_revoked.connect(_share_link_ended, sender=ShareLink, dispatch_uid="dashboard-share-link-revoked")
-        # Runs are saved only when edited (visibility, project, tags, notes); workers use update().
-        post_save.connect(_run_changed, sender=Run, dispatch_uid="dashboard-run-saved")
-        post_delete.connect(_run_changed, sender=Run, dispatch_uid="dashboard-run-deleted")
-
-
-def _push_status(sender, run, **kwargs) -> None:
-    from webapp.dashboard import live
-
-    live.publish_status(run)
-
-
-def _fold_ended_run(sender, run, **kwargs) -> None:
-    """An ended run's metric tail becomes blocks, so pages that read many ended runs (compare) read
-    block summaries only. A point stored after this stays in the tail, where reads find it too."""
-    if run.status not in run.FINAL:
-        return
-    from webapp.dashboard.series import SeriesWriter
-
-    try:
-        SeriesWriter(run.pk).fold()
-    except Exception:  # noqa: BLE001 (the run's end is recorded; folding waits for the next write)
-        logging.getLogger(__name__).exception("Folding the metric tail of run %s failed.", run.pk)
-
-
-def _membership_changed(sender, instance, **kwargs) -> None:
-    from webapp.dashboard import live
-
-    live.recheck_access(live.user_group(instance.user_id))
-
-
-def _share_link_saved(sender, instance, created=False, **kwargs) -> None:
-    if instance.revoked_at is not None:
-        _share_link_ended(sender, instance)
-
-
-def _share_link_ended(sender, instance, **kwargs) -> None:
-    from webapp.dashboard import live
-
-    live.recheck_access(live.share_link_group(instance.pk))
-
-
-def _run_changed(sender, instance, created=False, **kwargs) -> None:
-    if not created:
-        from webapp.dashboard import live
-
-        live.recheck_access(live.group_name(instance.pk))
+        signals.connect()

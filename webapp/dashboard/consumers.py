@@ -22,9 +22,9 @@ per run per process and hands each event to that process's viewers, serialized o
 viewers of a run cost Redis one message per event, not five hundred.
 
 Access can end while a socket is open: each viewer also joins the group of its user and, when it
-came through a share link, that link's group (``live.access_groups``). Revoking the link or
+came through a share link, that link's group (``access_groups``). Revoking the link or
 removing the user from a team sends ``access.check`` there, and editing or deleting the run sends
-it to the run's group (``webapp.dashboard.apps``); the viewer asks ``can`` again and closes with
+it to the run's group (``webapp.dashboard.signals``); the viewer asks ``can`` again and closes with
 code 4403 when the answer is no.
 """
 
@@ -44,6 +44,7 @@ from channels.layers import InMemoryChannelLayer
 from webapp.dashboard import live, series
 from webapp.runs.access import can
 from webapp.runs.models import Run, last_step_of
+from webapp.teams.models import ShareLink
 
 # Past this many points behind, the browser is told to reload the downsampled view instead.
 BACKLOG_LIMIT = 20000
@@ -360,9 +361,19 @@ def _may_view(user, run_id: int, share_token: str | None = None) -> bool:
 
 
 def _access_groups(user, run_id: int, share_token: str | None) -> list[str] | None:
-    """The groups a viewer joins (``live.access_groups``), or None when it may not view the run:
+    """The groups a viewer joins (``access_groups``), or None when it may not view the run:
     one read for both, as a connection storm makes every read count."""
-    return live.access_groups(user, run_id, share_token) if _may_view(user, run_id, share_token) else None
+    return access_groups(user, run_id, share_token) if _may_view(user, run_id, share_token) else None
+
+
+def access_groups(user, run_id: int, share_token: str | None) -> list[str]:
+    """The groups a viewer of ``run_id`` joins, so that losing access closes its socket."""
+    groups = [live.user_group(user.pk)] if user is not None and user.is_authenticated else []
+    if share_token:
+        link = ShareLink.objects.active().filter(run_id=run_id, token=share_token).values_list("pk", flat=True).first()
+        if link is not None:
+            groups.append(live.share_link_group(link))
+    return groups
 
 
 def _backlog(run_id: int, after: int, after_log: int) -> dict:

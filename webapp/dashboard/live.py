@@ -43,18 +43,6 @@ def share_link_group(link_id: int) -> str:
     return f"viewer-share-{link_id}"
 
 
-def access_groups(user, run_id: int, share_token: str | None) -> list[str]:
-    """The groups a viewer of ``run_id`` joins, so that losing access closes its socket."""
-    from webapp.teams.models import ShareLink
-
-    groups = [user_group(user.pk)] if user is not None and user.is_authenticated else []
-    if share_token:
-        link = ShareLink.objects.active().filter(run_id=run_id, token=share_token).values_list("pk", flat=True).first()
-        if link is not None:
-            groups.append(share_link_group(link))
-    return groups
-
-
 def recheck_access(group: str) -> None:
     """Ask the sockets in ``group`` to re-check their access once the current transaction commits
     (before that, their check would still see the old rows)."""

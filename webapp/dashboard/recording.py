@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from webapp.batching import BackgroundFlusher
+from webapp.runs.batching import BackgroundFlusher
 from webapp.dashboard import live
 from webapp.dashboard.models import EpisodeSample
 from webapp.dashboard.series import SeriesWriter
@@ -36,9 +36,9 @@ _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logpro
 
 
 class DashboardSink(BackgroundFlusher):
-    """A ``training.sinks.MetricSink`` for one run: the metric store + episodes + live push.
+    """A ``training.tracking.sinks.MetricSink`` for one run: the metric store + episodes + live push.
 
-    While the database is down, points and episodes stay buffered (``webapp.batching``; on disk
+    While the database is down, points and episodes stay buffered (``webapp.runs.batching``; on disk
     with ``spool_dir``, the run's folder); the live push goes on meanwhile, so viewers still see the
     run train."""
 

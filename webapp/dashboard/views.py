@@ -1,28 +1,31 @@
-"""JSON for the charts (downsampled series, zoomed ranges, compare), episodes, and the pages."""
+"""JSON for the charts (downsampled series, zoomed ranges, compare), episodes, a run's metrics as CSV,
+and the compare page. The run pages themselves are in ``webapp.dashboard.pages``."""
 
 from __future__ import annotations
 
+import csv
 import functools
+import io
 import re
 from pathlib import Path
 from urllib.parse import urlencode
 
 import numpy as np
 import orjson
+from asgiref.sync import sync_to_async
 from django import forms
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET
 
-from webapp.sweeps.compare import parameter_context
-from webapp.api.serializers import MAX_STEP
 from webapp.dashboard import consumers, series
+from webapp.dashboard.compare import parameter_context
 from webapp.dashboard.models import EpisodeSample
 from webapp.runs.access import get_run_for_user
-from webapp.runs.models import Run, last_step_of
+from webapp.runs.models import MAX_STEP, Run, last_step_of
 
 # The charts a run page opens with; every other key is one search away.
 HEADLINE_KEYS = ("reward", "reward_std", "loss", "kl", "entropy", "response_length", "turns", "step_time")
@@ -278,3 +281,51 @@ def _ints(value: str | None) -> list[int]:
 
 
 _RUN_ID = re.compile(r"[0-9]{1,18}")
+
+
+# Steps of the metrics CSV read from the metric store at a time.
+CSV_STEPS = 2000
+# A cell starting with one of these is a formula to a spreadsheet (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(cell: str) -> str:
+    """A text cell of a CSV export, which a spreadsheet shows as text, never runs: metric names are
+    whatever a run's code (or an external run's reporter) chose, ``=HYPERLINK(...)`` included."""
+    return "'" + cell if cell.startswith(FORMULA_STARTS) else cell
+
+
+@login_required
+@require_GET
+def metrics_csv(request, pk: int) -> StreamingHttpResponse:
+    """One row per step, one column per metric key (empty where a step did not log that key). The
+    keys are text (``csv_text``); the rest are numbers: steps, and values as Python writes floats."""
+    run = get_run_for_user(request.user, pk, "view")
+    keys = sorted(run.latest_values or {})
+    pages = series.windows(run.pk, CSV_STEPS)
+
+    def page() -> list[list]:
+        """The rows of the next window of steps ([] at the end)."""
+        window = next(pages, None)
+        if window is None:
+            return []
+        by_step: dict[int, dict[str, str]] = {}
+        for key, (steps, values) in window.items():
+            for step, value in zip(steps.tolist(), values.tolist()):
+                by_step.setdefault(step, {})[key] = repr(value) if value == value else ""
+        return [[step, *(by_step[step].get(k, "") for k in keys)] for step in sorted(by_step)]
+
+    async def lines():  # an async iterator: the ASGI server streams it without a thread per response
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(["step", *map(csv_text, keys)])
+        while rows := await sync_to_async(page, thread_sensitive=True)():
+            writer.writerows(rows)
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+        yield buffer.getvalue()
+
+    response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
+    return response

@@ -14,7 +14,7 @@ class FleetConfig(AppConfig):
 
 def _keep_drained(sender=None, **kwargs) -> None:
     """A drained worker that restarts stays drained: it stops consuming its queues again."""
-    from webapp.fleet.models import WorkerState
+    from webapp.fleet.models import WorkerState  # apps.py loads before the models: read them when the signal comes
 
     state = WorkerState.objects.filter(name=getattr(sender, "hostname", ""), drained=True).first()
     for queue in state.queues if state else []:

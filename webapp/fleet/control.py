@@ -15,6 +15,7 @@ from datetime import datetime
 from webapp.celery_app import app as celery_app
 from webapp.fleet.models import WorkerState
 from webapp.fleet.queues import QueueBoard
+from webapp.registry.models import Backend
 from webapp.runs.models import Run
 
 logger = logging.getLogger(__name__)
@@ -62,8 +63,6 @@ def _gpus() -> dict[str, list[dict]]:
 def list_workers(board: QueueBoard | None = None) -> list[WorkerInfo]:
     """Online workers (Celery inspect, or their own rows written every heartbeat: the embedded mode's
     file broker answers no inspect) plus any that hold a running run or were drained."""
-    from webapp.registry.models import Backend
-
     board = board or QueueBoard.load()
     gpu_queues = set(Backend.objects.filter(needs_gpu=True).values_list("queue", flat=True))
     # Each request waits out INSPECT_TIMEOUT for replies: asked together, the page waits once.

@@ -16,93 +16,26 @@ import logging
 import math
 from datetime import timedelta
 from typing import Any
-from urllib.parse import quote
 
 from django.conf import settings
 from django.core.mail import send_mail
-from django.core.validators import validate_email
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
-from training.egress import EgressProxy, EgressRefused, Guard
+from training.isolation.egress import EgressProxy, EgressRefused
+from webapp.celery_app import app as celery_app  # sends by task name: the web side never imports workers
+from webapp.integrations.models import AlertDelivery, AlertRule
+from webapp.integrations.targets import SERVER_SCHEMES, WEBHOOK_SCHEMES, egress_guard, plugin_of, server_url, target_label
+from webapp.runs.models import Run, run_status_changed
 
 logger = logging.getLogger(__name__)
 
-# apprise schemes a rule may name: webhooks only (no local files, no shell, no SMTP of the user's).
-WEBHOOK_SCHEMES = {"json", "jsons", "form", "forms", "slack", "discord"}
-# Of those, the ones whose URL names the server posted to (Slack and Discord post to their own).
-SERVER_SCHEMES = {"json", "jsons", "form", "forms"}
 LEASE_SECONDS = 60
 FINAL_EVENTS = {"failed", "succeeded", "cancelled"}
 
 
 class DeliveryFailed(Exception):
     """A delivery failed; the message is ours (the guard's refusal, a status code), safe to show."""
-
-
-# -- targets ------------------------------------------------------------------------------------
-
-def _guard() -> Guard:
-    return Guard(allowed=tuple(settings.EGRESS_ALLOWED_HOSTS))
-
-
-def _plugin(target: str):
-    """apprise's own reading of a webhook URL (its plugin), or None when apprise cannot use it.
-    Its asset sends in the calling thread (not apprise's thread pool), where the egress route is."""
-    import apprise
-
-    return apprise.Apprise.instantiate(target, asset=apprise.AppriseAsset(async_mode=False))
-
-
-def _server_url(plugin) -> str:
-    """The http(s) origin a json:// or form:// plugin posts to, as apprise reads it."""
-    port = f":{plugin.port}" if plugin.port else ""
-    return f"{'https' if plugin.secure else 'http'}://{plugin.host}{port}/"
-
-
-def check_target(target: str) -> str:
-    """A rule's target as stored: an email address, or a webhook URL rebuilt from apprise's reading
-    of it (json:// and form://: only the user, password, host, port and path). Raises ValueError.
-
-    Options after ``?`` are refused: they choose the HTTP method, extra headers (``+Header=``),
-    query and payload keys, timeouts and certificate checks, none of which a member sets. The
-    server is the one apprise will post to (its plugin's host and port), judged by the egress guard
-    now and again at every delivery."""
-    target = target.strip()
-    if "://" not in target:
-        try:
-            validate_email(target.removeprefix("mailto:"))
-        except Exception:
-            raise ValueError(f"{target!r} is neither an email address nor a webhook URL (json://, slack://, discord://).") from None
-        return target.removeprefix("mailto:")
-    scheme = target.split("://", 1)[0].lower()
-    if scheme not in WEBHOOK_SCHEMES:
-        raise ValueError(f"{scheme}:// is not a webhook this platform sends to; use one of {', '.join(sorted(WEBHOOK_SCHEMES))}, or an email address.")
-    if "?" in target:
-        raise ValueError("Options after '?' are not accepted (they choose the method, headers, timeouts and certificate "
-                         "checks, which the platform sets); remove everything from the '?' on.")
-    plugin = _plugin(target)
-    if plugin is None:
-        raise ValueError(f"apprise cannot use this {scheme}:// URL; check its format.")
-    if scheme not in SERVER_SCHEMES:
-        return target
-    canonical = _canonical(scheme, plugin)
-    again = _plugin(canonical)
-    if again is None or (again.host, again.port, again.fullpath, again.user) != (plugin.host, plugin.port, plugin.fullpath, plugin.user):
-        raise ValueError(f"this {scheme}:// URL cannot be read one way only; write it as {scheme}://host[:port]/path.")
-    try:
-        _guard().check_url(_server_url(plugin), unresolved_ok=True)
-    except EgressRefused as exc:
-        raise ValueError(f"The webhook's server {plugin.host}: {exc}") from None
-    return canonical
-
-
-def _canonical(scheme: str, plugin) -> str:
-    auth = ""
-    if plugin.user:
-        auth = quote(plugin.user, safe="") + (f":{quote(plugin.password, safe='')}" if plugin.password else "") + "@"
-    port = f":{plugin.port}" if plugin.port else ""
-    return f"{scheme}://{auth}{plugin.host}{port}{quote(plugin.fullpath or '/', safe='/')}"
 
 
 CONSOLE_EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
@@ -116,26 +49,11 @@ def emails_printed() -> bool:
     return settings.EMAIL_BACKEND == CONSOLE_EMAIL_BACKEND
 
 
-def target_label(target: str) -> str:
-    """The target without its secret parts (webhook tokens, passwords, paths): shown on pages. A
-    server's host is the one apprise posts to."""
-    if "://" not in target:
-        return target
-    scheme = target.split("://", 1)[0].lower()
-    plugin = _plugin(target) if scheme in SERVER_SCHEMES else None
-    if plugin is None:
-        return f"{scheme}://…"
-    return f"{scheme}://{plugin.host}{':%d' % plugin.port if plugin.port else ''}/…"
-
-
 # -- events ---------------------------------------------------------------------------------------
 
 def rules_for(run) -> models.QuerySet:
     """The rules that cover ``run``: its owner's own rules, and its project's rules when the run is
     team-visible (a project's rule goes where a team admin chose; a private run is the owner's)."""
-    from webapp.integrations.models import AlertRule
-    from webapp.runs.models import Run
-
     mine = models.Q(user_id=run.owner_id)
     if run.project_id and run.visibility == Run.Visibility.TEAM:
         mine |= models.Q(project_id=run.project_id)
@@ -144,8 +62,6 @@ def rules_for(run) -> models.QuerySet:
 
 def enqueue(rule, run, event: str, title: str, body: str) -> bool:
     """Add one delivery to the outbox (once per rule, run and event); sending happens elsewhere."""
-    from webapp.integrations.models import AlertDelivery
-
     try:
         with transaction.atomic():
             AlertDelivery.objects.create(rule=rule, run=run, event=event, title=title[:300], body=body)
@@ -158,9 +74,7 @@ def enqueue(rule, run, event: str, title: str, body: str) -> bool:
 def _kick_sender() -> None:
     """Ask a worker to send now. No broker (e.g. the web tier lost Redis): housekeeping sends later."""
     try:
-        from webapp.celery_app import app  # by task name: the web side never imports workers
-
-        app.send_task("integrations.deliver_alerts", queue=settings.ALERT_QUEUE, retry=False)
+        celery_app.send_task("integrations.deliver_alerts", queue=settings.ALERT_QUEUE, retry=False)
     except Exception as exc:
         logger.warning("alerts: could not queue delivery (%s); the next housekeeping tick sends it", exc)
 
@@ -186,8 +100,6 @@ def on_status_changed(sender, run, **kwargs) -> None:
 
 
 def connect() -> None:
-    from webapp.runs.models import run_status_changed
-
     run_status_changed.connect(on_status_changed, dispatch_uid="integrations.alerts")
 
 
@@ -230,8 +142,6 @@ class ThresholdSink:
 
 def find_quiet_runs(now=None) -> int:
     """Running runs with no new step for a rule's ``quiet_minutes``: one alert per rule and run."""
-    from webapp.runs.models import Run
-
     now = now or timezone.now()
     added = 0
     running = Run.objects.filter(status=Run.Status.RUNNING)
@@ -266,13 +176,13 @@ def send(target: str, title: str, body: str) -> None:
     import apprise
 
     scheme = target.split("://", 1)[0].lower()
-    plugin = _plugin(target)
+    plugin = plugin_of(target)
     if scheme not in WEBHOOK_SCHEMES or plugin is None:
         raise DeliveryFailed(f"the target {target_label(target)} is not a webhook this platform sends to.")
-    guard = _guard()
+    guard = egress_guard()
     if scheme in SERVER_SCHEMES:
         try:
-            guard.check_url(_server_url(plugin))
+            guard.check_url(server_url(plugin))
         except EgressRefused as exc:
             raise DeliveryFailed(f"the webhook's server {plugin.host}: {exc}") from None
     notifier = apprise.Apprise()
@@ -286,8 +196,6 @@ def send(target: str, title: str, body: str) -> None:
 def deliver_due(now=None, limit: int = 50) -> dict[str, int]:
     """Send due deliveries. Each is claimed with a filtered update (a lease), so two senders never
     both send it and a sender that dies leaves it to be sent again once the lease expires."""
-    from webapp.integrations.models import AlertDelivery
-
     now = now or timezone.now()
     counts = {"sent": 0, "retry": 0, "failed": 0}
     due = AlertDelivery.objects.filter(status=AlertDelivery.Status.PENDING, next_attempt_at__lte=now)
@@ -320,8 +228,6 @@ def deliver_due(now=None, limit: int = 50) -> dict[str, int]:
 
 def next_due_in(now=None) -> float | None:
     """Seconds until the next pending delivery is due (None: nothing pending)."""
-    from webapp.integrations.models import AlertDelivery
-
     now = now or timezone.now()
     first = AlertDelivery.objects.filter(status=AlertDelivery.Status.PENDING).order_by("next_attempt_at").values_list("next_attempt_at", flat=True).first()
     return None if first is None else max(0.0, (first - now).total_seconds())

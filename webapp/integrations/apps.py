@@ -7,6 +7,6 @@ class IntegrationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from webapp.integrations import alerts
+        from webapp.integrations import alerts  # imports models: only once the apps are loaded
 
         alerts.connect()

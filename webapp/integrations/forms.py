@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 from django import forms
 from django.conf import settings
 
-from training.egress import EgressRefused, Guard
-from webapp.integrations.alerts import check_target
+from training.isolation.egress import EgressRefused, Guard
+from webapp.integrations.targets import check_target
 from webapp.integrations.models import AlertRule, TrackingTarget, without_credentials
 
 

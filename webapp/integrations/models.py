@@ -14,6 +14,7 @@ from django.db import models
 from django.utils import timezone
 
 from webapp.integrations.secrets import seal, unseal
+from webapp.integrations import targets
 
 
 def without_credentials(url: str) -> str:
@@ -119,14 +120,12 @@ class AlertRule(models.Model):
 
     @target.setter
     def target(self, value: str) -> None:
-        from webapp.integrations.alerts import target_label
-
         self.target_sealed = seal(value)
-        self.target_label = target_label(value)
+        self.target_label = targets.target_label(value)
 
     @property
     def is_email(self) -> bool:
-        return "://" not in self.target_label  # a webhook is always a URL (alerts.check_target)
+        return "://" not in self.target_label  # a webhook is always a URL (targets.check_target)
 
     def describe_threshold(self) -> str:
         if not self.metric:

@@ -13,13 +13,16 @@ from typing import Any
 
 from django.conf import settings
 
-from training.egress import ALLOWED_HOSTS_ENV
-from training.trackers import IDS_FILE, read_ids
+from training.config import TrainerConfig
+from training.isolation.egress import ALLOWED_HOSTS_ENV
+from training.tracking.trackers import IDS_FILE, read_ids
+from webapp.integrations.alerts import ThresholdSink
+from webapp.integrations.models import TrackingTarget
+from webapp.runs import artifacts
+from webapp.sweeps.engine import PruningSink
 
 
 def target_of(run):
-    from webapp.integrations.models import TrackingTarget
-
     if not run.project_id:
         return None
     return TrackingTarget.objects.filter(project_id=run.project_id).first()
@@ -30,8 +33,6 @@ def tracking_config(run, config: dict[str, Any]) -> dict[str, Any]:
     target = target_of(run)
     if target is None or not target.loggers():
         return config
-    from training.config import TrainerConfig
-
     config = dict(config)
     names = list(config.get("trainer.logger") or TrainerConfig().logger)
     config["trainer.logger"] = list(dict.fromkeys([*names, *target.loggers()]))
@@ -76,9 +77,6 @@ def prepare_run(run, trainer_kwargs: dict[str, Any]) -> list:
     their secrets in this process's environment (and the admin's allowed hosts, for the egress
     guard the trackers send through), the sink that raises threshold alerts and, for a
     sweep's trial, the one that prunes it."""
-    from webapp.integrations.alerts import ThresholdSink
-    from webapp.sweeps.engine import PruningSink
-
     trainer_kwargs["config"] = tracking_config(run, trainer_kwargs.get("config") or {})
     for name in TRACKER_ENVIRONMENT:
         os.environ.pop(name, None)
@@ -90,8 +88,6 @@ def prepare_run(run, trainer_kwargs: dict[str, Any]) -> list:
 def external_links(run) -> list[dict[str, str]]:
     """The run's external runs, from ``trackers.json`` in its folder: a link where the tool has a
     page (W&B online, an MLflow server), else where the files are."""
-    from webapp.runs import artifacts
-
     if artifacts.shared():  # the folder was a worker's scratch: its trackers.json is in the store
         ids = artifacts.read_json(run, IDS_FILE)
     elif not run.run_path:

@@ -1,4 +1,4 @@
-"""Registry code runs only in a sandbox: the check of a run's spec (``training.probe`` in its jail,
+"""Registry code runs only in a sandbox: the check of a run's spec (``training.platform.probe`` in its jail,
 with the platform's limits), the plugins a training process loads, and the registry's arguments
 taken out of whatever text a member reads (check errors, a run's error and log)."""
 
@@ -11,7 +11,9 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from training import probe, secrets
+from training.platform import probe
+
+from training.config import secrets
 from training.config import flatten
 from training.utils import leaves
 from webapp.policy import limits
@@ -28,7 +30,7 @@ def load_training_plugins() -> None:
 
 
 def check_spec(kwargs: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """What ``training.probe`` checks for a run with these ``AgentTrainer`` kwargs: the platform-set
+    """What ``training.platform.probe`` checks for a run with these ``AgentTrainer`` kwargs: the platform-set
     keys must come out as set, and the owner's ``overrides`` reach nothing unchecked. ``data_paths``:
     the files the check reads (the datasets, the model's folder), the only ones its jail shows it."""
     config = kwargs["config"]
@@ -45,7 +47,7 @@ def check_spec(kwargs: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
 
 
 def check_isolated(spec: dict[str, Any]) -> dict[str, Any]:
-    """``training.probe.check_isolated`` with the platform's limits: the run's code never runs here.
+    """``training.platform.probe.check_isolated`` with the platform's limits: the run's code never runs here.
     Each check's data is linked under ``VAR_DIR/run-checks`` (beside the uploads: links, not copies).
     The answer's message reaches the run's owner: the registry's arguments are taken out of it."""
     probe.use_inbox(settings.VAR_DIR / "run-checks")

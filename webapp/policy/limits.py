@@ -19,8 +19,11 @@ from typing import Any
 import yaml
 from django.core.exceptions import ValidationError
 
-from training.config import UNIFIED_NAMES, UNIFIED_SECTIONS, Config, ConfigError, flatten, to_dict, valid_keys
-from training.trl_names import translate_trl_names
+from training.config import UNIFIED_NAMES, UNIFIED_SECTIONS, Config, flatten, to_dict, valid_keys
+
+from training.errors import ConfigError
+from training.backends.trl.names import DIRECT as TRL_NAMES
+from training.backends.trl.names import translate_trl_names
 
 # Sizes of what a person types. Overrides are short in practice (a few dozen keys).
 MAX_OVERRIDES_CHARS = 20_000
@@ -173,7 +176,8 @@ def config_leaves(overrides: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     A mapping value is the keys under it, flattened with the library's own ``training.config.flatten``
     (``rllm.workflow={"workflow_args": {"f": 1}}`` sets ``rllm.workflow.workflow_args.f``); Hydra's
     ``+`` is dropped; rLLM's unified names are read as the keys they set (``rllm.trainer.python`` is
-    ``trainer.python``, ``model.name`` is ``actor_rollout_ref.model.path``). A key ``Config.build``
+    ``trainer.python``, ``model.name`` is ``actor_rollout_ref.model.path``), and so are TRL's
+    (``model``, as AWorld's TRL configs name the model, is ``actor_rollout_ref.model.path``). A key ``Config.build``
     would refuse as unknown may be named here too: refusing it twice costs nothing."""
 
     leaves: dict[str, tuple[str, Any]] = {}
@@ -188,6 +192,8 @@ def _as_read(key: str) -> str:
     key = ".".join(part.strip().lstrip("+") for part in key.split("."))
     if key in UNIFIED_NAMES:
         return UNIFIED_NAMES[key]
+    if key in TRL_NAMES:  # TRL's GRPOConfig names, as AWorld's TRL configs write them ('model' is the model's path)
+        return TRL_NAMES[key]
     return key.removeprefix("rllm.") if key.startswith(UNIFIED_SECTIONS) else key
 
 

@@ -19,10 +19,11 @@ from django.db import models
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
-from training.chat_agent import ModelConfig
-from training.config import Config, ConfigError
-from training.processor import get_processor_class
-from training.secrets import reference
+from training.compat.aworld.agents import ModelConfig
+from training.config import Config
+from training.errors import ConfigError
+from training.backends.processor import get_processor_class
+from training.config.secrets import reference
 from training.utils import leaves
 from webapp.policy.checks import check_isolated
 from webapp.policy.keys import refused_overrides

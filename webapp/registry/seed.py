@@ -77,7 +77,7 @@ def demo_run() -> dict:
     """The demo run's form fields."""
     import yaml
 
-    import examples
+    import examples  # registers the example datasets in this process: only where a demo run is made
 
     recipe = yaml.safe_load((Path(examples.__file__).parent / "configs" / "frozenlake.yaml").read_text())["config"]
     model = recipe.pop("actor_rollout_ref.model.path", "tiny-char")

@@ -7,4 +7,4 @@ class RunsConfig(AppConfig):
     verbose_name = "Runs"
 
     def ready(self) -> None:
-        from webapp.runs import artifacts  # noqa: F401  (deleting a run removes its files)
+        from webapp.runs import artifacts  # noqa: F401  (imports models, once the apps are loaded: deleting a run removes its files)

@@ -3,7 +3,7 @@
 Without it (one machine) each run's files stay in the folder it trained in, under ``RUNS_DIR``, and
 that folder is the run's place in a local store rooted at ``RUNS_DIR``. With it (a fleet) workers
 train in a scratch folder under their own ``RUNS_DIR`` and copy the run's files to
-``<ARTIFACTS_URL>/runs/<id>-<uid>/`` (``training.artifacts.RunUploader``), uploads go to
+``<ARTIFACTS_URL>/runs/<id>-<uid>/`` (``training.platform.artifacts.RunUploader``), uploads go to
 ``<ARTIFACTS_URL>/uploads/`` (``ArtifactStorage``, Django's default storage then), and every
 machine reads them from there.
 
@@ -32,9 +32,9 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils.deconstruct import deconstructible
 
-from training.artifacts import (
-    STORED_MARKER, ArtifactStore, ArtifactStoreError, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints,
-)
+from training.platform.artifacts import STORED_MARKER, ArtifactStore, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints
+
+from training.errors import ArtifactStoreError
 from webapp.policy.keys import RUN_MODEL
 from webapp.runs.models import Run, last_step_of
 

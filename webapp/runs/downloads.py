@@ -1,12 +1,11 @@
-"""What a run page offers to download: its config as YAML, its metrics as CSV, its checkpoints and
-final model as .tar.gz archives, and (with a shared artifact store) the files its workers stored.
-Whoever may view the run may download them; files are only ever read from inside the run's own
+"""What a run page offers to download: its config as YAML, its checkpoints and final model as
+.tar.gz archives, and (with a shared artifact store) the files its workers stored (its metrics as
+CSV: ``webapp.dashboard.views.metrics_csv``, beside the metric store). Whoever may view the run may download them; files are only ever read from inside the run's own
 directory under RUNS_DIR, or from its own prefix in the artifact store (streamed from there, or a
 presigned link to the store where it signs them, given after the run's access check)."""
 
 from __future__ import annotations
 
-import csv
 import io
 import queue
 import tarfile
@@ -22,23 +21,12 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.views.decorators.http import require_GET
 
-from training.artifacts import STORED_MARKER, iter_chunks
+from training.platform.artifacts import STORED_MARKER, iter_chunks
+from training.config import TrainerConfig
 from webapp.runs import artifacts
 from webapp.runs.access import get_run_for_user
 from webapp.runs.models import Run
 from webapp.runs.trainer_args import shown_spec
-
-# Steps of the metrics CSV read from the metric store at a time.
-CSV_STEPS = 2000
-# A cell starting with one of these is a formula to a spreadsheet (OWASP's CSV injection list).
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-
-
-def csv_text(cell: str) -> str:
-    """A text cell of a CSV export, which a spreadsheet shows as text, never runs: metric names are
-    whatever a run's code (or an external run's reporter) chose, ``=HYPERLINK(...)`` included."""
-    return "'" + cell if cell.startswith(FORMULA_STARTS) else cell
-
 
 def total_steps(run: Run) -> int | None:
     """The run's step budget: its final config's, else its overrides', else the library's default."""
@@ -46,8 +34,6 @@ def total_steps(run: Run) -> int | None:
     value = (final.get("trainer") or {}).get("total_training_steps") if isinstance(final, dict) else None
     value = value or (run.config_overrides or {}).get("trainer.total_training_steps")
     if value is None and run.backend and run.backend.processor in ("trl", "verl"):
-        from training.config import TrainerConfig
-
         value = TrainerConfig().total_training_steps
     try:
         return int(value) if value is not None else None
@@ -124,44 +110,6 @@ def config_download(request, pk: int) -> HttpResponse:
     run = get_run_for_user(request.user, pk, "view")
     response = HttpResponse(config_yaml(run), content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-config.yaml"'
-    return response
-
-
-@login_required
-@require_GET
-def metrics_csv(request, pk: int) -> StreamingHttpResponse:
-    """One row per step, one column per metric key (empty where a step did not log that key). The
-    keys are text (``csv_text``); the rest are numbers: steps, and values as Python writes floats."""
-    run = get_run_for_user(request.user, pk, "view")
-    from webapp.dashboard import series
-
-    keys = sorted(run.latest_values or {})
-    pages = series.windows(run.pk, CSV_STEPS)
-
-    def page() -> list[list]:
-        """The rows of the next window of steps ([] at the end)."""
-        window = next(pages, None)
-        if window is None:
-            return []
-        by_step: dict[int, dict[str, str]] = {}
-        for key, (steps, values) in window.items():
-            for step, value in zip(steps.tolist(), values.tolist()):
-                by_step.setdefault(step, {})[key] = repr(value) if value == value else ""
-        return [[step, *(by_step[step].get(k, "") for k in keys)] for step in sorted(by_step)]
-
-    async def lines():  # an async iterator: the ASGI server streams it without a thread per response
-        buffer = io.StringIO()
-        writer = csv.writer(buffer)
-        writer.writerow(["step", *map(csv_text, keys)])
-        while rows := await sync_to_async(page, thread_sensitive=True)():
-            writer.writerows(rows)
-            yield buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-        yield buffer.getvalue()
-
-    response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
     return response
 
 

@@ -9,7 +9,9 @@ from typing import Any
 import yaml
 from django import forms
 
-from training.config import Config, ConfigError, flatten, parse_overrides
+from training.config import Config, flatten, parse_overrides
+
+from training.errors import ConfigError
 from webapp.policy import limits
 from webapp.policy.checks import check_isolated, check_spec
 from webapp.policy.keys import permitted_overrides, refused_overrides

@@ -28,10 +28,17 @@ from django.urls import reverse
 from django.utils import timezone
 
 from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+from webapp.teams.models import teams_of
+
+# The highest step a run reaches: ``Run.steps``, which the metric store keeps, is a 32-bit column on every database.
+MAX_STEP = 2**31 - 1
 
 
 # Sent after a run's status changed (kwargs: run). The dashboard pushes it to live viewers.
 run_status_changed = Signal()
+# Sent after a batch of a run's log lines is stored (kwargs: run_id, lines: ``{id, time, level, message}``
+# each). The dashboard pushes them to live viewers.
+run_logs_written = Signal()
 
 
 class AttemptSuperseded(Exception):
@@ -54,8 +61,6 @@ def lock_for_attempt(run_id: int, attempt: int | None) -> dict | None:
 class RunQuerySet(models.QuerySet):
     def visible_to(self, user) -> "RunQuerySet":
         """Runs ``user`` may see: the same rule as ``access.can(user, run, "view")``, as a query."""
-        from webapp.teams.models import teams_of
-
         if user.is_superuser:
             return self
         if not user.is_authenticated:

@@ -3,7 +3,8 @@ metric store through ``webapp.dashboard.recording.DashboardSink``.)
 
 The training thread (and the library's episode threads) only append to buffers; one flusher
 thread writes them every ``flush_seconds`` with its own database connection, so training never
-waits on the database.
+waits on the database. Each stored batch is announced with ``run_logs_written``, which the
+dashboard pushes to the run's live viewers.
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from webapp.batching import BackgroundFlusher
-from webapp.dashboard.live import publish_logs
-from webapp.runs.models import RunLog, lock_for_attempt
+from webapp.runs.batching import BackgroundFlusher
+from webapp.runs.models import RunLog, lock_for_attempt, run_logs_written
 
 
 class RunRecorder(BackgroundFlusher):
     """Buffers log lines of one run and writes them in batches (``start()`` the background writer,
     or call ``flush()``). While the database is down they stay buffered and are written when it is
-    back; with ``spool_dir`` (the run's folder) they wait on disk instead (``webapp.batching``).
+    back; with ``spool_dir`` (the run's folder) they wait on disk instead (``webapp.runs.batching``).
     Each log line has a uid, so a line written twice is stored once."""
 
     spool_kind = "records"
@@ -89,13 +89,13 @@ class RunRecorder(BackgroundFlusher):
                 lock_for_attempt(self.run_id, self.attempt)
                 # A line already stored (a spooled batch written again) is left as it is.
                 RunLog.objects.bulk_create(logs, update_conflicts=True, unique_fields=["uid"], update_fields=["uid"])
-            publish_logs(self.run_id, [
+            run_logs_written.send(RunRecorder, run_id=self.run_id, lines=[
                 {"id": line.pk, "time": line.time.isoformat(), "level": line.level, "message": line.message} for line in logs
             ])
 
 
 class DatabaseSink:
-    """A ``training.sinks.MetricSink`` that writes the run's log lines when the run ends. Metric
+    """A ``training.tracking.sinks.MetricSink`` that writes the run's log lines when the run ends. Metric
     points are stored once, by ``webapp.dashboard.recording.DashboardSink``."""
 
     def __init__(self, recorder: RunRecorder) -> None:

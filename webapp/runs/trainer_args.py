@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from training.models import adapter_base, is_adapter, is_saved_model
+from training.rollouts.models import adapter_base, is_adapter, is_saved_model
 from webapp.policy import limits
 from webapp.policy.checks import ARGUMENT_KWARGS, HIDDEN, private_values, redact
 from webapp.policy.keys import (

@@ -7,7 +7,6 @@ class SweepsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from webapp.runs.models import run_status_changed
-        from webapp.sweeps import engine
+        from webapp.sweeps import engine  # imports models: only once the apps are loaded
 
-        run_status_changed.connect(engine.on_status_changed, dispatch_uid="sweeps.trial_ended")
+        engine.connect()

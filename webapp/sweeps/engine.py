@@ -1,5 +1,5 @@
 """Running a sweep on the platform: trials are ordinary runs; Optuna picks each next point and
-decides pruning from what the trials recorded (``training.sweep``).
+decides pruning from what the trials recorded (``training.platform.sweep``).
 
 - ``create(...)`` makes a sweep and starts its first trials, or refuses it (nothing kept) when
   they cannot start.
@@ -24,12 +24,12 @@ import numpy as np
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.db import transaction
 
-from training.sweep import TrialRecord, ask_next, grid_size, parse_space, should_prune
+from training.platform.sweep import TrialRecord, ask_next, grid_size, parse_space, should_prune
 from webapp.dashboard.series import all_points
 from webapp.runs.access import can
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.policy.limits import MAX_NOTES_CHARS
-from webapp.runs.models import Run
+from webapp.runs.models import Run, run_status_changed
 from webapp.runs.submission import QuotaExceeded
 from webapp.runs.trainer_args import clone_overrides
 from webapp.sweeps.models import Sweep, Trial
@@ -162,6 +162,10 @@ def objective_value(run: Run, sweep: Sweep) -> float | None:
         return None
     summarise = {Sweep.Summary.MAX: np.max, Sweep.Summary.MIN: np.min, Sweep.Summary.MEAN_LAST: np.mean}[sweep.objective_summary]
     return float(summarise(values))
+
+
+def connect() -> None:
+    run_status_changed.connect(on_status_changed, dispatch_uid="sweeps.trial_ended")
 
 
 def on_status_changed(sender, run: Run, **kwargs) -> None:

@@ -11,8 +11,10 @@ from typing import Any
 
 from django import forms
 
-from training.config import Config, ConfigError
-from training.sweep import SAMPLERS, grid_size, parse_space
+from training.config import Config
+
+from training.errors import ConfigError
+from training.platform.sweep import SAMPLERS, grid_size, parse_space
 from webapp.policy import limits
 from webapp.policy.keys import refused_overrides
 from webapp.sweeps import engine

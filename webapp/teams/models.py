@@ -106,7 +106,7 @@ class ShareLink(models.Model):
         return f"share link of {self.run_id}{' (revoked)' if self.revoked_at else ''}"
 
     def get_absolute_url(self) -> str:
-        return reverse("teams:shared_run", args=[self.token])
+        return reverse("runs:shared_run", args=[self.token])
 
     def revoke(self) -> bool:
         revoked = bool(ShareLink.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()))

@@ -15,7 +15,4 @@ urlpatterns = [
     path("invite/<str:token>/", views.accept_invitation, name="accept_invitation"),
     path("invitations/<int:pk>/answer/", views.answer_invitation, name="answer_invitation"),
     path("signup/", views.signup, name="signup"),
-    path("share/<str:token>/", views.shared_run, name="shared_run"),
-    path("runs/<int:pk>/share/", views.create_share, name="create_share"),
-    path("share-links/<int:pk>/revoke/", views.revoke_share, name="revoke_share"),
 ]

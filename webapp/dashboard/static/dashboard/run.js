@@ -6,7 +6,7 @@
     ["reward", "Reward"], ["reward_std", "Reward std"], ["loss", "Loss"], ["kl", "KL"], ["entropy", "Entropy"],
     ["response_length", "Response length"], ["turns", "Turns per episode"], ["termination/", "Termination reasons"],
     ["step_time", "Step time (s)"], ["val/", "Validation (test set)"],
-    // System metrics, sampled in the training process (training/system_metrics.py): one chart per unit.
+    // System metrics, sampled in the training process (training/tracking/system_metrics.py): one chart per unit.
     ["system/cpu/", "System: CPU (%)"], ["system/memory_gb/", "System: memory (GB)"],
     ["system/gpu_utilization/", "System: GPU utilisation (%)"], ["system/gpu_memory_gb/", "System: GPU memory (GB)"],
     ["system/gpu_power_watts/", "System: GPU power (W)"],

@@ -8,6 +8,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandParser
 
 from webapp.runs import artifacts
+from webapp.runs.models import Run
 
 
 class Command(BaseCommand):
@@ -30,8 +31,6 @@ class Command(BaseCommand):
             verb = "removed" if options["delete"] else "found (run again with --delete to remove them)"
             self.stdout.write(f"{len(found)} orphan(s) {verb} in {artifacts.store().url}.")
         else:
-            from webapp.runs.models import Run
-
             total = 0
             for run in Run.objects.filter(status__in=Run.FINAL).select_related("project"):
                 removed = artifacts.apply_retention(run)

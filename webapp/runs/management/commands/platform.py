@@ -24,6 +24,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from training.utils import cuda_device_count
 from webapp import server
 from webapp.privileges import drop_root
 from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
@@ -89,8 +90,6 @@ class Command(BaseCommand):
 
     # -- parts -----------------------------------------------------------------------------------
     def _gpu_count(self) -> int:
-        from training.utils import cuda_device_count
-
         return cuda_device_count()
 
     def _demo_user(self, username: str, password: str):

@@ -1,0 +1,152 @@
+"""Python functions as tools a chat agent may call, and the tool-call format the model writes.
+
+A tool is a plain (or async) Python function with type hints and a docstring whose ``Args:``
+section describes each argument: ``transformers.utils.get_json_schema`` turns it into the
+OpenAI-style schema the model reads. Tools are named by import path (``pkg.mod.fn`` or
+``path/to/file.py:fn``) or registered by name with :func:`register_tool`.
+
+The model calls tools in the Hermes format that Qwen and most open chat models are trained on::
+
+    <tool_call>
+    {"name": "add", "arguments": {"a": 2, "b": 3}}
+    </tool_call>
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from training.utils import import_object
+
+_TOOLS: dict[str, Callable[..., Any]] = {}
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One callable tool: its name as the model sees it, its schema, and where it came from."""
+
+    name: str
+    fn: Callable[..., Any]
+    schema: dict[str, Any]
+    source: str
+
+    def call(self, arguments: dict[str, Any]) -> str:
+        """Run the tool; the result as the text the model reads. Exceptions propagate."""
+        result = self.fn(**arguments)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_awaited(result))
+        return result if isinstance(result, str) else json.dumps(result, default=str)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def register_tool(name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a function as a tool under ``name`` (default: the function's name)."""
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        key = name or fn.__name__
+        if key in _TOOLS and _TOOLS[key] is not fn:
+            raise ValueError(f"a tool named {key!r} is already registered ({_TOOLS[key]!r}); choose another name.")
+        _TOOLS[key] = fn
+        return fn
+
+    return decorator
+
+
+def registered_tools() -> list[str]:
+    return sorted(_TOOLS)
+
+
+def load_tool(spec: str | Callable[..., Any]) -> Tool:
+    """A tool from a function, a registered name or an import path. Raises ValueError naming the tool."""
+    if callable(spec):
+        fn, source = spec, f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', spec)}"
+    elif isinstance(spec, str) and spec in _TOOLS:
+        fn, source = _TOOLS[spec], spec
+    elif isinstance(spec, str) and ("." in spec or ":" in spec):
+        fn, source = import_object(spec, what="tool"), spec
+    else:
+        known = ", ".join(registered_tools()) or "none"
+        raise ValueError(
+            f"tool {spec!r} is neither a registered tool (registered: {known}) nor an import path "
+            f"such as 'pkg.module.fn' or 'path/to/file.py:fn'."
+        )
+    if not callable(fn) or isinstance(fn, type):
+        raise ValueError(f"tool {source!r} is a {type(fn).__name__}, not a function.")
+    from transformers.utils import get_json_schema
+
+    try:
+        schema = get_json_schema(fn)
+    except Exception as exc:  # transformers raises its own TypeError/ValueError subclasses
+        raise ValueError(
+            f"tool {source!r}: {exc}. The model reads each tool's description: give the function type "
+            f"hints and a docstring with an 'Args:' section describing every argument."
+        ) from exc
+    return Tool(name=schema["function"]["name"], fn=fn, schema=schema, source=source)
+
+
+def load_tools(specs: list[Any]) -> list[Tool]:
+    """Tools in order, refusing two with the same name (the model could not tell them apart)."""
+    tools = [load_tool(spec) for spec in specs]
+    seen: dict[str, str] = {}
+    for tool in tools:
+        if tool.name in seen:
+            raise ValueError(f"tools {seen[tool.name]!r} and {tool.source!r} are both named {tool.name!r}; rename one.")
+        seen[tool.name] = tool.source
+    return tools
+
+
+def tools_prompt(schemas: list[dict[str, Any]]) -> str:
+    """The text that tells the model which tools it has and how to call them."""
+    listed = "\n".join(json.dumps(schema, sort_keys=True) for schema in schemas)
+    return (
+        "# Tools\n\n"
+        "You may call the functions below to help answer. Their signatures, inside <tools></tools>:\n"
+        f"<tools>\n{listed}\n</tools>\n\n"
+        "To call one, write a JSON object with its name and arguments inside <tool_call></tool_call> tags:\n"
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n'
+        "When you have the answer, reply without a tool call."
+    )
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model wrote. ``error`` says why it cannot be run (bad JSON, no name)."""
+
+    name: str
+    arguments: dict[str, Any]
+    error: str | None = None
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """Every ``<tool_call>...</tool_call>`` block of ``text``, in order (none: a final answer)."""
+    calls = []
+    for body in _TOOL_CALL.findall(text):
+        try:
+            payload = json.loads(body)
+        except json.JSONDecodeError as exc:
+            calls.append(ToolCall("", {}, f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})"))
+            continue
+        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+            calls.append(ToolCall("", {}, 'a tool call needs {"name": ..., "arguments": {...}}'))
+            continue
+        arguments = payload.get("arguments", {})
+        if isinstance(arguments, str):  # some models write the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(arguments, dict):
+            calls.append(ToolCall(payload["name"], {}, "the arguments of a tool call must be a JSON object"))
+            continue
+        calls.append(ToolCall(payload["name"], arguments))
+    return calls

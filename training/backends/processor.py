@@ -1,0 +1,243 @@
+"""The contract every training backend implements, and the registry of backends by name."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import threading
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from training.log import logger
+from training.rollouts.outcomes import RewardTrace, learning_warnings
+from training.tracking.sinks import MetricSink, MultiSink
+from training.utils import import_object
+from training.errors import DiskFull, RunSuperseded
+
+T = TypeVar("T")
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is a full disk: ENOSPC, or the libraries' words for it
+    (torch's stream writer, safetensors)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if any(words in str(exc) for words in ("No space left on device", "file write failed", "StorageFull")):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def free_bytes(folder: str | Path) -> int:
+    """The free space of ``folder``'s disk (its nearest existing parent's)."""
+    path = Path(folder)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def free_space(folder: str | Path) -> str:
+    """The free space of ``folder``'s disk, for people."""
+    free = free_bytes(folder)
+    return f"{free / 2**20:.1f} MB" if free < 2**30 else f"{free / 2**30:.1f} GB"
+
+
+class TrainerProcessor(ABC):
+    """A training backend. ``AgentTrainer`` calls, in this order: ``check_agent``,
+    ``check_dataset``, ``check_reward``, ``check_config``, then ``mark_initialized`` and ``train``.
+
+    Each ``check_*`` validates one input, converts it to what the backend needs and keeps it;
+    it raises ``ValueError`` (or a subclass) that says what is wrong and how to fix it.
+    """
+
+    #: Whether training runs in an interpreter of its own (``trainer.python``; on the platform the
+    #: Backend's ``python``), so that its environment is checked there, not in the caller's process.
+    own_interpreter: bool = False
+    #: A full disk while a checkpoint or the final model is written (``write_files``): "fail" the
+    #: run naming the folder and its free space, or "pause" until the disk has room again.
+    on_full_disk: str = "fail"
+    full_disk_check_seconds: float = 5.0
+
+    def __init__(self, run_path: str) -> None:
+        self.run_path = str(run_path)
+        self.sinks = MultiSink()
+        # Sees every step's reward whatever the backend, for ``learning_warnings``.
+        self.reward_trace = RewardTrace()
+        self.sinks.add(self.reward_trace)
+        self._initialized = False
+        self._stop = threading.Event()
+        self._stop_checks: list[Callable[[], bool]] = []
+        self._write_checks: list[Callable[[], bool]] = []
+
+    @abstractmethod
+    def train(self) -> Any:
+        """Load data and model, run the training loop, save checkpoints."""
+
+    @abstractmethod
+    def check_agent(self, agent: Any) -> None:
+        """Validate the agent (or its config path) and convert it for this backend."""
+
+    @abstractmethod
+    def check_dataset(self, dataset: Any = None, test_dataset: Any = None) -> None:
+        """Validate and load the training and test datasets."""
+
+    @abstractmethod
+    def check_reward(self, reward_func: Any = None) -> None:
+        """Validate and load the reward function (callable, import path or file path)."""
+
+    @abstractmethod
+    def check_config(self, config: Any = None) -> Any:
+        """Validate the config, fill in defaults, and return the final config."""
+
+    def inference(self, dataset: Any = None) -> Any:
+        """Run the agent on ``dataset`` (default: the test dataset); return predictions and metrics.
+
+        Optional, as in AWorld: a backend without it raises NotImplementedError. It may be a
+        coroutine function; ``AgentTrainer.inference()`` awaits either kind.
+        """
+        raise NotImplementedError(f"the {type(self).__name__} training processor does not implement inference().")
+
+    def learning_warnings(self) -> list[str]:
+        """After training: warnings about a run that trained but had nothing to learn from (its
+        reward the same at every step), naming the likely cause; empty when the reward moved."""
+        return learning_warnings(self.reward_trace)
+
+    def mark_initialized(self) -> None:
+        self._initialized = True
+
+    @property
+    def initialized(self) -> bool:
+        return self._initialized
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_path)
+
+    def add_sink(self, sink: MetricSink) -> None:
+        self.sinks.add(sink)
+
+    def request_stop(self) -> None:
+        """Ask training to stop after the current step (cooperative; safe from any thread)."""
+        self._stop.set()
+
+    def add_stop_check(self, check: Callable[[], bool]) -> None:
+        """A callable polled once per step; training stops when it returns True."""
+        self._stop_checks.append(check)
+
+    def add_write_check(self, check: Callable[[], bool]) -> None:
+        """A callable asked before each file of the run is written (a checkpoint, the final model):
+        False when another process owns the run now (a platform's later attempt of it)."""
+        self._write_checks.append(check)
+
+    def check_may_write(self, what: str) -> None:
+        """Before writing ``what`` into the run's folder: raise ``RunSuperseded`` (and stop training)
+        when a write check says this process may not write any more."""
+        if not all(check() for check in self._write_checks):
+            self._stop.set()
+            raise RunSuperseded(f"Not writing {what}: another process owns this run now.")
+
+    def write_files(self, what: str, folder: str | Path, write: Callable[[], T]) -> T:
+        """Write ``what`` (a checkpoint, the final model) into ``folder`` with ``write()``, after
+        ``check_may_write``. On a full disk the partial ``folder`` is removed (the last whole
+        checkpoint stays what a resume starts from), then the run fails with ``DiskFull`` naming
+        the folder and its free space, or with ``on_full_disk="pause"`` it waits (checking every
+        ``full_disk_check_seconds``) until the disk has more room than it had, and writes again."""
+        paused_at = None
+        while True:
+            self.check_may_write(what)
+            try:
+                result = write()
+            except Exception as exc:
+                if not disk_full(exc):
+                    raise
+                shutil.rmtree(folder, ignore_errors=True)
+                message = f"The disk is full: {what} did not fit in {folder} ({free_space(folder)} free on its disk)."
+                if self.on_full_disk != "pause":
+                    raise DiskFull(errno.ENOSPC, f"{message} The last whole checkpoint is kept; free space on that disk "
+                                   "and run it again.") from exc
+                if paused_at is None:
+                    paused_at = time.monotonic()
+                    logger.error("%s Training is paused until the disk has room (checked every %.0f s).",
+                                 message, self.full_disk_check_seconds)
+                free = free_bytes(folder)
+                while free_bytes(folder) <= free:
+                    if self.should_stop():
+                        raise DiskFull(errno.ENOSPC, f"{message} Stopped while waiting for room.") from exc
+                    time.sleep(self.full_disk_check_seconds)
+                continue
+            if paused_at is not None:
+                logger.info("%s written after waiting %.0f s for room on its disk.", what, time.monotonic() - paused_at)
+            return result
+
+    @classmethod
+    def environment_status(cls, config: Any = None) -> dict[str, str | None]:
+        """What this backend needs from the machine it runs on, checked without training:
+        ``{"environment": problem or None, "credentials": problem or None}`` (None: fine or
+        not needed). ``check_backend`` refuses a run for the same problems."""
+        return {"environment": None, "credentials": None}
+
+    def should_stop(self) -> bool:
+        if not self._stop.is_set() and any(check() for check in self._stop_checks):
+            self._stop.set()
+        return self._stop.is_set()
+
+
+# Built-in backends are named by import path so that importing this module never imports
+# torch, TRL or verl: the web app starts without them.
+_BUILTIN_PROCESSORS: dict[str, str] = {
+    "trl": "training.backends.trl.backend.TRLProcessor",
+    "verl": "training.backends.verl.backend.VerlProcessor",
+    "tinker": "training.backends.tinker_protocol.tinker.TinkerProcessor",
+    "fireworks": "training.backends.tinker_protocol.fireworks.FireworksProcessor",
+    "swift": "training.backends.swift.backend.SwiftProcessor",
+}
+_PROCESSORS: dict[str, type[TrainerProcessor] | str] = dict(_BUILTIN_PROCESSORS)
+
+
+def register_processor(name: str, processor_cls: type[TrainerProcessor]) -> None:
+    """Make ``processor_cls`` available as ``train_engine_name=name``. A taken name raises ValueError."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("A processor name must be a non-empty string.")
+    if not (isinstance(processor_cls, type) and issubclass(processor_cls, TrainerProcessor)):
+        raise ValueError(f"{processor_cls!r} is not a subclass of TrainerProcessor.")
+    if name in _PROCESSORS or name == "auto":
+        raise ValueError(
+            f"A training processor named {name!r} is already registered; "
+            f"unregister_processor({name!r}) first or choose another name."
+        )
+    _PROCESSORS[name] = processor_cls
+
+
+def unregister_processor(name: str) -> None:
+    """Remove a processor. Unknown names raise ValueError listing the known ones."""
+    if name not in _PROCESSORS:
+        raise ValueError(f"No training processor named {name!r}; known: {', '.join(available_processors())}.")
+    del _PROCESSORS[name]
+
+
+def processor(name: str) -> Callable[[type[TrainerProcessor]], type[TrainerProcessor]]:
+    """Class decorator form of ``register_processor``."""
+
+    def decorate(cls: type[TrainerProcessor]) -> type[TrainerProcessor]:
+        register_processor(name, cls)
+        return cls
+
+    return decorate
+
+
+def available_processors() -> list[str]:
+    return sorted(_PROCESSORS)
+
+
+def get_processor_class(name: str) -> type[TrainerProcessor]:
+    """Look a processor up by name, importing a built-in one on first use."""
+    if name not in _PROCESSORS:
+        raise ValueError(f"Unknown training backend {name!r}; known backends: {', '.join(available_processors())}.")
+    entry = _PROCESSORS[name]
+    if isinstance(entry, str):
+        entry = import_object(entry, what=f"the {name!r} backend")
+        _PROCESSORS[name] = entry
+    return entry

@@ -1,0 +1,2 @@
+"""The ms-swift backend (``backend``) and the process it runs in swift's own environment (``child``).
+"""

@@ -1,0 +1,2 @@
+"""The TRL backend (``backend``) and TRL's GRPOConfig names, a dialect of the config (``names``).
+"""

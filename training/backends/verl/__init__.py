@@ -1,0 +1,2 @@
+"""The verl backend (``backend``), its agent loop (``agent_loop``) and verl's config keys (``names``).
+"""

@@ -1,0 +1,769 @@
+"""The ``verl`` backend: verl's own PPO trainer on Ray, from one GPU to many nodes.
+
+Nothing of verl is copied here; this module translates between our world and verl's API:
+
+- ``compose_verl_config`` composes verl's Hydra config (``verl/trainer/config/ppo_trainer.yaml``),
+  maps our keys onto verl's, applies verl-native overrides and validates the result with verl's
+  own checks (``verl.utils.config.validate_config`` and its config dataclasses).
+- ``write_verl_parquet`` writes tasks in the parquet layout verl's ``RLHFDataset`` reads.
+- ``compute_score`` is our reward functions behind verl's custom reward function signature.
+- multi-turn agents run in ``training.backends.verl.agent_loop.AgentTrainerLoop``, a verl agent loop.
+- ``VerlMetricsBridge`` routes what verl's ``Tracking`` writes (its ``file`` backend) into our sinks.
+
+verl is imported inside functions, so importing this module stays cheap and works without verl.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import io
+import json
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+from training.backends.base import BuiltinProcessor, TrainResult
+from training.config import Config, ConfigInput, close_key, flatten, parse_overrides, valid_keys
+from training.errors import ConfigError, TrainingFailed
+from training.log import logger
+from training.rollouts.outcomes import OutcomeMonitor
+from training.algorithms.recipes import clip_range
+from training.rewards import RewardFunction, load_reward
+from training.tracking.sinks import MultiSink
+from training.tracking.trackers import VERL_TRACKERS, verl_tracker_names, verl_tracking_environment
+from training.types import Episode, Step, TerminationReason, Trajectory
+from training.backends.verl.names import verl_default_config, verl_keys
+from training.utils import cuda_device_count, is_verl_available
+from training.data import dataset_to_tasks
+
+NO_GPU_MESSAGE = (
+    "the verl backend needs CUDA GPUs; this worker has none; choose trl "
+    "(train_engine_name='trl' or backend='auto')."
+)
+AGENT_LOOP_NAME = "agent_trainer"
+SINGLE_TURN_LOOP_NAME = "single_turn_agent"  # verl's own single-turn agent loop
+AGENT_LOOP_MODULE = "training.backends.verl.agent_loop"
+REWARD_MODULE = "pkg://training.backends.verl.backend"
+# Config groups of verl's defaults list: they pick other YAML files, so they must be set at compose time.
+_HYDRA_GROUPS = ("model_engine",)
+# Without a chat template (the tiny character model) the prompt is the messages' text, as in
+# training.rendering.render_messages; verl's agent loops need a template, so give it this one.
+PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+# verl's metric names -> the headline names our dashboard shows (verl's names are kept too).
+VERL_METRIC_NAMES = {
+    "critic/score/mean": "reward",
+    "actor/pg_loss": "loss",
+    "actor/kl_loss": "kl",
+    "actor/entropy": "entropy",
+    "actor/grad_norm": "grad_norm",
+    "actor/lr": "lr",
+    "response_length/mean": "response_length",
+    "response_length/clip_ratio": "clipped_ratio",
+    "num_turns/mean": "turns",
+    "timing_s/step": "step_time",
+}
+SAMPLE_EPISODES_PER_STEP = 4
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def split_overrides(config: ConfigInput) -> tuple[ConfigInput, dict[str, Any]]:
+    """Split the user's overrides into ours (``Config`` keys) and verl-native ones.
+
+    A key known to neither raises ``ConfigError`` naming the nearest key of either; a key with a
+    leading ``+`` is added to verl's config as in Hydra (for free-form dicts such as engine_kwargs).
+    """
+    if config is None or isinstance(config, Config):
+        return config, {}
+    ours_valid = set(valid_keys())
+    ours: dict[str, Any] = {}
+    native: dict[str, Any] = {}
+    verl = None
+    for key, value in parse_overrides(config).items():
+        if key in ours_valid:
+            ours[key] = value
+            continue
+        verl = verl if verl is not None else verl_keys()
+        if key.startswith("+") or key in verl or key in _HYDRA_GROUPS:
+            native[key] = value
+            continue
+        raise _unknown_verl_key(key, ours_valid | verl)
+    return ours, native
+
+
+def _unknown_verl_key(key: str, known: set[str]) -> ConfigError:
+    close = close_key(key, sorted(known))
+    hint = f" Did you mean '{close}'?" if close else ""
+    return ConfigError(key, f"unknown config key: neither ours nor verl's PPO trainer config has it.{hint}")
+
+
+def _our_keys_in_verl(config: Config, run_path: Path) -> dict[str, Any]:
+    """Our Config as verl paths. Keys named alike carry over; the rest are mapped here."""
+    data, model = config.data, config.actor_rollout_ref.model
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    algorithm, trainer = config.algorithm, config.trainer
+    checkpoints = trainer.default_local_dir or str(run_path / "checkpoints")
+    keys: dict[str, Any] = {
+        "data.train_batch_size": data.train_batch_size,
+        "data.max_prompt_length": data.max_prompt_length,
+        "data.max_response_length": data.max_response_length,
+        "data.shuffle": data.shuffle,
+        "data.seed": trainer.seed,
+        "data.trust_remote_code": model.trust_remote_code,
+        "actor_rollout_ref.model.path": model.path,
+        "actor_rollout_ref.model.tokenizer_path": model.tokenizer_path,
+        "actor_rollout_ref.model.trust_remote_code": model.trust_remote_code,
+        "actor_rollout_ref.model.lora_rank": model.lora_rank,
+        "actor_rollout_ref.model.lora_alpha": model.lora_alpha,
+        "actor_rollout_ref.model.target_modules": model.target_modules,
+        "actor_rollout_ref.model.exclude_modules": model.exclude_modules,
+        "actor_rollout_ref.actor.optim.lr": actor.optim.lr,
+        "actor_rollout_ref.actor.optim.weight_decay": actor.optim.weight_decay,
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": actor.optim.lr_warmup_steps,
+        "actor_rollout_ref.actor.optim.lr_scheduler_type": actor.optim.lr_scheduler_type,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": actor.ppo_mini_batch_size or data.train_batch_size,
+        "actor_rollout_ref.actor.ppo_epochs": actor.ppo_epochs,
+        "actor_rollout_ref.actor.clip_ratio": actor.clip_ratio,
+        "actor_rollout_ref.actor.clip_ratio_low": clip_range(config)[0],
+        "actor_rollout_ref.actor.clip_ratio_high": clip_range(config)[1],
+        "actor_rollout_ref.actor.loss_agg_mode": actor.loss_agg_mode,
+        "actor_rollout_ref.actor.policy_loss.loss_mode": actor.policy_loss.loss_mode,
+        "actor_rollout_ref.actor.entropy_coeff": actor.entropy_coeff,
+        "actor_rollout_ref.actor.use_kl_loss": actor.use_kl_loss,
+        "actor_rollout_ref.actor.kl_loss_coef": actor.kl_loss_coef,
+        "actor_rollout_ref.actor.grad_clip": actor.grad_clip,
+        # Token-budgeted micro-batches: always valid for any batch size and GPU count.
+        "actor_rollout_ref.actor.use_dynamic_bsz": True,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": max(16384, 2 * (data.max_prompt_length + data.max_response_length)),
+        "actor_rollout_ref.actor.fsdp_config.seed": trainer.seed,
+        "actor_rollout_ref.rollout.n": rollout.n,
+        "actor_rollout_ref.rollout.temperature": rollout.temperature,
+        "actor_rollout_ref.rollout.top_p": rollout.top_p,
+        "actor_rollout_ref.rollout.top_k": rollout.top_k,
+        "actor_rollout_ref.rollout.name": rollout.name,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": rollout.gpu_memory_utilization,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": rollout.tensor_model_parallel_size,
+        "actor_rollout_ref.rollout.dtype": model.dtype,
+        "actor_rollout_ref.rollout.seed": trainer.seed,
+        "actor_rollout_ref.rollout.val_kwargs.temperature": rollout.val_kwargs.temperature,
+        "actor_rollout_ref.rollout.val_kwargs.top_p": rollout.val_kwargs.top_p,
+        "actor_rollout_ref.rollout.val_kwargs.top_k": rollout.val_kwargs.top_k,
+        "actor_rollout_ref.rollout.val_kwargs.n": rollout.val_kwargs.n,
+        "actor_rollout_ref.rollout.val_kwargs.do_sample": rollout.val_kwargs.do_sample,
+        "algorithm.adv_estimator": algorithm.adv_estimator,
+        "algorithm.norm_adv_by_std_in_grpo": algorithm.norm_adv_by_std_in_grpo,
+        "algorithm.gamma": algorithm.gamma,
+        "algorithm.filter_groups.enable": algorithm.filter_groups.enable,
+        "trainer.total_training_steps": trainer.total_training_steps,
+        "trainer.total_epochs": trainer.total_epochs,
+        "trainer.save_freq": trainer.save_freq,
+        "trainer.test_freq": trainer.test_freq,
+        "trainer.val_before_train": trainer.val_before_train,
+        "trainer.resume_mode": trainer.resume_mode,
+        "trainer.project_name": trainer.project_name,
+        "trainer.experiment_name": trainer.experiment_name,
+        "trainer.nnodes": trainer.nnodes,
+        "trainer.n_gpus_per_node": trainer.n_gpus_per_node,
+        "trainer.default_local_dir": checkpoints,
+        "trainer.max_actor_ckpt_to_keep": trainer.max_checkpoints or None,
+        "trainer.device": "cuda",
+        # verl's Tracking writes every step to a JSONL file (its "file" backend) that the
+        # metrics bridge reads into our sinks; our console sink prints the headline. The external
+        # trackers the user named are verl's own (training/tracking/trackers.py says where they write).
+        "trainer.logger": ["file", *verl_tracker_names(config)],
+        "trainer.rollout_data_dir": str(run_path / "verl_rollouts"),
+    }
+    overlong = config.reward_model.overlong_buffer
+    if overlong.enable:  # verl's DAPO reward manager applies the soft overlong punishment
+        keys["reward.reward_manager.name"] = "dapo"
+        keys["+reward.reward_kwargs.max_resp_len"] = data.max_response_length
+        keys["+reward.reward_kwargs.overlong_buffer_cfg"] = {
+            "enable": True, "len": overlong.len, "penalty_factor": overlong.penalty_factor, "log": False,
+        }
+    if trainer.ray_address is not None:  # ray_init holds ray.init's keyword arguments
+        keys["+ray_kwargs.ray_init.address"] = trainer.ray_address
+    if model.path == "tiny-char":
+        keys["actor_rollout_ref.model.path"] = str(run_path / "tiny_model")
+    return keys
+
+
+def compose_verl_config(
+    config: Config,
+    verl_overrides: dict[str, Any] | None = None,
+    *,
+    run_path: str | Path = ".",
+    train_files: str | None = None,
+    val_files: str | None = None,
+    agent_kind: str = "single_turn",
+    agent_payload: str | None = None,
+    reward_kwargs: dict[str, Any] | None = None,
+    validate: bool = True,
+):
+    """verl's PPO trainer config with our run config and the user's verl-native overrides applied.
+
+    Layers, later wins: verl's defaults, our ``config`` mapped onto verl's keys, what this run
+    wires up (data files, agent loop, reward function), then ``verl_overrides``. The result is
+    checked by verl's own ``validate_config`` and config dataclasses; a problem raises
+    ``ConfigError`` naming the verl path.
+    """
+    run_path = Path(run_path)
+    native = dict(verl_overrides or {})
+    groups = {key: str(native.pop(key)) for key in _HYDRA_GROUPS if key in native}
+    verl = verl_default_config(groups)
+
+    layers = _our_keys_in_verl(config, run_path)
+    if train_files is not None:
+        layers["data.train_files"] = train_files
+        layers["data.val_files"] = val_files or train_files
+    if val_files is None:
+        layers["trainer.val_before_train"] = False
+    multi_turn = agent_kind != "single_turn"
+    layers["actor_rollout_ref.rollout.agent.default_agent_loop"] = AGENT_LOOP_NAME if multi_turn else SINGLE_TURN_LOOP_NAME
+    if multi_turn:
+        # The agent loop workers import this module, whose @register puts our loop in verl's registry.
+        layers["actor_rollout_ref.model.external_lib"] = AGENT_LOOP_MODULE
+    if config.actor_rollout_ref.model.path == "tiny-char":
+        layers["actor_rollout_ref.model.custom_chat_template"] = PLAIN_CHAT_TEMPLATE
+    if reward_kwargs is not None:
+        layers["reward.custom_reward_function.path"] = REWARD_MODULE
+        layers["reward.custom_reward_function.name"] = "compute_score"
+        layers["+reward.custom_reward_function.reward_kwargs"] = reward_kwargs
+    if agent_payload is not None:
+        # What the agent loop runs (AgentSpec, reward function, our Config), for the Ray workers.
+        layers["+agent_trainer.payload"] = agent_payload
+
+    present = verl_keys(verl)
+    for key, value in layers.items():
+        if not key.startswith("+") and key not in present:  # another engine's config (e.g. megatron) lacks it
+            logger.warning("verl config %s has no %s; our value %r is not applied", groups or "default", key, value)
+            continue
+        _set_verl_key(verl, key, value)
+    for key, value in native.items():
+        _set_verl_key(verl, key, value)
+    if validate:
+        validate_verl_config(verl)
+    return verl
+
+
+def _set_verl_key(verl: Any, key: str, value: Any) -> None:
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    add = key.startswith("+")
+    key = key.lstrip("+")
+    try:
+        if add:
+            with open_dict(verl):
+                OmegaConf.update(verl, key, value, merge=False, force_add=True)
+        else:
+            OmegaConf.update(verl, key, value, merge=False)
+    except OmegaConfBaseException as exc:
+        raise _unknown_verl_key(key, verl_keys(verl)) from exc
+
+
+def validate_verl_config(verl: Any) -> None:
+    """verl's own checks: ``validate_config`` (actor, critic, batch sizes against GPUs), the
+    algorithm and rollout dataclasses, and the advantage estimator registry."""
+    from omegaconf import OmegaConf
+
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    if OmegaConf.is_missing(verl.actor_rollout_ref.rollout, "name"):
+        raise ConfigError("actor_rollout_ref.rollout.name", "verl needs a rollout engine: vllm or sglang.")
+    checks: list[tuple[str, Callable[[], Any]]] = [
+        ("algorithm.adv_estimator", lambda: get_adv_estimator_fn(verl.algorithm.adv_estimator)),
+        ("algorithm", lambda: omega_conf_to_dataclass(verl.algorithm)),
+        ("actor_rollout_ref.rollout", lambda: omega_conf_to_dataclass(verl.actor_rollout_ref.rollout)),
+        (
+            "config",
+            lambda: validate_config(
+                verl, use_reference_policy=need_reference_policy(verl), use_critic=need_critic(verl)
+            ),
+        ),
+    ]
+    for where, check in checks:
+        printed = io.StringIO()  # validate_config prints its verdict and warns; keep it out of our output
+        try:
+            with contextlib.redirect_stdout(printed), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                check()
+        except Exception as exc:  # verl reports problems as AssertionError, ValueError, KeyError...
+            raise ConfigError(where, f"verl rejected the composed config: {exc}") from exc
+        logger.debug("verl check %s: %s", where, printed.getvalue().strip())
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+def _as_messages(prompt: Any) -> list[dict[str, str]]:
+    if prompt is None:
+        return [{"role": "user", "content": ""}]
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) and all(isinstance(m, dict) and "content" in m for m in prompt):
+        return [{"role": str(m.get("role", "user")), "content": str(m["content"])} for m in prompt]
+    raise ValueError(f"a prompt must be text or a list of chat messages with 'content', got {prompt!r:.200}.")
+
+
+def task_to_verl_row(
+    task: dict, index: int, *, split: str, agent_name: str, prompt_key: str = "prompt", answer_key: str = "ground_truth"
+) -> dict[str, Any]:
+    """One task as a row of verl's RLHFDataset: data_source, prompt (chat messages), ability,
+    reward_model.ground_truth, extra_info, agent_name. The whole task travels as JSON in
+    ``extra_info.task`` so that rewards and agents get it back unchanged."""
+    truth = task.get(answer_key)
+    return {
+        "data_source": str(task.get("data_source", "agent_trainer")),
+        "prompt": _as_messages(task.get(prompt_key)),
+        "ability": str(task.get("ability", "agent")),
+        "reward_model": {"style": "rule", "ground_truth": "" if truth is None else str(truth)},
+        "extra_info": {"index": index, "split": split, "task": json.dumps(task, default=str)},
+        "agent_name": agent_name,
+    }
+
+
+def write_verl_parquet(
+    tasks: list[dict],
+    path: str | Path,
+    *,
+    split: str = "train",
+    agent_name: str = SINGLE_TURN_LOOP_NAME,
+    prompt_key: str = "prompt",
+    answer_key: str = "ground_truth",
+) -> Path:
+    """Write ``tasks`` (dataset rows) as a parquet file verl's RLHFDataset reads."""
+    import datasets
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [
+        task_to_verl_row(task, i, split=split, agent_name=agent_name, prompt_key=prompt_key, answer_key=answer_key)
+        for i, task in enumerate(tasks)
+    ]
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    return path
+
+
+def task_from_extra_info(extra_info: Any) -> dict:
+    """The task a verl row carries (see ``task_to_verl_row``); without one, ``extra_info`` itself."""
+    extra_info = dict(extra_info or {})
+    encoded = extra_info.get("task")
+    return json.loads(encoded) if isinstance(encoded, str) else extra_info
+
+
+# -- rewards ---------------------------------------------------------------------------------
+
+
+def encode_object(value: Any) -> str:
+    """``value`` cloudpickled and base64-encoded, to travel inside verl's config to Ray workers.
+    Importable classes and functions are pickled by reference, notebook ones by value."""
+    import cloudpickle
+
+    return base64.b64encode(cloudpickle.dumps(value)).decode("ascii")
+
+
+@functools.lru_cache(maxsize=8)
+def decode_object(encoded: str) -> Any:
+    import cloudpickle
+
+    return cloudpickle.loads(base64.b64decode(encoded))
+
+
+def verl_reward_function(reward_fn: RewardFunction) -> Callable[..., dict[str, float]]:
+    """``reward_fn`` behind verl's custom reward signature
+    ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)``.
+
+    Returns ``{"score": reward, "acc": 1.0 or 0.0}``, the dict form verl's reward managers read.
+    """
+
+    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **_: Any) -> dict[str, float]:
+        task = task_from_extra_info(extra_info)
+        task.setdefault("data_source", data_source)
+        task.setdefault(reward_fn.answer_key, ground_truth)
+        output = reward_fn(task, solution_str)
+        return {"score": float(output.reward), "acc": float(output.is_correct)}
+
+    compute_score.__name__ = f"verl_{reward_fn.name}"
+    return compute_score
+
+
+def reward_kwargs_for(reward_spec: Any, answer_key: str) -> dict[str, Any]:
+    """What verl passes to ``compute_score`` as ``reward_kwargs``: a name or import path when the
+    reward has one, the pickled function otherwise."""
+    if isinstance(reward_spec, str):
+        return {"reward": reward_spec, "answer_key": answer_key}
+    return {"reward_pickle": encode_object(reward_spec), "answer_key": answer_key}
+
+
+@functools.lru_cache(maxsize=8)
+def _reward_from_kwargs(reward: str | None, reward_pickle: str | None, answer_key: str) -> RewardFunction:
+    spec = reward if reward is not None else decode_object(reward_pickle)
+    return load_reward(spec, answer_key=answer_key)
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    reward: str | None = None,
+    reward_pickle: str | None = None,
+    answer_key: str = "ground_truth",
+    **kwargs: Any,
+) -> dict[str, float]:
+    """verl's custom reward function entry point (``reward.custom_reward_function``), run by
+    verl's reward workers. ``reward``/``reward_pickle``/``answer_key`` come from ``reward_kwargs``."""
+    if reward is None and reward_pickle is None:
+        raise ValueError("compute_score needs reward_kwargs 'reward' or 'reward_pickle' (set by the verl backend).")
+    reward_fn = _reward_from_kwargs(reward, reward_pickle, answer_key)
+    return verl_reward_function(reward_fn)(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+
+def dashboard_metrics(data: dict[str, Any]) -> dict[str, float]:
+    """verl's metrics, numbers only, plus our headline names (``reward``, ``loss``, ...)."""
+    out = {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for verl_name, ours in VERL_METRIC_NAMES.items():
+        if verl_name in out:
+            out.setdefault(ours, out[verl_name])
+    if "kl" not in out and "actor/ppo_kl" in out:
+        out["kl"] = out["actor/ppo_kl"]
+    return out
+
+
+class VerlMetricsBridge:
+    """Reads what verl's ``Tracking`` ``file`` backend writes (one ``{"step", "data"}`` JSON line
+    per step, at ``VERL_FILE_LOGGER_PATH``) and the rollouts it dumps to ``trainer.rollout_data_dir``
+    (``<step>.jsonl``), and sends them to our sinks, so a verl run shows like any other.
+
+    ``poll`` reads what is new; ``start`` polls on a thread until ``stop``. ``on_poll`` runs after
+    each poll (the processor uses it to honour stop requests). With an ``outcomes`` monitor, each
+    dumped step's episodes are checked; a step past the error limit is kept in ``failure``.
+    """
+
+    def __init__(
+        self,
+        sinks: MultiSink,
+        metrics_path: str | Path,
+        rollout_dir: str | Path | None = None,
+        interval_s: float = 1.0,
+        on_poll: Callable[[], None] | None = None,
+        outcomes: OutcomeMonitor | None = None,
+    ) -> None:
+        self.sinks = sinks
+        self.metrics_path = Path(metrics_path)
+        self.rollout_dir = Path(rollout_dir) if rollout_dir else None
+        self.interval_s = interval_s
+        self.on_poll = on_poll
+        self.outcomes = outcomes
+        self.failure: TrainingFailed | None = None
+        self.last_step = 0
+        self.last_metrics: dict[str, float] = {}
+        self._offset = 0
+        self._partial = b""
+        self._episode_steps_done: set[int] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> int:
+        """Forward every complete new line; return how many steps were forwarded."""
+        forwarded = 0
+        if self.metrics_path.is_file():
+            with open(self.metrics_path, "rb") as handle:
+                handle.seek(self._offset)
+                chunk = handle.read()
+            self._offset += len(chunk)
+            lines = (self._partial + chunk).split(b"\n")
+            self._partial = lines.pop()  # an unfinished last line waits for the next poll
+            for line in filter(bytes.strip, lines):
+                try:
+                    record = json.loads(line)
+                except ValueError:  # a bad line must never end training; skip it
+                    logger.warning("verl metrics bridge: skipped a malformed line of %s", self.metrics_path)
+                    continue
+                self._forward(record)
+                forwarded += 1
+        self._forward_episodes()
+        return forwarded
+
+    def _forward(self, record: dict[str, Any]) -> None:
+        step = int(record.get("step", self.last_step + 1))
+        metrics = dashboard_metrics(record.get("data", {}))
+        self.sinks.log_metrics(step, metrics)
+        # Validation metrics come as a second record of the same step: keep both in the summary.
+        self.last_metrics = {**self.last_metrics, **metrics} if step == self.last_step else metrics
+        self.last_step = max(self.last_step, step)
+
+    def _forward_episodes(self) -> None:
+        if self.rollout_dir is None or not self.rollout_dir.is_dir():
+            return
+        for path in sorted(self.rollout_dir.glob("*.jsonl")):
+            if not path.stem.isdigit() or int(path.stem) in self._episode_steps_done:
+                continue
+            step = int(path.stem)
+            if step > self.last_step:  # verl writes the dump in the background; wait for its step
+                continue
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            episodes = [rollout_row_to_episode(row) for row in rows]
+            self.sinks.log_episodes(step, episodes[:SAMPLE_EPISODES_PER_STEP])
+            self._episode_steps_done.add(step)
+            judged = [episode for episode in episodes if episode["termination_reason"]]  # our agent loop's rows
+            if self.outcomes is not None and judged and self.failure is None:
+                try:
+                    self.outcomes.check_episodes(judged, step)
+                except TrainingFailed as exc:
+                    self.failure = exc
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="verl-metrics-bridge", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.poll()
+                if self.on_poll is not None:
+                    self.on_poll()
+            except Exception:  # a failing sink or file must never end training
+                logger.exception("verl metrics bridge: reading %s failed", self.metrics_path)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.poll()
+
+
+def rollout_row_to_episode(row: dict[str, Any]) -> dict[str, Any]:
+    """One line of verl's rollout dump (input, output, gts, score, step, and from our agent loop
+    termination_reason, error, traceback) as an ``Episode.to_dict()``."""
+    score = float(row.get("score") or 0.0)
+    prompt = [{"role": "user", "content": str(row["input"])}] if row.get("input") is not None else []
+    step = Step(chat_completions=prompt, model_response=str(row.get("output", "")), reward=score, done=True)
+    reason = row.get("termination_reason")
+    episode = Episode(
+        task={"prompt": row.get("input"), "ground_truth": row.get("gts")},
+        trajectories=[Trajectory(steps=[step], reward=score)],
+        is_correct=bool(row.get("acc", score >= 1.0)),
+        termination_reason=TerminationReason(reason) if reason else None,
+        error=row.get("error") or None,
+        info={"traceback": row["traceback"]} if row.get("traceback") else {},
+    )
+    return episode.to_dict()
+
+
+# -- running verl on Ray ---------------------------------------------------------------------
+
+
+class _OnDriverNode:
+    """Stands in for verl's TaskRunner actor class in ``run_ppo``: the same actor, pinned to this
+    machine so that the metrics file it writes is the one the bridge reads, with our env vars.
+    ``run_ppo`` calls ``remote()`` (or ``options(...).remote()``) once Ray is up."""
+
+    def __init__(self, actor_cls: Any, env_vars: dict[str, str], options: dict[str, Any] | None = None) -> None:
+        self.actor_cls = actor_cls
+        self.env_vars = env_vars
+        self.extra = dict(options or {})
+        self.handle: Any = None
+
+    def options(self, **options: Any) -> "_OnDriverNode":
+        return _OnDriverNode(self.actor_cls, self.env_vars, {**self.extra, **options})
+
+    def remote(self) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        extra = dict(self.extra)
+        runtime_env = dict(extra.pop("runtime_env", None) or {})
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **self.env_vars}
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        self.handle = self.actor_cls.options(scheduling_strategy=here, runtime_env=runtime_env, **extra).remote()
+        return self.handle
+
+
+class VerlProcessor(BuiltinProcessor):
+    """Train with verl's PPO trainer (FSDP + vLLM/SGLang) on Ray.
+
+    ``check_config`` accepts our keys and, besides them, any key of verl's PPO trainer config
+    (e.g. ``actor_rollout_ref.actor.fsdp_config.param_offload=true``); it writes the final verl
+    config to ``verl_config.yaml`` next to ``config.yaml``.
+    """
+
+    name = "verl"
+
+    def __init__(self, run_path: str) -> None:
+        super().__init__(run_path)
+        self.verl_overrides: dict[str, Any] = {}
+        self.verl_config: Any = None
+
+    @classmethod
+    def environment_status(cls, config: Any = None) -> dict[str, str | None]:
+        if not is_verl_available():
+            return {"environment": "verl is not installed", "credentials": None}
+        return {"environment": None if cuda_device_count() else "no CUDA GPU on this machine", "credentials": None}
+
+    def default_overrides(self) -> dict[str, Any]:
+        return {"actor_rollout_ref.model.dtype": "bfloat16"}
+
+    def check_config(self, config: ConfigInput = None) -> Config:
+        ours, self.verl_overrides = split_overrides(config)
+        final = super().check_config(ours)  # our validation, then check_backend (GPUs), config.yaml
+        if final.actor_rollout_ref.model.path is None:
+            raise ConfigError("actor_rollout_ref.model.path", "the verl backend needs a model: a hub id or a local directory.")
+        self.verl_config = self.compose(final)
+        self.write_verl_config()
+        return final
+
+    def check_backend(self, config: Config) -> None:
+        from training.algorithms.episode_rows import refuse_row_options  # brings in torch: imported on first use
+
+        refuse_row_options(config, f"the {self.name} backend trains one sequence per episode; use backend=trl")
+        self._refuse_declared_multi_trajectory_workflow()
+        if not is_verl_available():
+            raise ValueError("the verl backend needs verl: pip install 'verl[vllm]' (or choose trl).")
+        gpus = cuda_device_count()
+        if gpus == 0:
+            raise ValueError(NO_GPU_MESSAGE)
+        if config.trainer.ray_address is None and config.trainer.nnodes == 1 and config.trainer.n_gpus_per_node > gpus:
+            raise ConfigError(
+                "trainer.n_gpus_per_node",
+                f"asks for {config.trainer.n_gpus_per_node} GPUs but this machine has {gpus}; "
+                f"lower it or set trainer.ray_address to join a Ray cluster.",
+            )
+
+    def _refuse_declared_multi_trajectory_workflow(self) -> None:
+        """verl's agent loop returns one sample per episode: a workflow class that declares several
+        trajectories per episode is refused now, not at its first episode on the GPUs (a class that
+        declares nothing is checked there, ``training.algorithms.episode_rows.single_sequence``)."""
+        spec = self.agent_spec
+        if spec is None or spec.kind != "workflow":
+            return
+        count = getattr(spec.workflow_class, "trajectories_per_episode", None)
+        if count is not None and count > 1:
+            raise ValueError(
+                f"backend {self.name}: {spec.label} returns {count} trajectories per episode (its "
+                f"trajectories_per_episode), but the {self.name} backend trains exactly one sequence per episode, "
+                f"so all but the first would be dropped. Use backend=trl, tinker or fireworks, which train every "
+                f"trajectory."
+            )
+
+    def compose(self, config: Config):
+        """Write the datasets as parquet and compose verl's config for this run."""
+        kind = self.agent_spec.kind
+        loop = SINGLE_TURN_LOOP_NAME if kind == "single_turn" else AGENT_LOOP_NAME
+        data_dir = self.path / "verl_data"
+        keys = {"agent_name": loop, "prompt_key": config.data.prompt_key, "answer_key": config.data.answer_key}
+        train_files = write_verl_parquet(dataset_to_tasks(self.train_dataset), data_dir / "train.parquet", split="train", **keys)
+        val_files = None
+        if self.test_dataset is not None:
+            val_files = write_verl_parquet(dataset_to_tasks(self.test_dataset), data_dir / "test.parquet", split="test", **keys)
+        reward_kwargs = None
+        if self.reward_fn is not None:
+            reward_kwargs = reward_kwargs_for(self.reward_spec if isinstance(self.reward_spec, str) else self.reward_fn, config.data.answer_key)
+        payload = None
+        if kind != "single_turn":
+            payload = encode_object({"spec": self.agent_spec, "reward_fn": self.reward_fn, "config": config})
+        if config.actor_rollout_ref.model.path == "tiny-char":
+            from training.rollouts.tiny import save_tiny_model  # brings in torch: imported on first use
+
+            model = config.actor_rollout_ref.model
+            save_tiny_model(self.path / "tiny_model", layers=model.tiny_layers, hidden_size=model.tiny_hidden_size)
+        return compose_verl_config(
+            config,
+            self.verl_overrides,
+            run_path=self.path.resolve(),
+            train_files=str(train_files.resolve()),
+            val_files=str(val_files.resolve()) if val_files else None,
+            agent_kind=kind,
+            agent_payload=payload,
+            reward_kwargs=reward_kwargs,
+        )
+
+    def write_verl_config(self) -> Path:
+        from omegaconf import OmegaConf
+
+        target = self.path / "verl_config.yaml"
+        target.write_text(OmegaConf.to_yaml(self.verl_config))
+        return target
+
+    def train(self) -> TrainResult:
+        from omegaconf import OmegaConf
+
+        from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+
+        verl = self.verl_config
+        metrics_path = self.path / "verl_metrics.jsonl"
+        metrics_path.unlink(missing_ok=True)
+        runner_cls = TaskRunnerV1
+        if not verl.trainer.use_v1:
+            from verl.trainer.main_ppo_v0 import TaskRunner as runner_cls
+        env = {**_runner_env_vars(metrics_path), **verl_tracking_environment(self.config, self.path)}
+        runner = _OnDriverNode(runner_cls, env)
+        stopped = threading.Event()
+
+        def honour_stop() -> None:
+            failed = bridge.failure is not None
+            if (failed or self.should_stop()) and not stopped.is_set() and runner.handle is not None:
+                import ray
+
+                stopped.set()
+                logger.info("%s: ending the verl job (checkpoints so far are kept)", "the run failed" if failed else "stop requested")
+                ray.kill(runner.handle)
+
+        self.attach_default_sinks(trackers_elsewhere=VERL_TRACKERS)
+        outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate)
+        bridge = VerlMetricsBridge(
+            self.sinks, metrics_path, verl.trainer.rollout_data_dir, on_poll=honour_stop, outcomes=outcomes
+        )
+        with self.sinks:  # closed once the run is judged, so a sink that records the outcome has it
+            bridge.start()
+            try:
+                run_ppo(OmegaConf.create(OmegaConf.to_container(verl)), task_runner_class=runner)
+            except Exception:
+                if not stopped.is_set():
+                    raise
+            finally:
+                bridge.stop()
+            if bridge.failure is not None:
+                raise bridge.failure
+            outcomes.check_finished(bridge.last_step, stopped.is_set())
+        return TrainResult(
+            run_path=self.run_path,
+            steps=bridge.last_step,
+            metrics=bridge.last_metrics,
+            checkpoint=latest_checkpoint(verl.trainer.default_local_dir),
+            stopped=stopped.is_set(),
+        )
+
+
+
+def _runner_env_vars(metrics_path: Path) -> dict[str, str]:
+    """Environment of verl's TaskRunner, inherited by every worker it starts: where Tracking's
+    file backend writes, and a PYTHONPATH that finds this library and the user's modules
+    (pickled classes are imported by name on the workers)."""
+    library_root = str(Path(__file__).resolve().parents[3])
+    paths = [library_root, os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {
+        "VERL_FILE_LOGGER_PATH": str(metrics_path.resolve()),
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+    }
+
+
+def latest_checkpoint(directory: str | Path) -> str | None:
+    """verl's newest ``global_step_N`` directory, as named by its ``latest_checkpointed_iteration.txt``."""
+    marker = Path(directory) / "latest_checkpointed_iteration.txt"
+    if not marker.is_file():
+        return None
+    step = marker.read_text().strip()
+    path = Path(directory) / f"global_step_{step}"
+    return str(path) if path.is_dir() else None

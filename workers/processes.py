@@ -1,0 +1,197 @@
+"""The child processes of a worker: a run's training process (``workers.child``), a spare one, a
+playground answer (``workers.playground_child``).
+
+Each starts in a process group of its own, so a stop reaches every process it started in turn
+(dataloader workers, a local Ray cluster's raylet and its workers), and with the worker's
+environment, the database it uses and the GPU of its slot.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+from urllib.parse import quote
+
+import psutil
+from billiard.process import current_process
+from django.conf import settings
+from django.db import connection
+
+from training.utils import cuda_device_count
+
+
+def start_child(module: str, *args: str, env: dict[str, str], output: IO | int | None = None,
+                stdin: int | None = None) -> subprocess.Popen:
+    """``python -m <module> <args>`` in a process group of its own, its output (both streams) to ``output``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args], env=env, stdin=stdin, stdout=output,
+        stderr=subprocess.DEVNULL if output is subprocess.DEVNULL else subprocess.STDOUT,
+        start_new_session=True,  # its own process group: a kill reaches every process it starts
+        cwd=settings.BASE_DIR,
+    )
+
+
+def kill_session(process: subprocess.Popen) -> None:
+    """SIGKILL to every process of the child's session, at once (not SIGTERM: that asks a training
+    process for a checkpoint, and one that is superseded may write nothing more), then reap it."""
+    kill_session_of(process.pid)
+    process.wait()
+
+
+def kill_session_of(leader: int) -> None:
+    """SIGKILL to every process of the session that ``leader`` (a child of ``start_child``) leads.
+    Its session, not only its process group: a local Ray cluster's workers (verl's trainer, which
+    writes verl's checkpoints) each have a group of their own in it, and outlive their raylet by
+    seconds, writing."""
+    _kill_session_members(leader)
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def kill_own_session() -> None:
+    """From inside a child (a session leader, ``start_child``): SIGKILL to every process of its
+    session, itself last (nothing of it runs on)."""
+    _kill_session_members(os.getsid(0))
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _kill_session_members(session: int) -> None:
+    """SIGKILL to the session's processes but this one, until none is left (one may be starting
+    another as it is killed: a raylet its next worker)."""
+    for _ in range(20):
+        members = [pid for pid in psutil.pids() if pid != os.getpid() and _session_of(pid) == session]
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)  # killed ones become zombies, then leave the table as their parents reap them
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return None  # dead already: it writes nothing more
+        return os.getsid(pid)
+    except (ProcessLookupError, PermissionError, psutil.Error):
+        return None
+
+
+def terminate_session(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:
+    """SIGTERM to the child's process group (a training process saves nothing on it when it is
+    cancelled; a spare exits); after ``wait_seconds``, or once it has exited, SIGKILL to whatever
+    is left of its session."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(timeout=wait_seconds)
+    except subprocess.TimeoutExpired:
+        pass
+    kill_session(process)
+
+
+def kill_own_session() -> None:
+    """From inside a child (a session leader, ``start_child``): SIGKILL to every process of its
+    session, itself last (nothing of it runs on)."""
+    _kill_session_members(os.getsid(0))
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _kill_session_members(session: int) -> None:
+    """SIGKILL to the session's processes but this one, until none is left (one may be starting
+    another as it is killed: a raylet its next worker)."""
+    for _ in range(20):
+        members = [pid for pid in psutil.pids() if pid != os.getpid() and _session_of(pid) == session]
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)  # killed ones become zombies, then leave the table as their parents reap them
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return None  # dead already: it writes nothing more
+        return os.getsid(pid)
+    except (ProcessLookupError, PermissionError, psutil.Error):
+        return None
+
+
+def terminate_session(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:
+    """SIGTERM to the process's group; SIGKILL when it is still there after ``wait_seconds``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait_seconds)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def tail(path: Path, max_bytes: int = 20000) -> str:
+    """The end of a child's output file ('' when there is none)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-max_bytes:].decode("utf-8", "replace")
+
+
+def child_env(needs_gpu: bool) -> dict[str, str]:
+    """The worker's environment, with the database the worker uses and, for a ``needs_gpu`` child,
+    the GPU of this worker slot."""
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = os.environ.get("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    env["DATABASE_URL"] = database_url(connection.settings_dict)
+    env["PYTHONUNBUFFERED"] = "1"
+    if needs_gpu:
+        gpu = gpu_for_this_worker()
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
+def gpu_for_this_worker() -> str | None:
+    """One GPU per worker process: child N of ``celery worker -Q gpu --concurrency=<GPUs>`` gets GPU N
+    (of ``CUDA_VISIBLE_DEVICES`` when the worker was given a subset)."""
+    index = getattr(current_process(), "index", None) or 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        devices = [str(i) for i in range(cuda_device_count())]
+    return devices[index % len(devices)] if devices else None
+
+
+def database_url(settings_dict: dict) -> str:
+    """A DATABASE_URL for the connection Django uses now (so test databases carry over to children)."""
+    engine = settings_dict["ENGINE"]
+    if engine.endswith("sqlite3"):
+        return f"sqlite:///{settings_dict['NAME']}"
+    scheme = {"django.db.backends.postgresql": "postgres", "django.db.backends.mysql": "mysql"}.get(engine)
+    if scheme is None:
+        raise ValueError(f"Cannot hand database engine {engine} to a training process.")
+    auth = quote(settings_dict.get("USER") or "")
+    if settings_dict.get("PASSWORD"):
+        auth += ":" + quote(settings_dict["PASSWORD"])
+    host = settings_dict.get("HOST") or "localhost"
+    port = f":{settings_dict['PORT']}" if settings_dict.get("PORT") else ""
+    return f"{scheme}://{auth + '@' if auth else ''}{host}{port}/{settings_dict['NAME']}"
