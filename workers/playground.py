@@ -30,9 +30,9 @@ from webapp.celery_app import app
 from webapp.playground.models import PlaygroundRequest
 from webapp.policy.checks import load_training_plugins
 from webapp.policy.keys import MODEL_KEY, PYTHON_KEY, TRUST_KEY
-from webapp.registry.models import Model, path_under_model_roots
+from webapp.registry.models import Model
 from webapp.runs.downloads import model_folder
-from webapp.runs.trainer_args import run_trainer_kwargs
+from webapp.runs.trainer_args import adapter_base_problem, run_trainer_kwargs
 from workers.processes import child_env, start_child, tail, terminate_session
 
 logger = logging.getLogger(__name__)
@@ -113,19 +113,9 @@ def trusts_remote_code(run) -> bool:
 
 
 def check_adapter_base(run, base: str) -> None:
-    """A LoRA run's adapter names its base model in a file the run's own process wrote: load only the
-    run's own base (inside its folder), a model under MODEL_ROOTS, or a hub id (from the cache)."""
-    path = Path(base)
-    if not path.is_absolute() and not path.exists():
-        return  # a hub id, read with local_files_only
-    resolved = path.resolve()
-    if resolved.is_relative_to(run.folder().resolve()):
-        return
-    try:
-        path_under_model_roots(base, "the adapter's base model")
-    except ValueError as exc:
-        raise Refused(f"Run {run.pk}'s adapter was trained on {base!r}, which is neither in the run's folder "
-                      f"nor a registered model: {exc}") from None
+    problem = adapter_base_problem(run, base)
+    if problem:
+        raise Refused(problem[0].upper() + problem[1:])
 
 
 def load_weights(asked: PlaygroundRequest):

@@ -174,11 +174,12 @@ def test_the_lora_keys_take_verls_defaults_and_are_checked():
         Config.build({"actor_rollout_ref.model.target_modules": []})
 
 
+@pytest.mark.parametrize("backend", ["tinker", "fireworks"])
 @pytest.mark.parametrize("key, value", [("lora_alpha", 64), ("target_modules", ["q_proj"]), ("exclude_modules", "lm_head")])
-def test_tinker_refuses_the_lora_keys_it_cannot_honour_by_name(monkeypatch, tmp_path, key, value):
-    monkeypatch.setenv("TINKER_API_KEY", "not-used")  # refused before any call to the service
-    with pytest.raises(ConfigError, match=rf"actor_rollout_ref\.model\.{key}: the tinker service sets the LoRA adapter's other settings"):
-        AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="tinker", run_path=str(tmp_path),
+def test_the_services_refuse_the_lora_keys_they_cannot_honour_by_name(monkeypatch, tmp_path, backend, key, value):
+    monkeypatch.setenv(f"{backend.upper()}_API_KEY", "not-used")  # refused before any call to the service
+    with pytest.raises(ConfigError, match=rf"actor_rollout_ref\.model\.{key}: the {backend} service sets the LoRA adapter's other settings"):
+        AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend=backend, run_path=str(tmp_path),
                      config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4,
                              f"actor_rollout_ref.model.{key}": value})
 

@@ -87,3 +87,12 @@ def test_an_adapter_naming_a_base_outside_the_run_and_the_model_roots_is_refused
 def test_a_run_may_start_from_a_lora_runs_adapter(lora_run):
     keys = model_config(f"run:{lora_run.pk}", lora_run.owner)
     assert keys["actor_rollout_ref.model.path"] == str(lora_run.folder() / "final_model")
+
+
+@pytest.mark.django_db
+def test_a_run_may_not_start_from_an_adapter_naming_a_base_outside_the_run(lora_run, tmp_path):
+    final = lora_run.folder() / "final_model"
+    shutil.rmtree(final)
+    save_adapter(tmp_path / "elsewhere", final)
+    with pytest.raises(ValueError, match="neither in the run's folder nor a registered model"):
+        model_config(f"run:{lora_run.pk}", lora_run.owner)

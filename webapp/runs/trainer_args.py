@@ -11,9 +11,10 @@ from __future__ import annotations
 import copy
 import os
 import re
+from pathlib import Path
 from typing import Any
 
-from training.rollouts.models import is_saved_model
+from training.rollouts.models import adapter_base, is_adapter, is_saved_model
 from webapp.policy import limits
 from webapp.policy.checks import ARGUMENT_KWARGS, HIDDEN, private_values, redact
 from webapp.policy.keys import (
@@ -43,6 +44,9 @@ def model_config(choice: str, user=None) -> dict[str, Any]:
         trained = run.folder() / "final_model" if run.run_path else None
         if run.status != Run.Status.SUCCEEDED or trained is None or not is_saved_model(trained):
             raise ValueError(f"model {choice!r}: run {run.pk} ({run.status}) left no trained model on the workers.")
+        problem = adapter_base_problem(run, adapter_base(trained)) if is_adapter(trained) else None
+        if problem:
+            raise ValueError(f"model {choice!r}: {problem}")
         return {MODEL_KEY: str(trained), "actor_rollout_ref.model.tokenizer_path": None, TRUST_KEY: False}
     entries = Model.objects.visible_to(user) if user is not None else Model.objects.all()
     entry = entries.filter(name=choice.strip()).first()
@@ -53,6 +57,22 @@ def model_config(choice: str, user=None) -> dict[str, Any]:
             "(or run:<id>, a run's trained model). An administrator registers models."
         )
     return entry.trainer_config()
+
+
+def adapter_base_problem(run: Run, base: str) -> str | None:
+    """Why the base model that ``run``'s LoRA adapter names may not be loaded, or None. The name is in a
+    file the run's own process wrote: only the run's own base (inside its folder), a model under
+    MODEL_ROOTS, or a hub id (read from the workers' cache) is loaded."""
+    path = Path(base)
+    if not path.is_absolute() and not path.exists():
+        return None
+    if path.resolve().is_relative_to(run.folder().resolve()):
+        return None
+    try:
+        path_under_model_roots(base, "the adapter's base model")
+    except ValueError as exc:
+        return f"run {run.pk}'s adapter was trained on {base!r}, which is neither in the run's folder nor a registered model: {exc}"
+    return None
 
 
 def model_defaults(choice: str) -> dict[str, Any]:
