@@ -7,33 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from test_trl_smoke import starts_with_a, tiny_config, weights  # the CPU test's reward and weight reader
 
 from training import AgentTrainer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
-def starts_with_a(task, response):
-    return 1.0 if response.startswith("a") else 0.0
-
-
 def gpu_config(steps: int, **extra) -> dict:
-    return {
-        "actor_rollout_ref.model.path": "tiny-char",
-        "actor_rollout_ref.actor.optim.lr": 1e-2,
-        "actor_rollout_ref.rollout.n": 8,
-        "data.train_batch_size": 4,
-        "data.max_response_length": 2,
-        "trainer.total_training_steps": steps,
-        "trainer.device": "cuda",
-        "trainer.logger": [],
-        **extra,
-    }
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
+    return tiny_config(steps, **{"trainer.device": "cuda", "trainer.logger": [], **extra})
 
 
 def test_single_turn_trains_on_the_gpu_weights_change_and_reward_rises(tmp_path, sink):
