@@ -10,18 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from test_execute import _alive  # the one reading of a process's state from /proc
+
 from workers.processes import child_env, kill_session
 
 WRITER = Path(__file__).with_name("session_writer.py")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead, only not reaped yet
-    except FileNotFoundError:
-        return False
 
 
 def _start(how: str, lines: Path) -> tuple[subprocess.Popen, int]:
