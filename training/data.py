@@ -162,7 +162,8 @@ class DatasetRegistry:
     @classmethod
     def register_dataset(cls, name: str, data: list[dict] | datasets.Dataset, split: str = "default") -> RegisteredDataset:
         """Add (or replace) ``split`` of dataset ``name``, on disk and in this process; returns it."""
-        _plain_name(name, "dataset name"), _plain_name(split, "split")
+        _plain_name(name, "dataset name")
+        _plain_name(split, "split")
         dataset = RegisteredDataset.of(load_dataset(data, what=f"DatasetRegistry {name!r} split {split!r}"))
         _Stored.save(name, split, dataset)
         cls._splits.setdefault(name, {})[split] = dataset
