@@ -96,3 +96,28 @@ def test_a_run_may_not_start_from_an_adapter_naming_a_base_outside_the_run(lora_
     save_adapter(tmp_path / "elsewhere", final)
     with pytest.raises(ValueError, match="neither in the run's folder nor a registered model"):
         model_config(f"run:{lora_run.pk}", lora_run.owner)
+
+
+@committed
+def test_a_downloaded_adapter_comes_with_the_base_it_was_trained_on(lora_run, owner_client, tmp_path, monkeypatch):
+    """The adapter's base (built in the run's folder) travels in the archive; unpacked anywhere, peft loads it
+    and gives the same weights as the platform's own loader."""
+    import io
+    import tarfile
+
+    from peft import AutoPeftModelForCausalLM
+    from test_run_page import body
+
+    from training.rollouts.models import load_trained
+
+    response = owner_client.get(f"/runs/{lora_run.pk}/models/final_model.tar.gz")
+    assert response.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(body(response)), mode="r:gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    arc = f"run-{lora_run.pk}-final_model"
+    assert (tmp_path / arc / "base_model" / "config.json").is_file()
+    assert adapter_base(tmp_path / arc) == f"{arc}/base_model"
+    monkeypatch.chdir(tmp_path)  # where the archive was unpacked
+    loaded = AutoPeftModelForCausalLM.from_pretrained(arc).merge_and_unload()
+    expected, _ = load_trained(lora_run.folder() / "final_model")
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in expected.state_dict().items())
