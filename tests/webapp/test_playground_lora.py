@@ -121,3 +121,26 @@ def test_a_downloaded_adapter_comes_with_the_base_it_was_trained_on(lora_run, ow
     loaded = AutoPeftModelForCausalLM.from_pretrained(arc).merge_and_unload()
     expected, _ = load_trained(lora_run.folder() / "final_model")
     assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in expected.state_dict().items())
+
+
+@committed
+def test_an_adapter_naming_a_folder_outside_the_run_downloads_without_it(lora_run, owner_client, tmp_path):
+    """adapter_config.json is written where the run's code runs: a base it names outside the run's folder
+    (here another folder on the server) is never put in the archive."""
+    import io
+    import json
+    import tarfile
+
+    from test_run_page import body
+
+    elsewhere = tmp_path / "secret_model"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text("{}")
+    config_file = lora_run.folder() / "final_model" / "adapter_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "base_model_name_or_path": str(elsewhere)}))
+
+    response = owner_client.get(f"/runs/{lora_run.pk}/models/final_model.tar.gz")
+    with tarfile.open(fileobj=io.BytesIO(body(response)), mode="r:gz") as tar:
+        names = tar.getnames()
+    assert f"run-{lora_run.pk}-final_model/adapter_config.json" in names
+    assert not any("base_model" in name or "secret_model" in name for name in names), names
