@@ -26,7 +26,7 @@ UndottedNames = Callable[[dict[str, Any], dict[str, Any], dict[str, str], dict[s
 
 _undotted: list[UndottedNames] = []
 _foreign: dict[str, Callable[[str], bool]] = {}
-# (key, value, every key given) -> why it changes nothing elsewhere, or None
+# (key, value, every key given) -> what it does on the other backends, or None (refused there)
 ForeignEffect = Callable[[str, Any, dict[str, Any]], "Elsewhere | None"]
 _foreign_effects: dict[str, ForeignEffect] = {}
 _value_checks: dict[str, Callable[[Any], str | None]] = {}
