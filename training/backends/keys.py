@@ -107,6 +107,7 @@ REMOTE_ONLY = no_effect("a setting of the remote training services (tinker, fire
 FIREWORKS_ONLY = no_effect("a Fireworks setting (its trainer jobs and deployments); the tinker service has none")
 LABEL = no_effect("a label of rLLM's registry: the class given to AgentTrainer is what runs; the label is not used")
 NOT_USED_HERE = no_effect("rLLM's setting of what this trainer does anyway: it learns from the sampled tokens themselves")
+TINY_ON_SERVICE = no_effect("the service holds the model; model.path=tiny-char lends it only its tokenizer here")
 SDK_ENDPOINT = no_effect("the trainer serves its own OpenAI-compatible endpoint for the run (training/sdk)")
 ROWS_ONLY = "needs the trainer's own layout of episodes into rows (trl with an agent, tinker, fireworks)"
 SWIFT_ROWS = refused(f"ms-swift lays out its own rows; this {ROWS_ONLY}", unless=(False,))
@@ -141,8 +142,8 @@ KEY_EFFECTS: dict[str, dict[str, Effect]] = {
         verl=mapped("verl's actor_rollout_ref.rollout.dtype (and the verl backend's default bfloat16)"),
         swift=mapped("ms-swift's torch_dtype"),
         remote=no_effect("the service holds the weights in its own precision")),
-    "actor_rollout_ref.model.tiny_layers": row(applied("with model.path=tiny-char")),
-    "actor_rollout_ref.model.tiny_hidden_size": row(applied("with model.path=tiny-char")),
+    "actor_rollout_ref.model.tiny_layers": row(applied("with model.path=tiny-char"), remote=TINY_ON_SERVICE),
+    "actor_rollout_ref.model.tiny_hidden_size": row(applied("with model.path=tiny-char"), remote=TINY_ON_SERVICE),
     "actor_rollout_ref.model.lora_rank": row(remote=applied("at least 1: the services train LoRA adapters")),
     "actor_rollout_ref.model.lora_alpha": row(remote=refused("the service chooses the adapter's other settings itself; leave it unset")),
     "actor_rollout_ref.model.target_modules": row(
