@@ -100,7 +100,7 @@ class TurnLoop:
     async def start(self, reset: Callable[[], tuple[Any, dict]] | None = None) -> None:
         """Reset the agent and the environment (``reset``, where the driver resets it its own way)
         and hand the agent the first observation."""
-        with self._failures():
+        with self.failures():
             self.agent.reset()
             observation, info = await self._timed(self.call_env(reset or self.env.reset), "env")
             if self.reason is not None:
@@ -128,7 +128,7 @@ class TurnLoop:
     async def turn(self, reply: Reply) -> TerminationReason | None:
         """The agent takes the reply, the environment answers its action, the agent takes the
         answer; returns why the episode ended, or None when it goes on."""
-        with self._failures():
+        with self.failures():
             self.turns += 1
             action = self.agent.update_from_model(reply.text)
             acted: Step | None = self.agent.get_current_state()
@@ -224,7 +224,9 @@ class TurnLoop:
             self.end(TerminationReason.TIMEOUT)
             return None
 
-    def _failures(self) -> "_RecordFailure":
+    def failures(self) -> "_RecordFailure":
+        """A context in which an exception of agent or environment code is recorded as the loop's
+        error (``reason`` error, ``error``, ``traceback``) and then goes on to the caller."""
         return _RecordFailure(self)
 
 

@@ -473,9 +473,10 @@ class _RllmTurnLoop(TurnLoop):
         return Reply(output.text, output=output)
 
     def agent_info(self, info: dict) -> dict:
-        if self.turns == 0:
-            return dict(info, max_steps=self.max_steps)
-        return dict(info, max_steps=self.max_steps, cur_tokens=self.used)
+        told = dict(super().agent_info(info), max_steps=self.max_steps)
+        if self.turns:
+            told["cur_tokens"] = self.used
+        return told
 
     def observed(self, step: Step | None, reward: float, done: bool, info: dict) -> None:
         current = self.agent.get_current_state()
