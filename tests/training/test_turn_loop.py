@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from test_episode_runner import EOS, LOGPROB, TOKENIZER, ChatAgent, CounterEnv, ScriptedGenerator, ids, make_env, masked_text
+from test_episode_runner import (EOS, LOGPROB, TOKENIZER, ChatAgent, CounterEnv, ScriptedGenerator, ids, make_env,
+                                 masked_text, rllm_env)
 
 from training.agents.spec import AgentSpec
 from training.agents.turn_loop import Reply, TurnLoop, run_turns
@@ -236,22 +237,6 @@ class SeenAgent(InfoAgent):
         AGENTS.append(self)
 
 
-def rllm_counter_env() -> type[CounterEnv]:
-    """CounterEnv as rLLM's workflows build and step it (``env_cls()``, ``reset(task)``, an Action)."""
-
-    def __init__(self, task=None):
-        CounterEnv.__init__(self, task or {})
-
-    def reset(self, task=None):
-        self.task, self.turn = task or self.task, 0
-        return CounterEnv.reset(self)
-
-    def step(self, action):
-        return CounterEnv.step(self, action.action)
-
-    return make_env("RllmEnv", __init__=__init__, reset=reset, step=step)
-
-
 def run_episode_runner() -> None:
     spec = AgentSpec(agent_class=SeenAgent, env_class=make_env("Env")).validate()
     EpisodeRunner(spec, ScriptedGenerator(), TOKENIZER, Config.build({})).run([{"turns": 2}])
@@ -261,7 +246,7 @@ def run_workflow(name: str) -> None:
     import training
 
     workflow = getattr(training, name)
-    spec = AgentSpec(workflow_class=workflow, workflow_args={"agent_cls": SeenAgent, "env_cls": rllm_counter_env()}).validate()
+    spec = AgentSpec(workflow_class=workflow, workflow_args={"agent_cls": SeenAgent, "env_cls": rllm_env()}).validate()
     EpisodeRunner(spec, ScriptedGenerator(), TOKENIZER, Config.build({})).run([{"turns": 2}])
 
 

@@ -245,13 +245,9 @@ class EpisodeRunner:
         Generation continues from the episode's own token ids rather than a re-tokenised
         conversation, so each turn's logprobs hold for exactly the tokens trained on."""
         spec, cfg = self.spec, self.loop_config
-        env = build_env(spec.env_class, task, spec.env_args)
+        agent = build_agent(spec.agent_class, spec.agent_args)
+        env = build_env(spec.env_class, task, spec.env_args)  # from here on the loop closes it
         call_env = self._in_thread if spec.env_class.is_multithread_safe() else call_inline
-        try:
-            agent = build_agent(spec.agent_class, spec.agent_args)
-        except BaseException:
-            _close_quietly(env)
-            raise
         loop = _TokenTurnLoop(agent, env, max_steps=cfg.max_steps, timeout=cfg.trajectory_timeout, call_env=call_env)
         try:
             reason = await run_turns(loop, _TokenTurns(self, episode).respond)
@@ -578,13 +574,6 @@ def _attach_call_tokens(trajectories: list[Trajectory], calls: list[Step]) -> No
             if match is not None:
                 unused.remove(match)
                 step.prompt_ids, step.response_ids, step.logprobs = match.prompt_ids, match.response_ids, match.logprobs
-
-
-def _close_quietly(env: Any) -> None:
-    try:
-        env.close()
-    except Exception:
-        logger.exception("env.close() raised; ignored")
 
 
 def _append(episode: Episode, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
