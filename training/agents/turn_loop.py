@@ -12,17 +12,18 @@ The rules, in the order they win:
 
 1. ``error``: the agent or the environment raised. The loop records it (``error``,
    ``traceback``) and the exception goes on to the driver, which retries or reports it.
-2. ``timeout``: ``timeout`` seconds after the loop was made. A model call or an environment call
-   still running then is cut (``cut`` names it; the call's thread, if any, is abandoned); a turn
-   that ends past it ends the episode.
+2. ``timeout``: ``timeout`` seconds after the loop was made, a model call or an environment call
+   still running is cut (``cut`` names it; the call's thread, if any, is abandoned).
 3. ``max_response_length``: the driver says the reply used up the episode's response budget
    (``Reply.out_of_budget``), or ends the episode before a call with
    ``TerminationEvent(MAX_RESPONSE_LENGTH)`` when no budget is left. Budget beats ``env_done``:
    a reply cut for room is flagged even when the environment then said done.
 4. ``env_done``: the environment said done.
 5. ``max_turns``: ``max_steps`` turns were played.
-6. ``max_prompt_length`` (or any other reason): the driver raised ``TerminationEvent`` before a
-   model call (a first prompt too long).
+6. ``timeout``: a turn that could not be cut (an environment call on the event loop) ended past it.
+
+An episode that times out or fails scores 0 (``reward``). Before a model call the driver may end the episode by raising ``TerminationEvent`` (a first
+prompt over ``max_prompt_length``, no response budget left): the loop ends with its reason.
 
 The loop lives on the agents' floor because rLLM's agent + environment workflows
 (``training.agents.workflow``) drive it as well as the runners above them.
@@ -31,10 +32,11 @@ The loop lives on the agents' floor because rLLM's agent + environment workflows
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 from training.errors import TerminationEvent
 from training.log import logger
@@ -162,6 +164,20 @@ class TurnLoop:
             self.reason = reason
         return self.reason
 
+    @contextlib.contextmanager
+    def failures(self) -> Iterator[None]:
+        """A context in which an exception of agent or environment code is recorded as the loop's
+        error (``reason`` error, ``error``, ``traceback``) and then goes on to the caller."""
+        try:
+            yield
+        except TerminationEvent:
+            raise
+        except Exception as exc:
+            self.end(TerminationReason.ERROR)
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.traceback = "".join(traceback.format_exception(exc))
+            raise
+
     def close(self) -> None:
         """Close the environment the loop owns; a ``close()`` that raises does not change the episode."""
         if not self.owns_env or self.env is None:
@@ -223,30 +239,6 @@ class TurnLoop:
             self.cut = what
             self.end(TerminationReason.TIMEOUT)
             return None
-
-    def failures(self) -> "_RecordFailure":
-        """A context in which an exception of agent or environment code is recorded as the loop's
-        error (``reason`` error, ``error``, ``traceback``) and then goes on to the caller."""
-        return _RecordFailure(self)
-
-
-class _RecordFailure:
-    """Records an exception of agent or environment code as the loop's ``error`` and lets it go on."""
-
-    def __init__(self, loop: TurnLoop) -> None:
-        self.loop = loop
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        if isinstance(exc, Exception) and not isinstance(exc, TerminationEvent):
-            loop = self.loop
-            loop.end(TerminationReason.ERROR)
-            loop.error = f"{type(exc).__name__}: {exc}"
-            loop.traceback = "".join(traceback.format_exception(exc))
-        return False
-
 
 async def run_turns(loop: TurnLoop, respond: Callable[[list[dict]], Awaitable[Reply]],
                     reset: Callable[[], tuple[Any, dict]] | None = None) -> TerminationReason:

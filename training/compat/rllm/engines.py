@@ -293,9 +293,10 @@ class AgentExecutionEngine:
     write at most what is left of ``max_response_length`` tokens (the model's replies and the
     environment's messages, counted with ``tokenizer``); an episode that runs out ends there
     (``info["termination_reason"] = "TRUNCATION"``), one whose replies alone passed it with reward
-    0. ``trajectory_timeout`` bounds each episode's model and environment time (``TIMEOUT``,
-    ``ENV_TIMEOUT`` with reward 0). An agent or environment that raises stops ``execute_tasks``
-    with that error, naming the task, as in rLLM.
+    0. ``trajectory_timeout`` bounds each episode's model and environment time: a call still
+    running then is cut (``ENV_TIMEOUT`` for an environment step, whose step scores 0; ``TIMEOUT``
+    otherwise). An agent or environment that raises stops ``execute_tasks`` with that error,
+    naming the task, as in rLLM. The turns are the one turn loop's (``training.agents.turn_loop``).
 
     Only ``engine_name="openai"`` runs here (``rollout_engine_args``: ``OpenAIEngine``'s, e.g.
     ``base_url`` and ``api_key``; ``sampling_params`` go with every request). The ``verl`` and
