@@ -19,9 +19,11 @@ import pytest
 from test_episode_runner import (EOS, LOGPROB, TOKENIZER, ChatAgent, CounterEnv, ScriptedGenerator, ids, make_env,
                                  masked_text, rllm_env)
 
+import training
 from training.agents.spec import AgentSpec
 from training.agents.turn_loop import Reply, TurnLoop, run_turns
 from training.backends.swift.backend import DEFAULT_PYTHON, environment_problem
+from training.backends.verl.backend import compose_verl_config
 from training.compat.rllm.engines import AgentExecutionEngine
 from training.config import Config
 from training.errors import TerminationEvent
@@ -243,8 +245,6 @@ def run_episode_runner() -> None:
 
 
 def run_workflow(name: str) -> None:
-    import training
-
     workflow = getattr(training, name)
     spec = AgentSpec(workflow_class=workflow, workflow_args={"agent_cls": SeenAgent, "env_cls": rllm_env()}).validate()
     EpisodeRunner(spec, ScriptedGenerator(), TOKENIZER, Config.build({})).run([{"turns": 2}])
@@ -259,8 +259,17 @@ def run_execution_engine() -> None:
     asyncio.run(engine.execute_tasks([{"turns": 2}]))
 
 
+def run_verl_agent_loop() -> None:
+    verl_tests = pytest.importorskip("test_verl_agent_loop")  # skipped where verl is not installed
+
+    base = compose_verl_config(Config.build({"actor_rollout_ref.model.path": "tiny-char"}), agent_kind="agent_env",
+                               agent_payload="unset", validate=False)
+    verl_tests.run_loop(base, AgentSpec(agent_class=SeenAgent, env_class=verl_tests.GuessEnv), {"target": "b"}, ["a", "b"])
+
+
 DRIVERS = {
-    "episode runner (and verl's agent loop)": run_episode_runner,
+    "episode runner": run_episode_runner,
+    "verl's agent loop": run_verl_agent_loop,
     "rLLM's AgentExecutionEngine": run_execution_engine,
     "CumulativeWorkflow": lambda: run_workflow("CumulativeWorkflow"),
     "SingleTurnWorkflow": lambda: run_workflow("SingleTurnWorkflow"),
