@@ -401,9 +401,13 @@ class AgentExecutionEngine:
         async def call_env(fn: Any, *args: Any) -> Any:
             return await loop.run_in_executor(self.executor, fn, *args)
 
+        def reset() -> tuple[Any, dict]:
+            agent.trajectory.task = task  # the loop has just reset the agent: its new trajectory's task
+            return env.reset()
+
         turns = _RllmTurnLoop(self, index, agent, env, max_steps=self.max_steps, timeout=self.trajectory_timeout,
                               call_env=call_env)
-        ended = await run_turns(turns, turns.respond)
+        ended = await run_turns(turns, turns.respond, reset)
         reason = _RLLM_NAMES.get(ended, ended.value.upper())
         if reason == "TIMEOUT" and turns.cut == "env":
             reason = "ENV_TIMEOUT"
