@@ -849,6 +849,7 @@ VERL_NO_EFFECT: tuple[tuple[str, tuple | None, str], ...] = (
     ("ray_kwargs.*", None, "Ray start-up"),
     ("data.filter_overlong_prompts*", None, "verl's prompt pre-filter (long prompts end with max_prompt_length here)"),
     ("data.return_multi_modal_inputs", (False,), "multi-modal inputs (off)"),
+    ("data.return_raw_chat", (True,), "prompts kept as chat messages for the agent loop (always, here)"),
     ("data.gen_batch_size", None, "rLLM's rejection-sampling batch (see rllm.rejection_sample)"),
 )
 
