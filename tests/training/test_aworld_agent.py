@@ -116,7 +116,7 @@ def test_tool_errors_go_back_to_the_model(tmp_path):
     assert episode.termination_reason == TerminationReason.ENV_DONE and episode.reward == 1.0
     first, second = (step.observation for step in episode.trajectories[0].steps[:2])
     assert first[0]["content"] == "Error: there is no tool 'divide'; the tools are: add, multiply."
-    assert second[0]["content"].startswith("Error: add raised TypeError:") and "'b'" in second[0]["content"]
+    assert second[0]["content"] == "Error: the arguments of add do not fit: b: missing (its arguments: a, b)"
     assert second[1]["content"].startswith("Error: the tool call is not valid JSON")
 
 

@@ -38,7 +38,7 @@ from training.agents.base import BaseAgent, BaseEnv
 
 from training.agents.spec import AgentSpec
 from training.log import logger
-from training.agents.tools import Tool, ToolCall, load_tools, parse_tool_calls, tools_prompt
+from training.agents.tools import Tool, ToolArgumentsError, ToolCall, load_tools, parse_tool_calls, tools_prompt
 from training.types import Action, Step, Trajectory
 
 # llm_config fields that set training keys (as defaults under the run's config).
@@ -443,6 +443,8 @@ class ToolEnvironment(BaseEnv):
         else:
             try:
                 content = self.tools[call.name].call(call.arguments)
+            except ToolArgumentsError as exc:
+                content = f"Error: the arguments of {call.name} do not fit: {exc}"
             except Exception as exc:  # a tool's own failure is the model's to read and recover from
                 content = f"Error: {call.name} raised {type(exc).__name__}: {exc}"
         return {"role": "tool", "name": call.name, "content": content}
