@@ -216,7 +216,7 @@ def undocumented(a: int) -> int:
 
 @pytest.mark.parametrize("fields, message", [
     ({"tool_name": ["examples.arithmetic.add"]}, "agent 'calculator': unknown field(s) 'tool_name' (did you mean 'tool_names'?)"),
-    ({"mcp_servers": ["gaia_server"]}, "agent 'calculator': mcp_servers: MCP tool servers are not supported"),
+    ({"mcp_servers": ["gaia_server"]}, "agent 'calculator': mcp_servers: this chat agent does not run MCP servers"),
     ({"tool_names": ["examples.arithmetic.subtract"]}, "agent 'calculator': Cannot load tool 'examples.arithmetic.subtract': module has no attribute 'subtract'"),
     ({"tool_names": [f"{__name__}.undocumented"]}, f"agent 'calculator': tool '{__name__}.undocumented': Cannot generate JSON schema"),
     ({"tool_names": "examples.arithmetic.add"}, "agent 'calculator': tool_names must be a list of tools"),

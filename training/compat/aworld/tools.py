@@ -57,5 +57,4 @@ def function_to_tool(func: Callable[..., Any], tool_name: str | None = None, too
     doc = (inspect.getdoc(func) or "").split("\n\n")[0].strip()
     schema = {"type": "function", "function": {"name": tool_name, "description": desc or tool_desc or doc or tool_name,
                                                "parameters": parameters}}
-    source = f"{getattr(func, '__module__', '?')}.{label}"
-    return register_tool_object(Tool(name=tool_name, fn=func, schema=schema, source=source))
+    return register_tool_object(Tool(name=tool_name, fn=func, schema=schema, source=tool_name))  # named as tool_names name it
