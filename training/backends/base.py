@@ -38,8 +38,9 @@ from training.threads import DaemonThreadExecutor
 
 logger = logging.getLogger("training")
 
-# How long the check before training waits for an environment's first step (tools, services).
-PROBE_STEP_TIMEOUT_S = 10.0
+# How long the check before training waits for an environment's first step (tools, services): short,
+# since a platform's check of a run (training.platform.probe) has a time limit of its own.
+PROBE_STEP_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -306,7 +307,11 @@ class BuiltinProcessor(TrainerProcessor):
         """``env.step(action)`` within ``PROBE_STEP_TIMEOUT_S``, its return checked against rLLM's contract."""
         spec = self.agent_spec
         agent_name, env_name = spec.agent_class.__name__, spec.env_class.__name__
-        played = DaemonThreadExecutor("probe-env-step").submit(env.step, action)
+        try:
+            played = DaemonThreadExecutor("probe-env-step").submit(env.step, action)
+        except RuntimeError as exc:  # no thread to bound the step with (a process that refuses them): not played
+            logger.info("env_class %s.step not checked here: %s", env_name, exc)
+            return
         try:
             returned = played.result(timeout=PROBE_STEP_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
