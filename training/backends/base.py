@@ -349,13 +349,23 @@ def _step_problem(returned: Any) -> str | None:
         size = f"{len(returned)} values" if isinstance(returned, (tuple, list)) else f"a {type(returned).__name__}"
         return f"{size}, not the 4 of (observation, reward, done, info)"
     _, reward, done, info = returned
-    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+    if not _is_number(reward):  # the episode loop adds float(reward) up
         return f"its reward is {_short(reward)}, not a number"
     if not (isinstance(done, (bool, numpy.bool_)) or (isinstance(done, numbers.Integral) and done in (0, 1))):
         return f"its done is {_short(done)}, not a bool"
     if info is not None and not isinstance(info, dict):
         return f"its info is {_short(info)}, not a dict"
     return None
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, (str, bytes)) or value is None:
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _short(value: Any, limit: int = 200) -> str:
