@@ -57,6 +57,10 @@ class AgentTrainer:
         AgentTrainer(agent=spec_or_path, train_dataset="train.csv", reward_func="pkg.mod.reward",
                      config=cfg, run_path="./outputs", train_engine_name="trl").train()
 
+    AWorld's config route: with ``train_dataset``/``test_dataset``/``reward_func`` None, the config's
+    ``data.train_files``/``data.val_files`` and ``custom_reward_function.path``/``name`` name them
+    (``CONFIG_INPUT_KEYS``).
+
     Construction validates everything (``check_agent``, ``check_dataset``, ``check_reward``,
     ``check_config``, in that order) so that bad input fails before any training starts.
     """
