@@ -13,6 +13,7 @@ from training.agents.flow import evaluator, rollout
 from training.agents.base import BaseAgent, BaseEnv
 from training.agents.spec import AgentSpec
 from training.compat.aworld.agents import Agent, AgentConfig, ModelConfig
+from training.compat.aworld.tools import be_tool
 from training.config import Config
 from training.errors import ConfigError, TerminationEvent
 from training.compat.rllm.environments import MultiTurnEnvironment, SingleTurnEnvironment
@@ -47,6 +48,7 @@ from training.compat.rllm.sft import AgentSFTTrainer
 __all__ = [
     "Action",
     "Agent",
+    "be_tool",
     "AgentConfig",
     "AgentExecutionEngine",
     "AgentSFTTrainer",

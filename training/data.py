@@ -244,6 +244,26 @@ def load_dataset(source: Any, split: str = "train", what: str = "train_dataset")
     return dataset
 
 
+def load_data_files(files: Any, what: str) -> datasets.Dataset:
+    """verl's ``data.train_files`` / ``data.val_files``: one data file or a list of them (.parquet,
+    .jsonl, .json or .csv), their rows in order. Files only: a registered name or a hub id is an
+    argument's business (``train_dataset``), not a config key's. Errors start with ``what``."""
+    paths = [files] if isinstance(files, (str, os.PathLike)) else files
+    if not isinstance(paths, (list, tuple)) or not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
+        raise ValueError(f"{what}: must be the path of a data file or a list of them, got {files!r}.")
+    for path in map(str, paths):
+        if Path(path).suffix.lower() not in _FILE_BUILDERS:
+            raise ValueError(
+                f"{what}: {path} is not a data file (.parquet, .jsonl, .json or .csv), which is what verl reads "
+                "there; a registered dataset or a hub id goes in train_dataset= instead."
+            )
+    parts = [load_dataset(str(path), what=what) for path in paths]
+    try:
+        return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    except ValueError as exc:  # columns that differ between the files
+        raise ValueError(f"{what}: the files {', '.join(map(str, paths))} cannot be read as one dataset: {exc}") from exc
+
+
 def _from_rows(rows: list, what: str) -> datasets.Dataset:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):

@@ -10,6 +10,8 @@ from typing import Any, Callable
 from training.agents.workflow import Workflow
 
 from training.agents.spec import AgentSpec
+from training.config import Config, parse_overrides
+from training.data import load_data_files
 from training.log import logger
 from training.backends.processor import (
     TrainerProcessor,
@@ -19,7 +21,8 @@ from training.backends.processor import (
     unregister_processor,
 )
 from training.tracking.sinks import MetricSink
-from training.utils import cuda_device_count, is_verl_available
+from training.rewards import reward_in_file
+from training.utils import cuda_device_count, import_object, is_verl_available
 from training.errors import ConfigError, Problems
 
 
@@ -53,6 +56,10 @@ class AgentTrainer:
 
         AgentTrainer(agent=spec_or_path, train_dataset="train.csv", reward_func="pkg.mod.reward",
                      config=cfg, run_path="./outputs", train_engine_name="trl").train()
+
+    AWorld's config route: with ``train_dataset``/``test_dataset``/``reward_func`` None, the config's
+    ``data.train_files``/``data.val_files`` and ``custom_reward_function.path``/``name`` name them
+    (``CONFIG_INPUT_KEYS``).
 
     Construction validates everything (``check_agent``, ``check_dataset``, ``check_reward``,
     ``check_config``, in that order) so that bad input fails before any training starts.
@@ -110,6 +117,10 @@ class AgentTrainer:
             )
 
         config, run_path = _output_dir_as_run_path(config, run_path)
+        config, named = _inputs_named_in_config(config)
+        train_dataset = _given_once(train_dataset, named.get("data.train_files"), "train_dataset", "data.train_files")
+        test_dataset = _given_once(test_dataset, named.get("data.val_files"), "test_dataset", "data.val_files")
+        reward_func = _given_once(reward_func, named.get("reward"), "reward_func", "custom_reward_function.path")
         self.agent = agent
         self.train_dataset = train_dataset
         self.test_dataset = test_dataset if test_dataset is not None else val_dataset
@@ -255,3 +266,82 @@ def _output_dir_as_run_path(config: Any, run_path: str | None) -> tuple[Any, str
     if run_path is not None and Path(str(output_dir)).resolve() != Path(run_path).resolve():
         raise ConfigError("output_dir", f"is {output_dir!r} but run_path is {run_path!r}: both name the run's folder; give one.")
     return {key: value for key, value in config.items() if key != "output_dir"}, str(output_dir)
+
+
+# verl's keys that name a run's inputs. AWorld's AgentTrainer takes the datasets and the reward
+# there when its arguments are None; here they become those arguments, and leave the config.
+# (On the platform a member's config may not set them: the registry chooses the inputs.)
+CONFIG_INPUT_KEYS = ("data.train_files", "data.val_files", "custom_reward_function.path", "custom_reward_function.name")
+
+
+def _inputs_named_in_config(config: Any) -> tuple[Any, dict[str, Any]]:
+    """The config without ``CONFIG_INPUT_KEYS`` (also verl's newer ``reward.custom_reward_function.*``),
+    and what they name, loaded: ``data.train_files``/``data.val_files`` as datasets, the reward file's
+    function as ``reward``. Keys left empty (as AWorld's own configs leave them) name nothing.
+    A config without them is returned as it is."""
+    if config is None or isinstance(config, Config):
+        return config, {}
+    flat = parse_overrides(config)
+    named = {_input_key(key): value for key, value in flat.items() if _input_key(key) in CONFIG_INPUT_KEYS}
+    if not named:
+        return config, {}
+    given = {key: value for key, value in named.items() if value not in (None, "", [])}
+    # A null stays: the config says it is not given (training.config.names), as for verl's other placeholders.
+    rest = {key: value for key, value in flat.items() if _input_key(key) not in CONFIG_INPUT_KEYS or value is None}
+    for key, value in given.items():
+        logger.info("config: %s=%r", key, value)
+    loaded: dict[str, Any] = {}
+    for key in ("data.train_files", "data.val_files"):
+        if key in given:
+            loaded[key] = load_data_files(given[key], what=key)
+    path, name = given.get("custom_reward_function.path"), given.get("custom_reward_function.name")
+    if name is not None and path is None:
+        raise ConfigError(
+            "custom_reward_function.name",
+            f"names function {name!r} but custom_reward_function.path names no file; give the path of the .py file "
+            "that defines it (or pass reward_func=).",
+        )
+    if path is not None:
+        loaded["reward"] = _reward_in_config(str(path), None if name is None else str(name))
+    return rest, loaded
+
+
+def _input_key(key: str) -> str:
+    """A key as ``CONFIG_INPUT_KEYS`` name it: Hydra's ``+`` and verl's newer ``reward.`` section dropped."""
+    key = key.removeprefix("+")
+    return key.removeprefix("reward.") if key.startswith("reward.custom_reward_function.") else key
+
+
+def _reward_in_config(path: str, name: str | None) -> Any:
+    """The function verl's ``custom_reward_function`` names: ``name`` in the file at ``path`` (verl's
+    ``compute_score`` signature, or any other the reward loader knows); without a name, the file's
+    reward function as ``reward_func='file.py'`` finds it (``compute_score`` first, as verl)."""
+    if not path.endswith(".py"):
+        raise ConfigError("custom_reward_function.path", f"is {path!r}, not a Python file; give the path of the .py file that defines the reward function.")
+    if not Path(path).is_file():
+        raise ConfigError(
+            "custom_reward_function.path",
+            f"file {path} does not exist (a relative path is read from {Path.cwd()}); give the path of the .py file "
+            "that defines the reward function, or pass reward_func=.",
+        )
+    if name is None:
+        try:
+            return reward_in_file(path)
+        except ValueError as exc:
+            raise ConfigError("custom_reward_function.path", f"{str(exc).removeprefix('reward_func: ')} Or name it in custom_reward_function.name.") from exc
+    try:
+        function = import_object(f"{path}:{name}", what="reward function")
+    except ValueError as exc:
+        raise ConfigError("custom_reward_function.name", f"{exc} Set custom_reward_function.name to the function's name in {path}.") from exc
+    if not callable(function):
+        raise ConfigError("custom_reward_function.name", f"{name!r} in {path} is a {type(function).__name__}, not a function.")
+    return function
+
+
+def _given_once(argument: Any, from_config: Any, argument_name: str, key: str) -> Any:
+    """An input given as an argument or in the config, refused when given both ways (which would win is a guess)."""
+    if from_config is None:
+        return argument
+    if argument is not None:
+        raise ConfigError(key, f"names the run's {argument_name.replace('_', ' ')} and so does {argument_name}=; give one.")
+    return from_config

@@ -1,10 +1,14 @@
 """AgentTrainer's two calling styles and the error each kind of bad input gets, before training."""
 
+import threading
+from typing import Any
+
 import pytest
 
 import examples  # noqa: F401  (registers the example datasets)
 from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv
 from training import AgentTrainer, ConfigError
+from training.agents.base import BaseEnv
 from training.agents.spec import AgentSpec
 
 TINY = {"actor_rollout_ref.model.path": "tiny-char", "trainer.logger": []}
@@ -207,3 +211,67 @@ def test_an_agent_that_returns_no_action_is_refused_at_construction(tmp_path):
 def test_an_agent_that_fails_on_a_reply_a_model_can_write_is_refused_at_construction(tmp_path):
     with pytest.raises(ValueError, match=r"AgentThatCannotReadAReply failed its first turn .*IndexError"):
         build(tmp_path, **{**FROZENLAKE, "agent_class": AgentThatCannotReadAReply}, train_dataset="frozenlake:train")
+
+
+class StepEnv(BaseEnv):
+    """An environment whose first step returns (or raises, or waits on) what the test sets."""
+
+    returned: Any = ("4>", 0.0, False, {})
+    release = threading.Event()
+
+    def __init__(self, task: dict) -> None:
+        self.task = task
+
+    @staticmethod
+    def from_dict(info: dict) -> "StepEnv":
+        return StepEnv(dict(info))
+
+    def reset(self):
+        return "00>", {}
+
+    def step(self, action):
+        if self.returned == "hang":
+            StepEnv.release.wait()
+        if isinstance(self.returned, Exception):
+            raise self.returned
+        return self.returned
+
+
+@pytest.mark.parametrize("returned,problem", [
+    (("4>", 0.0, False), r"\('4>', 0.0, False\) on the first row: 3 values, not the 4 of \(observation, reward, done, info\)"),
+    (("4>", None, False, {}), r"its reward is None, not a number"),
+    (("4>", 0.0, "no", {}), r"its done is 'no', not a bool"),
+    (("4>", 0.0, False, "ok"), r"its info is 'ok', not a dict"),
+    ({"observation": "4>"}, r"\{'observation': '4>'\} on the first row: a dict, not the 4"),
+])
+def test_an_env_whose_step_breaks_the_contract_is_refused_at_construction(tmp_path, monkeypatch, returned, problem):
+    monkeypatch.setattr(StepEnv, "returned", returned)
+    with pytest.raises(ValueError, match=rf"^env_class StepEnv.step returned .*{problem}"):
+        build(tmp_path, agent_class=FrozenLakeAgent, env_class=StepEnv, train_dataset="frozenlake:train")
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_an_env_whose_step_raises_is_refused_at_construction_naming_the_action(tmp_path, monkeypatch):
+    monkeypatch.setattr(StepEnv, "returned", KeyError("grid"))
+    with pytest.raises(ValueError, match=r"^env_class StepEnv.step raised on the first row, given the action .* that agent_class "
+                                         r"FrozenLakeAgent.update_from_model returned for an empty model reply .*KeyError: 'grid'"):
+        build(tmp_path, agent_class=FrozenLakeAgent, env_class=StepEnv, train_dataset="frozenlake:train")
+
+
+def test_an_env_whose_step_keeps_to_the_contract_is_built(tmp_path, monkeypatch):
+    monkeypatch.setattr(StepEnv, "returned", ("4>", 1, True, None))  # an int reward and no info are fine
+    build(tmp_path, agent_class=FrozenLakeAgent, env_class=StepEnv, train_dataset="frozenlake:train")
+
+
+def test_an_env_whose_step_does_not_return_is_skipped_not_waited_on(tmp_path, monkeypatch, caplog):
+    import training.backends.base
+
+    monkeypatch.setattr(StepEnv, "returned", "hang")
+    monkeypatch.setattr(training.backends.base, "PROBE_STEP_TIMEOUT_S", 0.2)
+    try:
+        with caplog.at_level("WARNING", logger="training"):
+            build(tmp_path, agent_class=FrozenLakeAgent, env_class=StepEnv, train_dataset="frozenlake:train")
+    finally:
+        StepEnv.release.set()  # the abandoned step returns
+    assert "env_class StepEnv.step did not return within 0.2s on the first row" in caplog.text
+    assert "its check before training was skipped" in caplog.text

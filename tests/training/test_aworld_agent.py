@@ -116,7 +116,7 @@ def test_tool_errors_go_back_to_the_model(tmp_path):
     assert episode.termination_reason == TerminationReason.ENV_DONE and episode.reward == 1.0
     first, second = (step.observation for step in episode.trajectories[0].steps[:2])
     assert first[0]["content"] == "Error: there is no tool 'divide'; the tools are: add, multiply."
-    assert second[0]["content"].startswith("Error: add raised TypeError:") and "'b'" in second[0]["content"]
+    assert second[0]["content"] == "Error: the arguments of add do not fit: b: missing (its arguments: a, b)"
     assert second[1]["content"].startswith("Error: the tool call is not valid JSON")
 
 
@@ -216,7 +216,7 @@ def undocumented(a: int) -> int:
 
 @pytest.mark.parametrize("fields, message", [
     ({"tool_name": ["examples.arithmetic.add"]}, "agent 'calculator': unknown field(s) 'tool_name' (did you mean 'tool_names'?)"),
-    ({"mcp_servers": ["gaia_server"]}, "agent 'calculator': mcp_servers: MCP tool servers are not supported"),
+    ({"mcp_servers": ["gaia_server"]}, "agent 'calculator': mcp_servers: this chat agent does not run MCP servers"),
     ({"tool_names": ["examples.arithmetic.subtract"]}, "agent 'calculator': Cannot load tool 'examples.arithmetic.subtract': module has no attribute 'subtract'"),
     ({"tool_names": [f"{__name__}.undocumented"]}, f"agent 'calculator': tool '{__name__}.undocumented': Cannot generate JSON schema"),
     ({"tool_names": "examples.arithmetic.add"}, "agent 'calculator': tool_names must be a list of tools"),

@@ -69,9 +69,10 @@ def test_a_switched_on_verl_section_is_refused_naming_the_key_and_what_to_do(tmp
         gaia_trainer(tmp_path, {**AWORLD, "actor_rollout_ref.rollout.multi_turn.enable": True})
 
 
-def test_a_value_where_aworld_leaves_null_is_refused_on_trl(tmp_path):
-    with pytest.raises(ConfigError, match=r"^data\.train_files: is a verl setting .*on other backends remove it"):
-        gaia_trainer(tmp_path, {**AWORLD, "data.train_files": "gaia.parquet"})
+def test_a_value_where_aworld_leaves_null_names_the_input_and_may_not_also_be_an_argument(tmp_path):
+    """A value is AWorld's config route (test_aworld_config_inputs.py); given beside train_dataset= it is refused."""
+    with pytest.raises(ConfigError, match=r"^data\.train_files: names the run's train dataset and so does train_dataset=; give one"):
+        gaia_trainer(tmp_path, {**AWORLD, "data.train_files": str(EXAMPLES / "gaia_data" / "sample_train.parquet")})
 
 
 def test_on_verl_the_nulls_aworld_fills_later_leave_the_runs_own_files(tmp_path, monkeypatch):

@@ -187,11 +187,16 @@ def test_settings_swift_would_ignore_are_refused(tmp_path):
 
 
 CRACKING_LAKE = '''
+from pathlib import Path
+
 from examples.frozenlake import FrozenLakeEnv
+
+CHECKED = Path({checked!r})
 
 
 class CrackingLakeEnv(FrozenLakeEnv):
-    """The ice cracks under the first move: step() raises."""
+    """The ice cracks under every move of the episodes: step() raises. (The trainer's check before
+    training plays one step first, which holds, so that the episodes are what fails.)"""
 
     @staticmethod
     def from_dict(info):
@@ -200,6 +205,9 @@ class CrackingLakeEnv(FrozenLakeEnv):
         return env
 
     def step(self, action):
+        if not CHECKED.exists():
+            CHECKED.touch()
+            return super().step(action)
         raise ValueError("the ice cracked")
 '''
 
@@ -212,7 +220,7 @@ def test_episodes_whose_environment_raises_fail_the_run_naming_the_error(tmp_pat
     from training.errors import TooManyEpisodeErrors
 
     env_file = tmp_path / "cracking_lake.py"
-    env_file.write_text(CRACKING_LAKE)
+    env_file.write_text(CRACKING_LAKE.format(checked=str(tmp_path / "checked")))
     trainer = AgentTrainer(
         agent_class="examples.frozenlake.FrozenLakeAgent", env_class=f"{env_file}:CrackingLakeEnv",
         train_dataset="frozenlake:train", backend="swift", run_path=str(tmp_path / "run"),

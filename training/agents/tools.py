@@ -3,7 +3,12 @@
 A tool is a plain (or async) Python function with type hints and a docstring whose ``Args:``
 section describes each argument: ``transformers.utils.get_json_schema`` turns it into the
 OpenAI-style schema the model reads. Tools are named by import path (``pkg.mod.fn`` or
-``path/to/file.py:fn``) or registered by name with :func:`register_tool`.
+``path/to/file.py:fn``) or registered by name with :func:`register_tool` (or, schema and all, with
+:func:`register_tool_object`, as AWorld's ``be_tool`` does).
+
+Before a tool runs, the model's arguments are checked against the function's signature and type
+hints (pydantic, in its lax mode: ``"3"`` is 3 for an ``int``); arguments that do not fit raise
+:class:`ToolArgumentsError`, which the environment hands back to the model as the tool's result.
 
 The model calls tools in the Hermes format that Qwen and most open chat models are trained on::
 
@@ -15,17 +20,25 @@ The model calls tools in the Hermes format that Qwen and most open chat models a
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, get_type_hints
+
+import pydantic
+from pydantic.fields import FieldInfo
 
 from training.utils import import_object
 
-_TOOLS: dict[str, Callable[..., Any]] = {}
+_TOOLS: dict[str, "Callable[..., Any] | Tool"] = {}
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments do not fit the tool's signature (missing, unknown or of the wrong type)."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +51,9 @@ class Tool:
     source: str
 
     def call(self, arguments: dict[str, Any]) -> str:
-        """Run the tool; the result as the text the model reads. Exceptions propagate."""
-        result = self.fn(**arguments)
+        """Run the tool on arguments checked against its signature (``ToolArgumentsError`` when they do
+        not fit); the result as the text the model reads. The tool's own exceptions propagate."""
+        result = self.fn(**checked_arguments(self.fn, arguments))
         if inspect.isawaitable(result):
             result = asyncio.run(_awaited(result))
         return result if isinstance(result, str) else json.dumps(result, default=str)
@@ -54,7 +68,8 @@ def register_tool(name: str | None = None) -> Callable[[Callable[..., Any]], Cal
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         key = name or fn.__name__
-        if key in _TOOLS and _TOOLS[key] is not fn:
+        known = _TOOLS.get(key)
+        if known is not None and (known.fn if isinstance(known, Tool) else known) is not fn:
             raise ValueError(f"a tool named {key!r} is already registered ({_TOOLS[key]!r}); choose another name.")
         _TOOLS[key] = fn
         return fn
@@ -62,14 +77,97 @@ def register_tool(name: str | None = None) -> Callable[[Callable[..., Any]], Cal
     return decorator
 
 
+def register_tool_object(tool: "Tool") -> "Tool":
+    """Register a tool with its own schema under ``tool.name`` (refusing another one of that name)."""
+    known = _TOOLS.get(tool.name)
+    if known is not None and (known.fn if isinstance(known, Tool) else known) is not tool.fn:
+        raise ValueError(f"a tool named {tool.name!r} is already registered ({known!r}); choose another name.")
+    _TOOLS[tool.name] = tool
+    return tool
+
+
 def registered_tools() -> list[str]:
     return sorted(_TOOLS)
+
+
+@functools.lru_cache(maxsize=512)
+def arguments_model(fn: Callable[..., Any]) -> type[pydantic.BaseModel] | None:
+    """A pydantic model of ``fn``'s keyword arguments (a pydantic ``Field`` default gives its default and
+    description, as AWorld's tools write them), or None when its type hints cannot be read."""
+    try:
+        hints = get_type_hints(fn)
+        signature = inspect.signature(fn)
+    except Exception:  # a forward reference that does not resolve, a builtin without a signature
+        return None
+    fields: dict[str, Any] = {}
+    extra = "forbid"
+    for name, parameter in signature.parameters.items():
+        if parameter.kind == parameter.VAR_KEYWORD:
+            extra = "allow"
+            continue
+        if parameter.kind == parameter.VAR_POSITIONAL:
+            continue
+        annotation = hints.get(name, Any)
+        default = parameter.default
+        if isinstance(default, FieldInfo):
+            fields[name] = (annotation, default)
+        else:
+            fields[name] = (annotation, ... if default is parameter.empty else default)
+    config = pydantic.ConfigDict(extra=extra, arbitrary_types_allowed=True)
+    try:
+        return pydantic.create_model(f"{getattr(fn, '__name__', 'tool')}_arguments", __config__=config, **fields)
+    except Exception:  # an annotation pydantic cannot build a validator for
+        return None
+
+
+def checked_arguments(fn: Callable[..., Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """``arguments`` validated against ``fn``'s signature and hints, ready to pass as keywords."""
+    try:
+        model = arguments_model(fn)
+    except TypeError:  # an unhashable callable: not cached
+        model = arguments_model.__wrapped__(fn)
+    if model is None:
+        try:
+            inspect.signature(fn).bind(**arguments)
+        except TypeError as exc:
+            raise ToolArgumentsError(str(exc)) from None
+        except ValueError:  # no signature to check against: the call itself will say
+            pass
+        return arguments
+    try:
+        validated = model.model_validate(arguments)
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {_said(e)}" for e in exc.errors())
+        expected = ", ".join(f"{name}{'' if field.is_required() else ' (optional)'}" for name, field in model.model_fields.items())
+        raise ToolArgumentsError(f"{problems} (its arguments: {expected or 'none'})") from None
+    values = {name: getattr(validated, name) for name in model.model_fields}
+    for name, given in arguments.items():  # what the model wrote, where checking only confirmed it (2, not 2.0)
+        if name in values and _equal(given, values[name]):
+            values[name] = given
+    return {**values, **(validated.model_extra or {})}
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == does not answer a bool
+        return False
+
+
+def _said(error: dict[str, Any]) -> str:
+    if error["type"] == "missing":
+        return "missing"
+    if error["type"] == "extra_forbidden":
+        return "not an argument of this tool"
+    return f"{error['msg']}, got {error['input']!r}"
 
 
 def load_tool(spec: str | Callable[..., Any]) -> Tool:
     """A tool from a function, a registered name or an import path. Raises ValueError naming the tool."""
     if callable(spec):
         fn, source = spec, f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', spec)}"
+    elif isinstance(spec, str) and isinstance(_TOOLS.get(spec), Tool):
+        return _TOOLS[spec]
     elif isinstance(spec, str) and spec in _TOOLS:
         fn, source = _TOOLS[spec], spec
     elif isinstance(spec, str) and ("." in spec or ":" in spec):

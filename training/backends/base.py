@@ -6,11 +6,14 @@ own in ``check_backend`` (called at the end of ``check_config``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy
 import yaml
 
 from training.agents.base import build_agent, build_env
@@ -32,8 +35,13 @@ from training.tracking.sinks import ConsoleSink, JsonlSink
 from training.tracking.system_metrics import SystemMetrics
 from training.tracking.trackers import tracker_sinks
 from training.rollouts.validation import run_inference
+from training.threads import DaemonThreadExecutor
 
 logger = logging.getLogger("training")
+
+# How long the check before training waits for an environment's first step (tools, services): short,
+# since a platform's check of a run (training.platform.probe) has a time limit of its own.
+PROBE_STEP_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -232,16 +240,19 @@ class BuiltinProcessor(TrainerProcessor):
         return target
 
     def _probe_agent_and_env(self, task: dict) -> None:
-        """Build one agent and one environment from the first row and play the agent's half of one
-        turn, as the rollouts will (reset both, ``update_from_env`` with the first observation,
-        ``update_from_model`` on a model reply), so that a misspelt ``agent_args`` key, a broken env
-        or an agent that breaks rLLM's contract (an ``update_from_model`` that returns no action: the
-        env would get ``step(None)`` every turn and every episode would score 0) fails before
-        training. The reply is empty text, which a model can always write. ``step`` is not played:
-        an environment's step may call tools or services, or wait on them. An environment that starts programs (an MCP server) where this process
-        refuses them (a run's check) is built when the run starts instead. Errors name the
-        arguments, never their values (an administrator's server arguments; they may hold what the
-        person checking must not see)."""
+        """Build one agent and one environment from the first row and play one turn, as the rollouts
+        will (reset both, ``update_from_env`` with the first observation, ``update_from_model`` on a
+        model reply, then ``env.step`` with its action), so that a misspelt ``agent_args`` key, a
+        broken env, an agent that breaks rLLM's contract (an ``update_from_model`` that returns no
+        action: the env would get ``step(None)`` every turn and every episode would score 0) or an env
+        that breaks it (a ``step`` that raises, or returns anything but ``(observation, reward, done,
+        info)``) fails before training. The reply is empty text, which a model can always write.
+        ``step`` may call tools or services, or wait on them: it gets ``PROBE_STEP_TIMEOUT_S``, and a
+        step that takes longer, or starts a program where this process refuses them, is logged as
+        skipped. A chat agent's environment is ours, its step the reward's call: not played. An
+        environment that starts programs (an MCP server) where this process refuses them (a run's
+        check) is built when the run starts instead. Errors name the arguments, never their values
+        (an administrator's server arguments; they may hold what the person checking must not see)."""
         spec = self.agent_spec
         name = spec.agent_class.__name__
         try:
@@ -272,7 +283,9 @@ class BuiltinProcessor(TrainerProcessor):
         except Exception as exc:
             raise self._env_error(task, exc) from exc
         try:
-            self._probe_one_turn(agent, observation, info)
+            action = self._probe_one_turn(agent, observation, info)
+            if self.chat_agent is None:
+                self._probe_step(env, action)
         finally:
             env.close()
 
@@ -295,6 +308,38 @@ class BuiltinProcessor(TrainerProcessor):
                 f"return the action to take (rLLM's contract: return Action(action=...)); env_class {env_name} "
                 "would get step(None) every turn and every episode would score 0."
             )
+        return taken
+
+    def _probe_step(self, env: Any, action: Any) -> None:
+        """``env.step(action)`` within ``PROBE_STEP_TIMEOUT_S``, its return checked against rLLM's contract."""
+        spec = self.agent_spec
+        agent_name, env_name = spec.agent_class.__name__, spec.env_class.__name__
+        try:
+            played = DaemonThreadExecutor("probe-env-step").submit(env.step, action)
+        except RuntimeError as exc:  # no thread to bound the step with (a process that refuses them): not played
+            logger.info("env_class %s.step not checked here: %s", env_name, exc)
+            return
+        try:
+            returned = played.result(timeout=PROBE_STEP_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            logger.warning("env_class %s.step did not return within %gs on the first row (it may wait on tools or "
+                           "services): its check before training was skipped", env_name, PROBE_STEP_TIMEOUT_S)
+            return
+        except ProgramsRefused as exc:
+            logger.info("env_class %s.step not checked here: %s", env_name, exc)
+            return
+        except Exception as exc:
+            raise ValueError(
+                f"env_class {env_name}.step raised on the first row, given the action {_short(action)} that "
+                f"agent_class {agent_name}.update_from_model returned for an empty model reply (which a model can "
+                f"write): {type(exc).__name__}: {exc}"
+            ) from exc
+        problem = _step_problem(returned)
+        if problem is not None:
+            raise ValueError(
+                f"env_class {env_name}.step returned {_short(returned)} on the first row: {problem}. It must return "
+                "(observation, reward, done, info), rLLM's contract: reward a number, done a bool, info a dict."
+            )
 
     def _env_error(self, task: dict, exc: Exception) -> ValueError:
         spec = self.agent_spec
@@ -303,6 +348,36 @@ class BuiltinProcessor(TrainerProcessor):
             f"train_dataset (fields {', '.join(map(str, task))}) with env_args {_names(spec.env_args)}: "
             f"{type(exc).__name__}: {exc}"
         )
+
+
+def _step_problem(returned: Any) -> str | None:
+    """What in an ``env.step`` return breaks rLLM's contract, or None."""
+    if not isinstance(returned, (tuple, list)) or len(returned) != 4:
+        size = f"{len(returned)} values" if isinstance(returned, (tuple, list)) else f"a {type(returned).__name__}"
+        return f"{size}, not the 4 of (observation, reward, done, info)"
+    _, reward, done, info = returned
+    if not _is_number(reward):  # the episode loop adds float(reward) up
+        return f"its reward is {_short(reward)}, not a number"
+    if not (isinstance(done, (bool, numpy.bool_)) or (isinstance(done, numbers.Integral) and done in (0, 1))):
+        return f"its done is {_short(done)}, not a bool"
+    if info is not None and not isinstance(info, dict):
+        return f"its info is {_short(info)}, not a dict"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, (str, bytes)) or value is None:
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _names(args: dict) -> str:

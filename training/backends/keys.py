@@ -71,6 +71,12 @@ def _shown(value: Any) -> str:
 APPLIED = Effect("applied")
 
 
+# verl's keys naming a run's inputs that AgentTrainer itself reads, before any backend (training.trainer's
+# CONFIG_INPUT_KEYS), and the argument each stands for.
+READ_BY_THE_TRAINER = {"data.train_files": "train_dataset", "data.val_files": "test_dataset",
+                       "custom_reward_function.path": "reward_func", "custom_reward_function.name": "reward_func"}
+
+
 def applied(note: str = "") -> Effect:
     return Effect("applied", note)
 
@@ -395,6 +401,12 @@ def _dialect_rows() -> list[tuple[str, str, dict[str, Effect]]]:
         note = why if harmless is None else f"{why} (at {' or '.join(map(_shown, harmless))}; other values refused)"
         rows.append((pattern, verl, row(no_effect(note), verl=mapped("passed to verl as it is"))))
     for name, filled_by in VERL_FILLED_LATER.items():
+        if name.removeprefix("reward.") in READ_BY_THE_TRAINER:
+            argument = READ_BY_THE_TRAINER[name.removeprefix("reward.")]
+            rows.append((name, verl, row(mapped(
+                f"AgentTrainer's {argument} where that argument is None (AWorld's route: the file is loaded; null: not "
+                "given); refused per run on the platform, where the registry chooses a run's inputs"))))
+            continue
         rows.append((name, verl, row(
             refused(f"a verl setting; null is accepted as not given ({filled_by} fills it)", unless=(None,)),
             verl=applied(f"passed to verl; null: not given ({filled_by} fills it)"))))

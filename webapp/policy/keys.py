@@ -39,6 +39,16 @@ def platform_set_keys() -> dict[str, str]:
     return {**why, **_WHY_PLATFORM_SET}
 
 
+# verl's keys that name a run's inputs by a path on the worker (a data file, a reward's Python file),
+# which the library reads as AWorld's AgentTrainer does (``training.trainer.CONFIG_INPUT_KEYS``). A
+# run's data and reward are chosen among the registry's entries; a member's config is data, never a path.
+_WHY_REGISTRY_INPUTS = {
+    "data.train_files": "the training data is chosen in the Dataset field, among the registered datasets",
+    "data.val_files": "the test data comes with the chosen dataset's entry",
+    "custom_reward_function": "the reward is chosen in the Reward field, among the registered reward functions",
+    "reward.custom_reward_function": "the reward is chosen in the Reward field, among the registered reward functions",
+}
+
 # Dict-valued keys (rLLM's) whose entries become arguments of registry code: set by the agent's entry.
 _ARGUMENT_PREFIXES = ("rllm.agent.agent_args", "rllm.agent.engine_args", "rllm.env.env_args", "rllm.workflow.workflow_args")
 _WHY_ARGUMENTS = "the arguments of the agent, environment or workflow come from the agent's registry entry"
@@ -63,7 +73,7 @@ def permitted_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def _refusals(overrides: dict[str, Any]) -> list[tuple[str, Any, str]]:
     """(leaf key, the key as written, message) for each key of ``overrides`` a run may not set."""
-    walled = {**platform_set_keys(), **dict.fromkeys(_ARGUMENT_PREFIXES, _WHY_ARGUMENTS)}
+    walled = {**platform_set_keys(), **dict.fromkeys(_ARGUMENT_PREFIXES, _WHY_ARGUMENTS), **_WHY_REGISTRY_INPUTS}
     refusals = []
     for leaf, (written, _) in limits.config_leaves(overrides).items():
         why = None

@@ -38,7 +38,7 @@ from training.agents.base import BaseAgent, BaseEnv
 
 from training.agents.spec import AgentSpec
 from training.log import logger
-from training.agents.tools import Tool, ToolCall, load_tools, parse_tool_calls, tools_prompt
+from training.agents.tools import Tool, ToolArgumentsError, ToolCall, load_tools, parse_tool_calls, tools_prompt
 from training.types import Action, Step, Trajectory
 
 # llm_config fields that set training keys (as defaults under the run's config).
@@ -63,10 +63,19 @@ AGENT_RUNTIME_FIELDS = {
     "ptc_tools", "concurrent_batch_size", "meta_learning_config", "self_evolve_config", "ext",
     "llm_compression_config", "optimization_config",
 }
+# AWorld's MCP servers are not run by this chat agent (docs/aworld.md says why); what to do instead.
+_MCP_REFUSED = (
+    "this chat agent does not run MCP servers. Give the tools as Python functions instead (tool_names: "
+    "import paths, or functions registered with @be_tool from training.tools), or train with rLLM's MCP "
+    "environment, which starts stdio servers (command, args, env: the entries of mcp_config['mcpServers']) "
+    "as processes of the run: AgentTrainer(agent_class=MCPToolAgent, env_class=MCPEnvironment, "
+    "env_args={'mcp_servers': {name: {'command': ..., 'args': [...], 'env': {...}}}}) (docs/rllm.md). "
+    "Servers reached by URL (sse, streamable-http) are not supported"
+)
 # Agent arguments this trainer cannot honour, with why (refused when set).
 AGENT_REFUSED = {
-    "mcp_servers": "MCP tool servers are not supported; give Python tools in tool_names (import paths or registered names)",
-    "mcp_config": "MCP tool servers are not supported; give Python tools in tool_names (import paths or registered names)",
+    "mcp_servers": _MCP_REFUSED,
+    "mcp_config": _MCP_REFUSED,
     "agent_names": "handing off to other agents is not supported; train one agent",
     "black_tool_actions": "tool blacklists are not supported; list only the tools the agent may call",
     "sandbox": "sandboxes are not supported; tools run in the training process",
@@ -443,6 +452,8 @@ class ToolEnvironment(BaseEnv):
         else:
             try:
                 content = self.tools[call.name].call(call.arguments)
+            except ToolArgumentsError as exc:
+                content = f"Error: the arguments of {call.name} do not fit: {exc}"
             except Exception as exc:  # a tool's own failure is the model's to read and recover from
                 content = f"Error: {call.name} raised {type(exc).__name__}: {exc}"
         return {"role": "tool", "name": call.name, "content": content}
