@@ -782,6 +782,7 @@ class VerlProcessor(BuiltinProcessor):
         if self.attempt is not None and verl.trainer.resume_mode == "auto" and latest:
             verl.trainer.resume_mode = "resume_path"
             verl.trainer.resume_from_path = latest
+            logger.info("resuming from checkpoint %s", latest)
         return verl
 
     def train_with(self, runner_cls: Any, launch: Callable[[Any], None], end_job: Callable[[Any], None]) -> TrainResult:
