@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 
 import psutil
 import pytest
@@ -29,8 +30,6 @@ RUN_TIMEOUT = 240
 
 @pytest.fixture
 def queue():
-    import uuid
-
     return f"test-verl-fencing-{uuid.uuid4().hex[:8]}"
 
 

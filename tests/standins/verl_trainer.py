@@ -53,7 +53,7 @@ class StandInVerlJob:
         self.steps: list[int] = []
 
     def launch(self, runner: Any) -> None:
-        from verl.utils.tracking import Tracking
+        from verl.utils.tracking import Tracking  # verl is optional: imported where the job runs, as the backend does
 
         runner.handle = self  # run_ppo starts the TaskRunner actor: from now on the job can be ended
         verl = self.processor.runtime_config()
