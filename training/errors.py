@@ -119,6 +119,11 @@ class RunSuperseded(RuntimeError):
     nothing more of it."""
 
 
+class OwnerUnknown(RuntimeError):
+    """Whether this process still owns the run cannot be told now (the platform's database is
+    away): what it would publish waits."""
+
+
 class DiskFull(OSError):
     """A file of the run (a checkpoint, the final model) did not fit on its disk."""
 

@@ -90,6 +90,8 @@ class AgentTrainer:
         should_stop: Callable[[], bool] | None = None,
         may_write: Callable[[], bool] | None = None,
         on_full_disk: str = "fail",
+        attempt: int | None = None,
+        write_fence: Callable[[Callable[[], None], bool], bool] | None = None,
     ) -> None:
         rllm_agent = any(
             v is not None for v in (workflow_class, agent_class, env_class, agent_run_func, agent_flow, evaluator)
@@ -137,6 +139,12 @@ class AgentTrainer:
             self.train_processor.add_stop_check(should_stop)
         if may_write is not None:  # a platform's fencing token: asked before every checkpoint and final model
             self.train_processor.add_write_check(may_write)
+        # A platform's attempt of the run: checkpoints and the final model are written in the attempt's
+        # own folder and published into the run's by a rename that ``write_fence`` lets only the run's
+        # owner make (TrainerProcessor.publish).
+        self.train_processor.attempt = attempt
+        if write_fence is not None:
+            self.train_processor.set_write_fence(write_fence)
         if on_full_disk not in ("fail", "pause"):
             raise ValueError(f"on_full_disk must be 'fail' or 'pause', not {on_full_disk!r}.")
         self.train_processor.on_full_disk = on_full_disk  # a checkpoint that does not fit: see TrainerProcessor.write_files

@@ -97,3 +97,13 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step a checkpoint directory's name ends in (``checkpoint-12``, ``global_step_12``), else None."""
+    digits = ""
+    for char in reversed(name):
+        if not char.isdigit():
+            break
+        digits = char + digits
+    return int(digits) if digits and name[: -len(digits)] in ("checkpoint-", "global_step_") else None

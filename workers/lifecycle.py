@@ -16,8 +16,9 @@ ends in exactly one way, recorded once:
 
 Every write of the attempt is fenced by its attempt number (``Fence``): the reports and log lines
 under a lock of the run's row (``lock_for_attempt``), row changes in their filtered update,
-checkpoints and the final model after ``may_write`` (``AgentTrainer(may_write=...)``, the
-uploader), the end itself by ``Run.finish``'s filtered update.
+checkpoints and the final model written in the attempt's own folder (``<run>/attempts/<n>``) and
+published into the run's by a rename under that lock (``Fence.holding``), uploads after
+``may_write``, the end itself by ``Run.finish``'s filtered update.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models.functions import Now
 
 from training.platform.artifacts import ArtifactStoreError, RunUploader
-from training.backends.processor import RunSuperseded
+from training.errors import OwnerUnknown, RunSuperseded
 from webapp.policy.checks import redact
 from webapp.runs import artifacts
 from webapp.runs.models import AttemptSuperseded, Checkpoint, Run, lock_for_attempt
@@ -130,6 +131,32 @@ class Fence:
             return True
         self.superseded()
         return False
+
+    def holding(self, action: Callable[[], None], wait: bool = False) -> bool:
+        """Run ``action`` (a rename that publishes a checkpoint or the final model into the run's
+        folder) only while this attempt holds the run, inside a transaction that locks the run's
+        row first: a takeover, which updates the row, waits for it, so none slips between the
+        check and the rename. Returns whether it ran. With the database away it raises
+        ``OwnerUnknown`` at once, or with ``wait`` once RUN_DATABASE_RETRY_SECONDS have passed."""
+        if self.lost:
+            return False
+        deadline = time.monotonic() + settings.RUN_DATABASE_RETRY_SECONDS
+        delay = 0.5
+        while True:
+            try:
+                with transaction.atomic():
+                    lock_for_attempt(self.run_id, self.attempt)
+                    action()
+                return True
+            except AttemptSuperseded:
+                self.superseded()
+                return False
+            except DatabaseError as exc:
+                close_old_connections()
+                if not wait or time.monotonic() > deadline:
+                    raise OwnerUnknown(f"the database is unreachable ({exc.__class__.__name__})") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def superseded(self) -> None:
         """Another attempt holds the run (or it ended): stop writing, and stop."""
@@ -257,9 +284,11 @@ class Attempt:
 
     def trainer_hooks(self) -> dict[str, Any]:
         """The ``AgentTrainer`` arguments through which the attempt holds the library: its stop
-        check, its fence on every file (checkpoints, the final model), and what a full disk does
+        check, its fence on every file (checkpoints, the final model: written in the attempt's own
+        folder, published into the run's under ``Fence.holding``), and what a full disk does
         (``RUN_ON_FULL_DISK``)."""
         return {"should_stop": self.should_stop, "may_write": self.fence.may_write,
+                "attempt": self.run.attempts, "write_fence": self.fence.holding,
                 "on_full_disk": "pause" if settings.RUN_ON_FULL_DISK == "pause" else "fail"}
 
     def train(self, trainer) -> None:

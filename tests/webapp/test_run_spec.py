@@ -90,8 +90,9 @@ def test_every_attempt_trains_the_spec_validated_at_submission_whatever_the_regi
     assert run.attempts == 2 and run.steps == 3
     first, second = built
     for attempt in (first, second):
-        # (may_write and on_full_disk: the attempt's fencing check and this worker's disk setting)
-        assert {key: value for key, value in attempt.items() if key not in ("config", "may_write", "on_full_disk")} == \
+        # (may_write, attempt and write_fence: the attempt's fencing; on_full_disk: this worker's disk setting)
+        hooks = ("config", "may_write", "attempt", "write_fence", "on_full_disk")
+        assert {key: value for key, value in attempt.items() if key not in hooks} == \
                {key: value for key, value in validated.items() if key != "config"}
         # (with a shared artifact store the worker leaves checkpoint rotation to the store: where it runs)
         assert {key: value for key, value in attempt["config"].items() if key != "trainer.max_checkpoints"} == validated["config"]

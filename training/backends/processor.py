@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import threading
 import time
@@ -13,8 +14,8 @@ from typing import Any, Callable, TypeVar
 from training.log import logger
 from training.rollouts.outcomes import RewardTrace, learning_warnings
 from training.tracking.sinks import MetricSink, MultiSink
-from training.utils import import_object
-from training.errors import DiskFull, RunSuperseded
+from training.utils import checkpoint_step, import_object
+from training.errors import DiskFull, OwnerUnknown, RunSuperseded
 
 T = TypeVar("T")
 
@@ -71,6 +72,12 @@ class TrainerProcessor(ABC):
         self._stop = threading.Event()
         self._stop_checks: list[Callable[[], bool]] = []
         self._write_checks: list[Callable[[], bool]] = []
+        #: The attempt of the run this process trains (a platform's fencing token), or None: with one,
+        #: checkpoints and the final model are written in ``attempt_dir`` and published into the run's
+        #: folder (``publish``); without, they are written there directly.
+        self.attempt: int | None = None
+        self.write_fence: Callable[[Callable[[], None], bool], bool] | None = None
+        self._unpublished: list[Path] = []
 
     @abstractmethod
     def train(self) -> Any:
@@ -172,6 +179,122 @@ class TrainerProcessor(ABC):
                 logger.info("%s written after waiting %.0f s for room on its disk.", what, time.monotonic() - paused_at)
             return result
 
+    # -- the run's published files ---------------------------------------------------------------
+    def checkpoint_dir(self) -> Path:
+        """Where the run's checkpoints are published (and a resumed attempt starts from):
+        ``trainer.default_local_dir``, else ``<run path>/checkpoints``."""
+        configured = getattr(getattr(getattr(self, "config", None), "trainer", None), "default_local_dir", None)
+        return Path(configured) if configured else self.path / "checkpoints"
+
+    def attempt_dir(self) -> Path:
+        """This attempt's own folder (``<run path>/attempts/<n>``): what it writes before publishing.
+        Without an attempt, the run's folder."""
+        return self.path / "attempts" / str(self.attempt) if self.attempt is not None else self.path
+
+    def attempt_checkpoint_dir(self) -> Path:
+        """Where this attempt's trainer saves its checkpoints (and rotates them): its own folder's
+        ``checkpoints``, or, without an attempt, the run's (``checkpoint_dir``)."""
+        return self.attempt_dir() / "checkpoints" if self.attempt is not None else self.checkpoint_dir()
+
+    def set_write_fence(self, fence: Callable[[Callable[[], None], bool], bool]) -> None:
+        """``fence(action, wait)`` runs ``action`` only while this process owns the run, so that no
+        other process can take the run over between the check and the action (a platform: under a
+        lock of the run's row), and says whether it ran. It raises ``OwnerUnknown`` when it cannot
+        tell now (with ``wait``, after waiting for the answer as long as it may)."""
+        self.write_fence = fence
+
+    def _while_owner(self, action: Callable[[], None], wait: bool) -> bool:
+        if self.write_fence is not None:
+            return self.write_fence(action, wait)
+        if not all(check() for check in self._write_checks):
+            return False
+        action()
+        return True
+
+    def publish(self, what: str, source: Path, target: Path, after: Callable[[], None] | None = None,
+                wait: bool = False) -> Path:
+        """Publish ``source`` (a folder this attempt wrote in its own folder) as the run's ``target``:
+        hard-linked into a staging folder of the attempt, then, while the attempt owns the run, put
+        in place with a rename (an older ``target`` moved aside first, then removed) and ``after``
+        run. A process that no longer owns the run publishes nothing: ``RunSuperseded`` (training
+        stops). ``OwnerUnknown`` when ownership cannot be told now. Without an attempt ``source``
+        is ``target``, already in place."""
+        source, target = Path(source), Path(target)
+        if source.resolve() == target.resolve():
+            if after is not None and not self._while_owner(after, wait):
+                self._refused(what)
+            return target
+        staged = self.attempt_dir() / "publishing" / target.name
+        moved = self.attempt_dir() / "replaced" / target.name
+        for folder in (staged, moved):
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(source, staged, copy_function=_link_or_copy)  # hard links: the weights are not written twice
+
+        def put_in_place() -> None:
+            if target.exists():
+                os.rename(target, moved)
+            os.rename(staged, target)
+            if after is not None:
+                after()
+
+        try:
+            published = self._while_owner(put_in_place, wait)
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        shutil.rmtree(moved, ignore_errors=True)
+        if not published:
+            shutil.rmtree(staged, ignore_errors=True)
+            self._refused(what)
+        return target
+
+    def _refused(self, what: str) -> None:
+        self._stop.set()
+        raise RunSuperseded(f"Not publishing {what}: another process owns this run now.")
+
+    def publish_checkpoint(self, folder: str | Path | None, after: Callable[[Path], None] | None = None) -> list[tuple[int, Path]]:
+        """Publish a checkpoint this attempt saved whole (``attempt_checkpoint_dir``/``<name ending
+        in its step>``) into ``checkpoint_dir``, with those an earlier call could not publish (its
+        owner unknown: the database away) first; the run's published checkpoints past
+        ``trainer.max_checkpoints`` are removed in the same step, and ``after(published folder)``
+        run (verl's marker file). Returns (step, published folder) of each published now; the sinks
+        are told of each (``log_checkpoint``). ``folder`` None: only those held back."""
+        if folder is not None and Path(folder) not in self._unpublished:
+            self._unpublished.append(Path(folder))
+        done = []
+        while self._unpublished:
+            source = self._unpublished[0]
+            step = checkpoint_step(source.name)
+            if source.is_dir() and step is not None:
+                target = self.checkpoint_dir() / source.name
+
+                def then(target: Path = target) -> None:
+                    self._rotate_published()
+                    if after is not None:
+                        after(target)
+
+                try:
+                    self.publish(f"the checkpoint of step {step}", source, target, after=then)
+                except OwnerUnknown as exc:
+                    logger.warning("checkpoint %s: not published yet (%s); published with the next one", source.name, exc)
+                    return done
+                done.append((step, target))
+                self.sinks.log_checkpoint(step, target)
+            self._unpublished.pop(0)
+        return done
+
+    def _rotate_published(self) -> None:
+        keep = int(getattr(getattr(getattr(self, "config", None), "trainer", None), "max_checkpoints", 0) or 0)
+        folder = self.checkpoint_dir()
+        if keep <= 0 or not folder.is_dir():
+            return
+        found = sorted((step, path) for path in folder.iterdir()
+                       if path.is_dir() and (step := checkpoint_step(path.name)) is not None)
+        for _, path in found[:-keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
     @classmethod
     def environment_status(cls, config: Any = None) -> dict[str, str | None]:
         """What this backend needs from the machine it runs on, checked without training:
@@ -183,6 +306,13 @@ class TrainerProcessor(ABC):
         if not self._stop.is_set() and any(check() for check in self._stop_checks):
             self._stop.set()
         return self._stop.is_set()
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another disk, or a filesystem without hard links
+        shutil.copy2(source, target)
 
 
 # Built-in backends are named by import path so that importing this module never imports

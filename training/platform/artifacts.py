@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 from training.errors import ArtifactStoreError
+from training.utils import checkpoint_step
 
 logger = logging.getLogger("training")
 
@@ -248,16 +249,6 @@ def prune_checkpoints(store: ArtifactStore, prefix: str, keep: int) -> list[str]
     if removed:
         logger.info("artifact store: removed checkpoint(s) %s (the newest %d are kept)", ", ".join(removed), keep)
     return removed
-
-
-def checkpoint_step(name: str) -> int | None:
-    """The step a checkpoint directory's name ends in (``checkpoint-12``, ``global_step_12``), else None."""
-    digits = ""
-    for char in reversed(name):
-        if not char.isdigit():
-            break
-        digits = char + digits
-    return int(digits) if digits and name[: -len(digits)] in ("checkpoint-", "global_step_") else None
 
 
 @dataclass

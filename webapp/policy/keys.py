@@ -33,6 +33,21 @@ _WHY_PLATFORM_SET = {
 }
 
 
+RAY_ADDRESS_KEY = "trainer.ray_address"
+REMOTE_RAY_REFUSED = (
+    "trainer.ray_address joins a Ray cluster the training process did not start, whose jobs the platform "
+    "cannot stop yet: a superseded attempt's workers there would go on training and saving. Leave "
+    "trainer.ray_address empty (each training process then starts its own Ray cluster on its machine), "
+    "or train on that cluster outside the platform."
+)
+
+
+def remote_ray_refusal(config: dict[str, Any]) -> str | None:
+    """Why a run with ``config`` (dotted keys) may not train on the platform: a remote Ray cluster
+    (``trainer.ray_address``), where an attempt's jobs are not fenced (docs/platform.md). None when it may."""
+    return REMOTE_RAY_REFUSED if config.get(RAY_ADDRESS_KEY) else None
+
+
 def platform_set_keys() -> dict[str, str]:
     """Every key only the platform sets -> why, in words for the person who tried to set it."""
     why = {key: "it names a location on the workers, which the platform chooses" for key in location_keys()}

@@ -26,7 +26,7 @@ from training.backends.processor import get_processor_class
 from training.config.secrets import reference
 from training.utils import leaves
 from webapp.policy.checks import check_isolated
-from webapp.policy.keys import refused_overrides
+from webapp.policy.keys import refused_overrides, remote_ray_refusal
 from webapp.policy.limits import check_limit_table
 from webapp.teams.models import teams_of
 
@@ -470,11 +470,19 @@ class Backend(models.Model):
                 "process and would not use it; leave python empty")}
         return status
 
+    def clean(self) -> None:
+        refusal = remote_ray_refusal(self.default_config if isinstance(self.default_config, dict) else {})
+        if refusal:
+            raise ValidationError({"default_config": refusal})
+
     def why_unusable(self) -> str | None:
-        """Why a run cannot use this backend now (disabled; its environment or credentials missing
-        here), in words for the person choosing it; None when it can."""
+        """Why a run cannot use this backend now (disabled; a remote Ray cluster; its environment or
+        credentials missing here), in words for the person choosing it; None when it can."""
         if not self.enabled:
             return "disabled by an administrator"
+        refusal = remote_ray_refusal(self.default_config or {})
+        if refusal:
+            return refusal
         return "; ".join(problem for problem in self.environment_status().values() if problem) or None
 
     def has_capacity(self) -> bool:

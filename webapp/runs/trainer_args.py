@@ -19,6 +19,7 @@ from webapp.policy import limits
 from webapp.policy.checks import ARGUMENT_KWARGS, HIDDEN, private_values, redact
 from webapp.policy.keys import (
     CHECKPOINT_DIR_KEY, MODEL_KEY, PYTHON_KEY, RUN_MODEL, TRUST_KEY, permitted_overrides, platform_set_keys,
+    remote_ray_refusal,
 )
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction, local_path, path_under_model_roots
 from webapp.runs import artifacts
@@ -211,6 +212,9 @@ def attempt_kwargs(run, run_path: str) -> dict[str, Any]:
     if problems:
         raise Revoked(" ".join(problems) + " It was not trained.")
     kwargs = copy.deepcopy(run.spec["trainer"])
+    refusal = remote_ray_refusal(kwargs.get("config") or {})
+    if refusal:  # validated before remote Ray clusters were refused
+        raise Revoked(f"{refusal} It was not trained.")
     kwargs["run_path"] = run_path
     field = Dataset._meta.get_field("file")
     for key, name in run.spec.get("stored_files", {}).items():

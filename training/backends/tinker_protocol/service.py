@@ -270,10 +270,6 @@ class RemoteProcessor(BuiltinProcessor):
     def open_session(self, resume: CheckpointRecord | None) -> ServiceSession:
         """Connect (and provision), starting from ``resume``'s state when given."""
 
-    def checkpoint_dir(self) -> Path:
-        configured = self.config.trainer.default_local_dir
-        return Path(configured) if configured else self.path / "checkpoints"
-
     def load_tokenizer(self) -> Any:
         """The tokenizer of the service's base model, loaded here: episodes are tokenized locally."""
         model = self.config.actor_rollout_ref.model

@@ -105,10 +105,6 @@ class TRLProcessor(BuiltinProcessor):
         with self.sinks:
             return run.train()
 
-    def checkpoint_dir(self) -> Path:
-        configured = self.config.trainer.default_local_dir
-        return Path(configured) if configured else self.path / "checkpoints"
-
 
 def last_complete_checkpoint(folder: Path) -> str | None:
     """The newest ``checkpoint-<step>`` in ``folder`` that was saved to the end. transformers writes
@@ -164,7 +160,7 @@ class _TRLRun:
             scheduler = "constant_with_warmup"
         save_freq = cfg.trainer.save_freq
         return GRPOConfig(
-            output_dir=str(self.processor.checkpoint_dir()),
+            output_dir=str(self.processor.attempt_checkpoint_dir()),  # published from there (on_save)
             max_steps=cfg.trainer.total_training_steps,
             num_train_epochs=cfg.trainer.total_epochs,
             per_device_train_batch_size=mini * rollout.n,
@@ -188,7 +184,9 @@ class _TRLRun:
             logging_steps=cfg.trainer.log_freq,
             save_strategy="no" if save_freq == -1 else "steps",
             save_steps=max(save_freq, 1),
-            save_total_limit=cfg.trainer.max_checkpoints or None,
+            # An attempt's own folder needs its newest only (hard links of what it published); the run's
+            # published checkpoints keep trainer.max_checkpoints (TrainerProcessor.publish_checkpoint).
+            save_total_limit=1 if self.processor.attempt is not None else cfg.trainer.max_checkpoints or None,
             seed=cfg.trainer.seed,
             shuffle_dataset=cfg.data.shuffle,
             remove_unused_columns=False,
@@ -241,6 +239,7 @@ class _TRLRun:
     # -- training --------------------------------------------------------------------------
     def train(self) -> TrainResult:
         self.trainer = self.build_trainer()
+        # The run's published checkpoints: an earlier attempt's newest (never a superseded one's).
         checkpoint_dir = self.processor.checkpoint_dir()
         resume = None
         if self.config.trainer.resume_mode == "auto" and checkpoint_dir.is_dir():
@@ -260,18 +259,21 @@ class _TRLRun:
         stopped = self.processor.should_stop()
         steps = self.trainer.state.global_step
         self.outcomes.check_finished(steps, stopped, hint=self._steps_hint())
+        self.processor.publish_checkpoint(None)  # any a database outage held back
         if stopped:  # only a run that finished publishes a model; a stopped one keeps its last checkpoint
             checkpoint = last_complete_checkpoint(checkpoint_dir) if checkpoint_dir.is_dir() else None
             logger.info("training stopped after %d steps; last checkpoint %s", steps, checkpoint)
             return TrainResult(run_path=self.processor.run_path, steps=steps, metrics=dict(self.last_metrics),
                                checkpoint=checkpoint, stopped=True)
+        written = self.processor.attempt_dir() / "final_model"
         final_dir = self.processor.path / "final_model"
 
         def save_final_model() -> None:
-            self.trainer.save_model(str(final_dir))
-            self.tokenizer.save_pretrained(str(final_dir))
+            self.trainer.save_model(str(written))
+            self.tokenizer.save_pretrained(str(written))
 
-        self.processor.write_files("the final model", final_dir, save_final_model)
+        self.processor.write_files("the final model", written, save_final_model)
+        self.processor.publish("the final model", written, final_dir, wait=True)
         logger.info("training finished after %d steps; model saved to %s", steps, final_dir)
         return TrainResult(
             run_path=self.processor.run_path, steps=steps, metrics=dict(self.last_metrics),
@@ -607,10 +609,11 @@ def _make_sink_callback(run: _TRLRun):
                     run.log_validation(state.global_step, metrics)
 
         def on_save(self, args, state, control, **kwargs):
-            # Called once the checkpoint is whole on disk: sinks that keep files (an artifact store) take it.
+            # Called once the checkpoint is whole in the attempt's folder: published into the run's
+            # (only while this attempt owns the run), then sinks that keep files (an artifact store) take it.
             saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if saved.is_dir():
-                run.processor.sinks.log_checkpoint(state.global_step, saved)
+                run.processor.publish_checkpoint(saved)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from training.backends.base import BuiltinProcessor, TrainResult
 from training.config import Config, ConfigInput, close_key, flatten, parse_overrides, valid_keys
-from training.errors import ConfigError, TrainingFailed
+from training.errors import ConfigError, RunSuperseded, TrainingFailed
 from training.log import logger
 from training.rollouts.outcomes import OutcomeMonitor
 from training.algorithms.recipes import clip_range
@@ -37,7 +37,7 @@ from training.tracking.sinks import MultiSink
 from training.tracking.trackers import VERL_TRACKERS, verl_tracker_names, verl_tracking_environment
 from training.types import Episode, Step, TerminationReason, Trajectory
 from training.backends.verl.names import VERL_FILLED_LATER, verl_default_config, verl_keys
-from training.utils import cuda_device_count, is_verl_available
+from training.utils import checkpoint_step, cuda_device_count, is_verl_available
 from training.data import dataset_to_tasks
 
 NO_GPU_MESSAGE = (
@@ -48,6 +48,8 @@ AGENT_LOOP_NAME = "agent_trainer"
 SINGLE_TURN_LOOP_NAME = "single_turn_agent"  # verl's own single-turn agent loop
 AGENT_LOOP_MODULE = "training.backends.verl.agent_loop"
 REWARD_MODULE = "pkg://training.backends.verl.backend"
+# verl writes this beside its global_step_N folders once step N is saved whole.
+VERL_LATEST = "latest_checkpointed_iteration.txt"
 # Config groups of verl's defaults list: they pick other YAML files, so they must be set at compose time.
 _HYDRA_GROUPS = ("model_engine",)
 # Without a chat template (the tiny character model) the prompt is the messages' text, as in
@@ -462,8 +464,11 @@ class VerlMetricsBridge:
         interval_s: float = 1.0,
         on_poll: Callable[[], None] | None = None,
         outcomes: OutcomeMonitor | None = None,
+        may_forward: Callable[[str], None] | None = None,
     ) -> None:
         self.sinks = sinks
+        self.may_forward = may_forward
+        self.superseded: RunSuperseded | None = None
         self.metrics_path = Path(metrics_path)
         self.rollout_dir = Path(rollout_dir) if rollout_dir else None
         self.interval_s = interval_s
@@ -479,16 +484,22 @@ class VerlMetricsBridge:
         self._thread: threading.Thread | None = None
 
     def poll(self) -> int:
-        """Forward every complete new line; return how many steps were forwarded."""
+        """Forward every complete new line; return how many steps were forwarded. With
+        ``may_forward``, it is asked first (and raises ``RunSuperseded`` once this process no
+        longer owns the run): what it refuses is never forwarded."""
         forwarded = 0
         if self.metrics_path.is_file():
             with open(self.metrics_path, "rb") as handle:
                 handle.seek(self._offset)
                 chunk = handle.read()
-            self._offset += len(chunk)
             lines = (self._partial + chunk).split(b"\n")
-            self._partial = lines.pop()  # an unfinished last line waits for the next poll
-            for line in filter(bytes.strip, lines):
+            partial = lines.pop()  # an unfinished last line waits for the next poll
+            lines = list(filter(bytes.strip, lines))
+            if lines and self.may_forward is not None:
+                self.may_forward(f"verl's metrics after step {self.last_step}")
+            self._offset += len(chunk)
+            self._partial = partial
+            for line in lines:
                 try:
                     record = json.loads(line)
                 except ValueError:  # a bad line must never end training; skip it
@@ -516,6 +527,8 @@ class VerlMetricsBridge:
             step = int(path.stem)
             if step > self.last_step:  # verl writes the dump in the background; wait for its step
                 continue
+            if self.may_forward is not None:
+                self.may_forward(f"verl's episodes of step {step}")
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             episodes = [rollout_row_to_episode(row) for row in rows]
             self.sinks.log_episodes(step, episodes[:SAMPLE_EPISODES_PER_STEP])
@@ -534,17 +547,53 @@ class VerlMetricsBridge:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.poll()
-                if self.on_poll is not None:
-                    self.on_poll()
+                try:
+                    self.poll()
+                finally:
+                    if self.on_poll is not None:
+                        self.on_poll()
+            except RunSuperseded as exc:  # this process no longer owns the run: it forwards nothing more
+                logger.error("verl metrics bridge: %s", exc)
+                self.superseded = exc
+                return
             except Exception:  # a failing sink or file must never end training
                 logger.exception("verl metrics bridge: reading %s failed", self.metrics_path)
 
     def stop(self) -> None:
+        """Stop polling and forward what is left; ``RunSuperseded`` when this process lost the run."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.superseded is not None:
+            raise self.superseded
         self.poll()
+
+
+class VerlCheckpointPublisher:
+    """Publishes the checkpoints verl's trainer saves in the attempt's own folder (``global_step_N``,
+    whole once its marker file names N) into the run's checkpoint folder, with the marker, through
+    ``TrainerProcessor.publish_checkpoint``: only while the attempt owns the run, by a rename. verl
+    saves and rotates inside its own folder; what a superseded attempt's verl saves there is never
+    published."""
+
+    def __init__(self, processor: Any, written_dir: str | Path) -> None:
+        self.processor = processor
+        self.written_dir = Path(written_dir)
+        self.seen: int | None = None
+
+    def poll(self) -> None:
+        step = marked_step(self.written_dir)
+        folder = self.written_dir / f"global_step_{step}"
+        new = step is not None and step != self.seen and folder.is_dir()
+        if new:
+            self.seen = step
+        self.processor.publish_checkpoint(folder if new else None, after=self._mark)
+
+    def _mark(self, published: Path) -> None:
+        marker = published.parent / VERL_LATEST
+        written = marker.with_name(f".{VERL_LATEST}.{os.getpid()}")
+        written.write_text(str(checkpoint_step(published.name)))
+        os.replace(written, marker)
 
 
 def rollout_row_to_episode(row: dict[str, Any]) -> dict[str, Any]:
@@ -681,7 +730,7 @@ class VerlProcessor(BuiltinProcessor):
 
             model = config.actor_rollout_ref.model
             save_tiny_model(self.path / "tiny_model", layers=model.tiny_layers, hidden_size=model.tiny_hidden_size)
-        return compose_verl_config(
+        verl = compose_verl_config(
             config,
             self.verl_overrides,
             run_path=self.path.resolve(),
@@ -691,6 +740,14 @@ class VerlProcessor(BuiltinProcessor):
             agent_payload=payload,
             reward_kwargs=reward_kwargs,
         )
+        if self.attempt is not None:
+            # verl saves (and rotates) in the attempt's own folder; its checkpoints are published into
+            # the run's (VerlCheckpointPublisher), and a resumed attempt starts from those (runtime_config).
+            # What verl's job writes besides (its metrics file, its rollout dumps) is the attempt's too.
+            _set_verl_key(verl, "trainer.default_local_dir", str(self.attempt_checkpoint_dir().resolve()))
+            _set_verl_key(verl, "trainer.max_actor_ckpt_to_keep", 1)
+            _set_verl_key(verl, "trainer.rollout_data_dir", str(self.attempt_dir().resolve() / "verl_rollouts"))
+        return verl
 
     def write_verl_config(self) -> Path:
         from omegaconf import OmegaConf
@@ -704,39 +761,76 @@ class VerlProcessor(BuiltinProcessor):
 
         from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
-        verl = self.verl_config
-        metrics_path = self.path / "verl_metrics.jsonl"
-        metrics_path.unlink(missing_ok=True)
         runner_cls = TaskRunnerV1
-        if not verl.trainer.use_v1:
+        if not self.verl_config.trainer.use_v1:
             from verl.trainer.main_ppo_v0 import TaskRunner as runner_cls
+
+        def launch(runner: _OnDriverNode) -> None:
+            run_ppo(self.runtime_config(), task_runner_class=runner)
+
+        def end_job(runner: _OnDriverNode) -> None:
+            import ray
+
+            ray.kill(runner.handle)
+
+        return self.train_with(runner_cls, launch, end_job)
+
+    def runtime_config(self) -> Any:
+        """The config verl trains with: this run's, resuming from the run's newest published
+        checkpoint (an earlier attempt's, never one a superseded attempt saved) when it has one."""
+        from omegaconf import OmegaConf
+
+        verl = OmegaConf.create(OmegaConf.to_container(self.verl_config))
+        latest = latest_checkpoint(self.checkpoint_dir())
+        if self.attempt is not None and verl.trainer.resume_mode == "auto" and latest:
+            verl.trainer.resume_mode = "resume_path"
+            verl.trainer.resume_from_path = latest
+            logger.info("resuming from checkpoint %s", latest)
+        return verl
+
+    def train_with(self, runner_cls: Any, launch: Callable[[Any], None], end_job: Callable[[Any], None]) -> TrainResult:
+        """Train with ``launch(runner)`` (verl's ``run_ppo`` with our TaskRunner stand-in), while the
+        metrics bridge forwards what verl's Tracking writes (asking ``check_may_write`` first) and the
+        publisher publishes each checkpoint it saves; ``end_job(runner)`` ends verl's job when the
+        run must stop (a stop request, a failure, or this process no longer owning the run)."""
+        verl = self.verl_config
+        metrics_path = self.attempt_dir() / "verl_metrics.jsonl"
+        metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        metrics_path.unlink(missing_ok=True)
         env = {**_runner_env_vars(metrics_path), **verl_tracking_environment(self.config, self.path)}
         runner = _OnDriverNode(runner_cls, env)
         stopped = threading.Event()
+        publisher = VerlCheckpointPublisher(self, verl.trainer.default_local_dir)
 
         def honour_stop() -> None:
             failed = bridge.failure is not None
             if (failed or self.should_stop()) and not stopped.is_set() and runner.handle is not None:
-                import ray
-
                 stopped.set()
                 logger.info("%s: ending the verl job (checkpoints so far are kept)", "the run failed" if failed else "stop requested")
-                ray.kill(runner.handle)
+                end_job(runner)
+
+        def after_poll() -> None:
+            try:
+                publisher.poll()
+            finally:
+                honour_stop()
 
         self.attach_default_sinks(trackers_elsewhere=VERL_TRACKERS)
         outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate)
         bridge = VerlMetricsBridge(
-            self.sinks, metrics_path, verl.trainer.rollout_data_dir, on_poll=honour_stop, outcomes=outcomes
+            self.sinks, metrics_path, verl.trainer.rollout_data_dir, on_poll=after_poll, outcomes=outcomes,
+            may_forward=self.check_may_write,
         )
         with self.sinks:  # closed once the run is judged, so a sink that records the outcome has it
             bridge.start()
             try:
-                run_ppo(OmegaConf.create(OmegaConf.to_container(verl)), task_runner_class=runner)
+                launch(runner)
             except Exception:
                 if not stopped.is_set():
                     raise
             finally:
                 bridge.stop()
+            publisher.poll()  # the last step's checkpoint
             if bridge.failure is not None:
                 raise bridge.failure
             outcomes.check_finished(bridge.last_step, stopped.is_set())
@@ -744,10 +838,9 @@ class VerlProcessor(BuiltinProcessor):
             run_path=self.run_path,
             steps=bridge.last_step,
             metrics=bridge.last_metrics,
-            checkpoint=latest_checkpoint(verl.trainer.default_local_dir),
+            checkpoint=latest_checkpoint(self.checkpoint_dir()),
             stopped=stopped.is_set(),
         )
-
 
 
 def _runner_env_vars(metrics_path: Path) -> dict[str, str]:
@@ -762,11 +855,16 @@ def _runner_env_vars(metrics_path: Path) -> dict[str, str]:
     }
 
 
+def marked_step(directory: str | Path) -> int | None:
+    """The step verl's marker file (``latest_checkpointed_iteration.txt``) in ``directory`` names."""
+    try:
+        return int((Path(directory) / VERL_LATEST).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def latest_checkpoint(directory: str | Path) -> str | None:
     """verl's newest ``global_step_N`` directory, as named by its ``latest_checkpointed_iteration.txt``."""
-    marker = Path(directory) / "latest_checkpointed_iteration.txt"
-    if not marker.is_file():
-        return None
-    step = marker.read_text().strip()
+    step = marked_step(directory)
     path = Path(directory) / f"global_step_{step}"
-    return str(path) if path.is_dir() else None
+    return str(path) if step is not None and path.is_dir() else None
