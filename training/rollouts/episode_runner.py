@@ -276,7 +276,9 @@ class EpisodeRunner:
                     break
                 _append(episode, new_ids, 0)
                 context = episode.prompt_ids + episode.response_ids
+                generation_started = time.perf_counter()
                 output = await self.generator.generate(context, min(cfg.max_tokens_per_turn, room))
+                generation_seconds = time.perf_counter() - generation_started
                 _append(episode, output.completion_ids, 1, output.logprobs)
                 episode.metrics["turns"] += 1
                 previous = (text, output, messages)
@@ -285,11 +287,14 @@ class EpisodeRunner:
                 if step is not None:
                     step.prompt_ids, step.response_ids = context, list(output.completion_ids)
                     step.logprobs = list(output.logprobs)
+                env_started = time.perf_counter()
                 observation, reward, done, info = await call_env(
                     env.step, action.action if isinstance(action, Action) else action
                 )
                 if step is not None:
                     step.next_observation = observation
+                    step.info["generation_seconds"] = generation_seconds
+                    step.info["env_seconds"] = time.perf_counter() - env_started
                 total_reward += float(reward)
                 agent.update_from_env(observation, reward, done, info)
                 if done:
@@ -446,8 +451,10 @@ class EpisodeRunner:
             if result is not None:
                 scored = _as_reward_output(result, "agent_run_func")
                 episode.trajectories[0].reward, episode.is_correct = scored.reward, scored.is_correct
+                episode.info["reward_components"] = dict(scored.metadata or {})
         if needs_reward and self.reward_fn is not None:
             scored = self._score(task, client.last_response)
+            episode.info["reward_components"] = dict(scored.metadata or {})
             episode.trajectories[-1].reward, episode.is_correct = scored.reward, scored.is_correct
         if episode.termination_reason is None:
             episode.termination_reason = TerminationReason.ENV_DONE
@@ -524,6 +531,7 @@ class EpisodeRunner:
             reward=scored.reward,
         )
         episode.is_correct = scored.is_correct
+        episode.info["reward_components"] = dict(scored.metadata or {})
         stopped = output.finish_reason == "stop"
         episode.termination_reason = TerminationReason.ENV_DONE if stopped else TerminationReason.MAX_RESPONSE_LENGTH
 
