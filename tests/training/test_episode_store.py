@@ -78,9 +78,12 @@ def test_a_sink_that_keeps_episodes_replaces_the_run_folder_and_the_fraction_is_
 
 
 def test_store_off_keeps_nothing(tmp_path):
-    AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="trl", run_path=str(tmp_path),
+    sink = StoringSink()
+    AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="trl", run_path=str(tmp_path / "alone"),
                  config=tiny_config(1, **{"trainer.log_episodes": False})).train()
-    assert not (tmp_path / "episodes").exists()
+    AgentTrainer(train_dataset=PROMPTS, reward_func=starts_with_a, backend="trl", run_path=str(tmp_path / "with-sink"),
+                 config=tiny_config(1, **{"trainer.log_episodes": False}), sinks=[sink]).train()
+    assert not (tmp_path / "alone" / "episodes").exists() and sink.stored == []
 
 
 @pytest.mark.parametrize(("fraction", "per_step", "kept"), [(1.0, 0, 10), (0.25, 0, 3), (1.0, 4, 4), (0.5, 2, 2), (0.01, 0, 1)])

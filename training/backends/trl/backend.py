@@ -305,7 +305,7 @@ class _TRLRun:
              "is_correct": out.is_correct, "reward_components": dict(out.metadata or {})}
             for task, prompt, text, ids, out in zip(tasks, prompts, texts, columns["completion_ids"], scored)
         ]
-        if self.processor.sinks.stores_episodes:
+        if self.keeps_episodes:
             self.batch_episodes = [Episode.from_dict(_single_turn_episode(s)) for s in samples]
             for episode, sample in zip(self.batch_episodes, samples):
                 episode.info["reward_components"] = sample["reward_components"]
@@ -423,7 +423,7 @@ class _TRLRun:
         # The processor's own spec and reward: validation is not training's to count or to fail.
         processor = self.processor
         result = evaluate(processor.agent_spec, model, self.tokenizer, self.config, processor.reward_fn, self.val_tasks, "val")
-        if processor.sinks.stores_episodes:
+        if self.keeps_episodes:
             n = self.config.actor_rollout_ref.rollout.val_kwargs.n
             self.keep_records(VALIDATION, step, result.episodes, [i // n for i in range(len(result.episodes))], n)
         logger.info(
@@ -437,10 +437,15 @@ class _TRLRun:
         self.processor.sinks.log_metrics(step, metrics)
 
     # -- the episode store -----------------------------------------------------------------
+    @property
+    def keeps_episodes(self) -> bool:
+        """Whether this run keeps every episode: ``trainer.log_episodes`` and a sink that keeps them."""
+        return self.config.trainer.log_episodes and self.processor.sinks.stores_episodes
+
     def store_episodes(self, output: dict[str, Any]) -> None:
         """Hand the generation batch's episodes, with the advantage each was trained with, to the
         sinks that keep every episode (``training.tracking.episodes``)."""
-        if not self.processor.sinks.stores_episodes or not self.batch_episodes:
+        if not self.keeps_episodes or not self.batch_episodes:
             return
         episodes, self.batch_episodes = self.batch_episodes, []
         step = self.outcomes.step or self.trainer.state.global_step + 1
