@@ -249,3 +249,11 @@ def test_a_step_written_again_replaces_its_episodes_and_past_the_buffer_steps_ar
     assert points_after(run.pk, -1)["overload/dropped_episodes"][-1][1] == 4
     detail = episode_store.detail(StoredEpisode.objects.filter(run=run).first())
     assert detail["reward"] == 1.0 and detail["token_ids"] == [4, 5, 6]
+
+
+def test_the_run_page_and_a_share_link_page_offer_the_filtered_list(stored_run, owner, page_client):
+    page = page_client(owner).get(f"/runs/{stored_run.pk}/").content.decode()
+    assert f'data-url="/api/runs/{stored_run.pk}/episodes/"' in page and "stored_episodes.js" in page
+    link = ShareLink.objects.create(run=stored_run, created_by=owner)
+    shared = page_client(None).get(f"/share/{link.token}/").content.decode()
+    assert f'data-url="/api/runs/{stored_run.pk}/episodes/?share={link.token}"' in shared
