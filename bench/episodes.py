@@ -37,7 +37,7 @@ OTHER_RUNS, OTHER_EPISODES = 4, 250_000
 LISTING_REQUESTS = 200
 DETAIL_STEPS, DETAIL_PER_STEP, DETAIL_TOKENS = 20, 64, 1024
 DETAIL_REQUESTS = 200
-TRAINING_PAIRS = 4
+TRAINING_PAIRS = 6
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -129,8 +129,6 @@ def bench_listing(user, tmp: Path) -> dict:
 def bench_detail(user, tmp: Path) -> dict:
     from rest_framework.test import APIClient
 
-    from training.tracking.episodes import episode_record
-    from training.types import Episode, Step, TerminationReason, Trajectory
     from webapp.dashboard.episodes import store_step
     from webapp.dashboard.models import StoredEpisode
 
@@ -138,16 +136,7 @@ def bench_detail(user, tmp: Path) -> dict:
     rng = random.Random(1)
     started = time.perf_counter()
     for step in range(1, DETAIL_STEPS + 1):
-        records = []
-        for position in range(DETAIL_PER_STEP):
-            tokens = [rng.randrange(32000) for _ in range(DETAIL_TOKENS)]
-            turns = [Step(chat_completions=[{"role": "user", "content": f"turn {t} " + "x" * 200}], model_response="y" * 300,
-                          reward=0.0, done=t == 3) for t in range(4)]
-            episode = Episode(task={"data_source": "math"}, trajectories=[Trajectory(steps=turns, reward=rng.random())],
-                              prompt_ids=tokens[:128], response_ids=tokens, response_mask=[rng.randrange(2) for _ in tokens],
-                              response_logprobs=[-rng.random() for _ in tokens], termination_reason=TerminationReason.ENV_DONE)
-            records.append(episode_record(episode, split="train", step=step, position=position, group=f"g{position // 8}",
-                                          group_position=position % 8, advantage=0.1))
+        records = detail_records(rng, step)
         store_step(run.pk, 1, step, records)
     written = time.perf_counter() - started
     client = APIClient()
@@ -176,6 +165,7 @@ def bench_training(user, tmp: Path) -> dict:
 
     from training import AgentTrainer
     from webapp.dashboard.models import StoredEpisode
+    from training.tracking.sinks import MultiSink
     from webapp.dashboard.recording import DashboardSink
 
     torch.set_num_threads(1)
@@ -186,6 +176,16 @@ def bench_training(user, tmp: Path) -> dict:
 
     def reward(task, response):
         return float(response[:3] == task["prompt"][:3])
+
+    in_thread = {"seconds": 0.0}
+    handed = MultiSink.store_episodes
+
+    def timed(self, step, records):  # the training thread's share: handing a step's records to the sinks
+        began = time.perf_counter()
+        handed(self, step, records)
+        in_thread["seconds"] += time.perf_counter() - began
+
+    MultiSink.store_episodes = timed
 
     def once(store_on: bool) -> float:
         run = new_run(user, tmp)
@@ -203,14 +203,58 @@ def bench_training(user, tmp: Path) -> dict:
     pairs = []
     for index in range(TRAINING_PAIRS):
         order = (True, False) if index % 2 == 0 else (False, True)
+        in_thread["seconds"] = 0.0
         seconds = {mode: once(mode) for mode in order}
         pairs.append({"on_s": round(seconds[True], 2), "off_s": round(seconds[False], 2),
-                      "ratio": round(seconds[True] / seconds[False], 3)})
+                      "ratio": round(seconds[True] / seconds[False], 3),
+                      "handing_records_to_sinks_s": round(in_thread["seconds"], 3)})
         print(f"training pair {index}: {pairs[-1]}", flush=True)
+    MultiSink.store_episodes = handed
     ratios = [p["ratio"] for p in pairs]
     return {"steps": 15, "episodes_per_step": 32, "response_tokens_max": 16, "pairs": pairs,
             "median_ratio_on_over_off": round(statistics.median(ratios), 3),
+            "min_max_ratio": [min(ratios), max(ratios)], "large_steps": bench_store_call(),
             "note": "platform sink (DashboardSink) in both; on: every episode stored (Parquet + index rows); CPU, 1 torch thread"}
+
+
+def bench_store_call() -> dict:
+    """The training thread's cost of one large step: ``DashboardSink.store_episodes`` (buffer and
+    spool to disk) of 64 episodes of 1,024 response tokens, and the writer's store of it."""
+    from webapp.dashboard.recording import DashboardSink
+
+    user = bench_user()
+    run = new_run(user, Path(tempfile.mkdtemp(prefix="episodes-bench-call-")))
+    records = detail_records(random.Random(2), step=1)
+    sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=run.run_path)
+    calls, writes = [], []
+    for step in range(1, 21):
+        step_records = [dict(r, step=step) for r in records]
+        began = time.perf_counter()
+        sink.store_episodes(step, step_records)
+        calls.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        sink.flush()
+        writes.append(time.perf_counter() - began)
+    sink.close()
+    return {"episodes_per_step": len(records), "tokens_per_episode": DETAIL_TOKENS,
+            "store_episodes_call (training thread)": percentiles(calls), "writer_flush (writer thread)": percentiles(writes)}
+
+
+def detail_records(rng: random.Random, step: int) -> list[dict]:
+    from training.tracking.episodes import episode_record
+    from training.types import Episode, Step, TerminationReason, Trajectory
+
+    records = []
+    for position in range(DETAIL_PER_STEP):
+        tokens = [rng.randrange(32000) for _ in range(DETAIL_TOKENS)]
+        turns = [Step(chat_completions=[{"role": "user", "content": f"turn {t} " + "x" * 200}], model_response="y" * 300,
+                      reward=0.0, done=t == 3) for t in range(4)]
+        episode = Episode(task={"data_source": "math"}, trajectories=[Trajectory(steps=turns, reward=rng.random())],
+                          prompt_ids=tokens[:128], response_ids=tokens, response_mask=[rng.randrange(2) for _ in tokens],
+                          response_logprobs=[-rng.random() for _ in tokens], termination_reason=TerminationReason.ENV_DONE)
+        records.append(episode_record(episode, split="train", step=step, position=position, group=f"g{position // 8}",
+                                      group_position=position % 8, advantage=0.1))
+    return records
 
 
 def main() -> None:

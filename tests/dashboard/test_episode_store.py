@@ -257,3 +257,21 @@ def test_the_run_page_and_a_share_link_page_offer_the_filtered_list(stored_run, 
     link = ShareLink.objects.create(run=stored_run, created_by=owner)
     shared = page_client(None).get(f"/share/{link.token}/").content.decode()
     assert f'data-url="/api/runs/{stored_run.pk}/episodes/?share={link.token}"' in shared
+
+
+@pytest.mark.django_db(transaction=True)
+def test_episodes_a_killed_process_spooled_are_stored_by_the_next_attempt(make_run, tmp_path, settings):
+    settings.RUNS_DIR = tmp_path
+    folder = tmp_path / "run-folder"
+    run = make_run(run_path=str(folder))
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, attempts=1)
+    killed = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=folder, attempt=1)
+    killed.store_episodes(1, [synthetic(1, p, 0.25) for p in range(4)])  # spooled, never written: the process dies
+    assert not StoredEpisode.objects.filter(run=run).exists()
+    Run.objects.filter(pk=run.pk).update(attempts=2)  # re-queued, resumed in the same folder
+    resumed = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=folder, attempt=2)
+    resumed.store_episodes(2, [synthetic(2, p, 0.5) for p in range(4)])
+    resumed.close()
+    assert list(StoredEpisode.objects.filter(run=run).values_list("step", "reward", "attempt")) == (
+        [(1, 0.25, 2)] * 4 + [(2, 0.5, 2)] * 4)
+    assert episode_store.detail(StoredEpisode.objects.get(run=run, step=1, position=2))["mask"] == [1, 0, 1]
