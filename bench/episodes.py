@@ -1,6 +1,6 @@
 """Episode store benchmarks. Results: bench/results/episodes.json.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/episodes_bench python bench/episodes.py [listing detail training]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/episodes_bench python bench/episodes.py [listing detail training large_steps]
 
 1. listing   ``GET /api/runs/<id>/episodes/`` (the API view through Django's test client) over a run of
              LISTING_EPISODES synthetic episodes, among OTHER_RUNS x OTHER_EPISODES more of other runs,
@@ -9,7 +9,10 @@
              DETAIL_PER_STEP episodes of DETAIL_TOKENS tokens each, written by the real writer
              (Parquet in a local artifact store); p50/p99
 3. training  the tiny model trained on the CPU through the platform's sink (DashboardSink), with the
-             store on and off in pairs (same seed, order alternated): the ratio of their wall times
+             store on and off in pairs (same seed, order alternated): the ratio of their wall times,
+             and the time the training thread spent handing records to the sinks
+4. large_steps  the training thread's cost of one large step (64 episodes x 1,024 tokens):
+             ``DashboardSink.store_episodes`` (buffered and spooled to disk), and the writer's flush of it
 
 The database named by DATABASE_URL is created if missing and migrated; its runs are deleted first.
 """
@@ -213,17 +216,16 @@ def bench_training(user, tmp: Path) -> dict:
     ratios = [p["ratio"] for p in pairs]
     return {"steps": 15, "episodes_per_step": 32, "response_tokens_max": 16, "pairs": pairs,
             "median_ratio_on_over_off": round(statistics.median(ratios), 3),
-            "min_max_ratio": [min(ratios), max(ratios)], "large_steps": bench_store_call(),
+            "min_max_ratio": [min(ratios), max(ratios)],
             "note": "platform sink (DashboardSink) in both; on: every episode stored (Parquet + index rows); CPU, 1 torch thread"}
 
 
-def bench_store_call() -> dict:
+def bench_store_call(user, tmp: Path) -> dict:
     """The training thread's cost of one large step: ``DashboardSink.store_episodes`` (buffer and
     spool to disk) of 64 episodes of 1,024 response tokens, and the writer's store of it."""
     from webapp.dashboard.recording import DashboardSink
 
-    user = bench_user()
-    run = new_run(user, Path(tempfile.mkdtemp(prefix="episodes-bench-call-")))
+    run = new_run(user, tmp)
     records = detail_records(random.Random(2), step=1)
     sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=run.run_path)
     calls, writes = [], []
@@ -258,7 +260,7 @@ def detail_records(rng: random.Random, step: int) -> list[dict]:
 
 
 def main() -> None:
-    wanted = sys.argv[1:] or ["listing", "detail", "training"]
+    wanted = sys.argv[1:] or ["listing", "detail", "training", "large_steps"]
     migrated_postgres()
     from django.conf import settings
 
@@ -271,7 +273,8 @@ def main() -> None:
     results["machine"] = f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.1f}"
     results["date"] = time.strftime("%Y-%m-%d")
     for name in wanted:
-        results[name] = {"listing": bench_listing, "detail": bench_detail, "training": bench_training}[name](user, tmp)
+        results[name] = {"listing": bench_listing, "detail": bench_detail, "training": bench_training,
+                         "large_steps": bench_store_call}[name](user, tmp)
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results in {RESULTS}")
 
