@@ -92,3 +92,32 @@ def test_keep_for_store_takes_a_seeded_share_in_order(fraction, per_step, kept):
     chosen = keep_for_store(records, fraction, per_step, seed=3)
     assert len(chosen) == kept and chosen == sorted(chosen, key=lambda r: r["position"])
     assert chosen == keep_for_store(records, fraction, per_step, seed=3)
+
+
+def test_a_multi_turn_run_keeps_each_turn_its_timings_and_the_environment_tokens_masked(tmp_path):
+    import examples  # noqa: F401  (registers the frozenlake dataset)
+
+    config = {
+        "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2, "data.train_batch_size": 2,
+        "data.max_response_length": 48, "rllm.agent.max_steps": 4, "rllm.agent.max_tokens_per_turn": 1,
+        "trainer.total_training_steps": 2, "trainer.logger": [],
+    }
+    sink = StoringSink()
+    AgentTrainer(agent_class="examples.frozenlake.FrozenLakeAgent", env_class="examples.frozenlake.FrozenLakeEnv",
+                 train_dataset="frozenlake:train", backend="trl", run_path=str(tmp_path), config=config, sinks=[sink]).train()
+    records = [r for _, step_records in sink.stored for r in step_records]
+    assert len(records) == 8 and {r["split"] for r in records} == {"train"}
+    for record in records:
+        assert len(record["token_ids"]) == len(record["mask"]) == len(record["logprobs"])
+        assert record["num_turns"] == len(record["turns"]) >= 1
+        assert record["response_length"] == sum(record["mask"]) >= 1
+        timed = [turn for turn in record["turns"] if turn["generation_seconds"] is not None]
+        assert len(timed) == sum(record["mask"])  # each model turn (one token each) timed
+        assert all(turn["generation_seconds"] >= 0 and turn["env_seconds"] >= 0 for turn in timed)
+        assert record["advantage"] is not None and record["row_index"] is not None
+    assert any(0 in r["mask"] for r in records if r["num_turns"] > 1)  # the environment's replies are not trained on
+    # GRPO: the advantages of a group sum to about zero.
+    groups: dict[tuple, list[float]] = {}
+    for record in records:
+        groups.setdefault((record["step"], record["group"]), []).append(record["advantage"])
+    assert all(len(values) == 2 and abs(sum(values)) < 1e-4 for values in groups.values())

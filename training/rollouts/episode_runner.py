@@ -291,12 +291,13 @@ class EpisodeRunner:
                 observation, reward, done, info = await call_env(
                     env.step, action.action if isinstance(action, Action) else action
                 )
+                env_seconds = time.perf_counter() - env_started
                 if step is not None:
                     step.next_observation = observation
-                    step.info["generation_seconds"] = generation_seconds
-                    step.info["env_seconds"] = time.perf_counter() - env_started
                 total_reward += float(reward)
                 agent.update_from_env(observation, reward, done, info)
+                if step is not None:  # after the agent's update, which may give the step the env's info
+                    step.info = {**(step.info or {}), "generation_seconds": generation_seconds, "env_seconds": env_seconds}
                 if done:
                     episode.termination_reason = TerminationReason.ENV_DONE
                     break

@@ -55,7 +55,7 @@ def store_step(run_id: int, attempt: int | None, step: int, records: list[dict[s
         artifacts.store().put_bytes(to_parquet(part), key)
         rows = [_index_row(run_id, step, attempt, record, key, number) for number, record in enumerate(part)]
         StoredEpisode.objects.bulk_create(
-            rows, update_conflicts=True, unique_fields=["run", "split", "step", "position"],
+            rows, update_conflicts=True, unique_fields=["run", "step", "split", "position"],
             update_fields=[f for f in (*_INDEXED, "attempt", "error", "text", "body_key", "body_row")
                            if f not in ("split", "step", "position")],
         )
@@ -94,7 +94,7 @@ def filtered(run: Run, filters: dict[str, Any]):
             rows = rows.filter(**{"termination_reason" if name == "termination" else name: filters[name]})
     if filters.get("q"):
         rows = rows.filter(text__icontains=filters["q"])
-    return rows.order_by("split", "step", "position")
+    return rows.order_by("step", "split", "position")
 
 
 def listed(row: StoredEpisode) -> dict[str, Any]:

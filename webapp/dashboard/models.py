@@ -171,7 +171,8 @@ class StoredEpisode(models.Model):
         TRAIN = "train"
         VALIDATION = "val"
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stored_episodes")
+    # No index of its own: the unique (run, step, split, position) one serves it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stored_episodes", db_index=False)
     split = models.CharField(max_length=5, choices=Split.choices, default=Split.TRAIN)
     step = models.BigIntegerField()
     position = models.PositiveIntegerField(help_text="Its place among the step's episodes.")
@@ -193,8 +194,9 @@ class StoredEpisode(models.Model):
     body_row = models.PositiveIntegerField()
 
     class Meta:
-        ordering = ["run", "split", "step", "position"]
-        constraints = [models.UniqueConstraint(fields=["run", "split", "step", "position"], name="unique_stored_episode")]
+        # Step-major: a step range is one range of this index, whatever the split.
+        ordering = ["run", "step", "split", "position"]
+        constraints = [models.UniqueConstraint(fields=["run", "step", "split", "position"], name="unique_stored_episode")]
         indexes = [
             models.Index(fields=["run", "reward"], name="stored_episode_reward"),
             models.Index(fields=["run", "termination_reason", "step"], name="stored_episode_termination"),
