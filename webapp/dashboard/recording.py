@@ -107,6 +107,8 @@ class DashboardSink(BackgroundFlusher):
         """A step's episode store records (``training.tracking.episodes``): buffered whole and
         spooled, written by the writer thread (Parquet in the artifact store, rows in the index)."""
         with self._lock:
+            if self.superseded:  # this attempt no longer holds the run: nothing of it is kept, nothing to count
+                return
             if self._stored_count + len(records) <= self.max_episodes and self.spooled({"stored": [step, records]}):
                 self._stored.append((step, records))
                 self._stored_count += len(records)
