@@ -99,7 +99,7 @@ def run_one(args: argparse.Namespace, mode: str, model: Path) -> dict:
     command = [sys.executable, __file__, "--child", mode, "--model", str(model)] + [
         f"--{name}={getattr(args, name)}" for name in ("device", "dtype", "rank", "steps", "warmup", "prompts",
                                                       "generations", "tokens", "threads")]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(ROOT))))})
     lines = [line for line in done.stdout.splitlines() if line.startswith("FIGURES ")]
     if done.returncode or not lines:
         raise SystemExit(f"the {mode} run failed:\n{done.stderr[-3000:]}")
@@ -149,14 +149,20 @@ def main() -> int:
             ratios = {name: figures["lora"][name] / figures["full"][name] for name in figures["full"]}
             results["pairs"].append({"order": list(order), **figures, "lora_over_full": ratios})
             print(f"pair {pair + 1}: {json.dumps(figures)}", flush=True)
+            write(results, args.out)  # after each pair: a run cut short keeps what it measured
+    return write(results, args.out)
+
+
+def write(results: dict, out: str) -> int:
+    """Summarise the pairs so far (medians of each side and of the ratios) and write the results file."""
     results["load_average_after"] = os.getloadavg()
     results["median_lora_over_full"] = {
         name: statistics.median(p["lora_over_full"][name] for p in results["pairs"]) for name in results["pairs"][0]["lora_over_full"]
     }
     for mode in ("full", "lora"):
         results[f"median_{mode}"] = {name: statistics.median(p[mode][name] for p in results["pairs"]) for name in results["pairs"][0][mode]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps({k: results[k] for k in ("median_full", "median_lora", "median_lora_over_full")}, indent=2))
     return 0
 

@@ -175,6 +175,8 @@ class AgentTrainer:
             result = self.train_processor.train()
         finally:
             _close_episode_loop()
+        if hasattr(result, "ignored_keys"):  # the settings said at construction to change nothing here
+            result.ignored_keys = dict(getattr(self.train_processor, "ignored_keys", {}))
         if getattr(result, "stopped", False):  # stopped on request, or to be resumed: not judged
             return result
         warnings = self.train_processor.learning_warnings()

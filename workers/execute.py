@@ -23,7 +23,7 @@ import time
 import traceback as traceback_module
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
@@ -294,9 +294,21 @@ def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
         check_platform_keys(trainer, spec["pinned"], spec["user_keys"])
         if hasattr(trainer.train_processor, "remote_ids_callback"):  # remote backends: show job/deployment ids as they appear
             trainer.train_processor.remote_ids_callback = lambda ids: attempt.this_attempts().update(remote_ids=ids)
-        final_config = trainer.final_config
-        attempt.this_attempts().update(final_config=final_config.to_dict() if hasattr(final_config, "to_dict") else None)
+        attempt.this_attempts().update(final_config=recorded_config(trainer))
         logging.getLogger("training").info("Run %s: training on backend %s in %s (attempt %s)",
                                            run.pk, trainer.train_engine_name, run_path, run.attempts)
         attempt.train(trainer)
     return attempt.status
+
+
+def recorded_config(trainer: Any) -> dict[str, Any] | None:
+    """The config the trainer resolved, as the run page shows it: with the settings it said change
+    nothing on the backend (``ignored_keys``: key -> value and why), as the run's config.yaml has them."""
+    final_config = trainer.final_config
+    if not hasattr(final_config, "to_dict"):  # a processor registered by a user may return its own type
+        return None
+    recorded = final_config.to_dict()
+    ignored = getattr(trainer.train_processor, "ignored_keys", None)
+    if ignored:
+        recorded["ignored_keys"] = ignored
+    return recorded

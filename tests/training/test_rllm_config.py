@@ -81,7 +81,9 @@ def test_functions_inside_args_are_recorded_by_import_path(tmp_path):
 def test_verl_resource_keys_are_accepted_and_recorded_as_without_effect(tmp_path):
     build(tmp_path, {"actor_rollout_ref.actor.fsdp_config.param_offload": True, "trainer.critic_warmup": 0})
     recorded = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    assert recorded["ignored_keys"] == {"actor_rollout_ref.actor.fsdp_config.param_offload": True, "trainer.critic_warmup": 0}
+    assert {key: entry["value"] for key, entry in recorded["ignored_keys"].items()} == {
+        "actor_rollout_ref.actor.fsdp_config.param_offload": True, "trainer.critic_warmup": 0}
+    assert "FSDP sharding" in recorded["ignored_keys"]["actor_rollout_ref.actor.fsdp_config.param_offload"]["why"]
 
 
 # -- one test per bad input -----------------------------------------------------------------------------

@@ -48,3 +48,36 @@ def test_multi_turn_frozenlake_runs_its_turns_on_the_gpu(tmp_path, sink):
     assert [m["step"] for m in sink.metrics] == [1, 2]
     assert all(m["turns"] >= 1 for m in sink.metrics), [m["turns"] for m in sink.metrics]
     assert sink.episodes, "no episodes reached the sink"
+
+
+def test_lora_trains_only_the_adapter_on_the_gpu(tmp_path, sink):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from test_trl_lora import chance_of_a
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def base_model(path):
+        return AutoModelForCausalLM.from_pretrained(path / "base_model")
+
+    result = AgentTrainer(
+        train_dataset=[{"prompt": p} for p in ("x=", "y=", "z=", "w=")],
+        reward_func=starts_with_a, backend="trl", run_path=str(tmp_path), sinks=[sink],
+        config=gpu_config(20, **{"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.lora_alpha": 16,
+                                 "actor_rollout_ref.actor.optim.lr": 1e-1}),  # test_trl_lora.py's settings
+    ).train()
+
+    assert result.steps == 20 and not result.stopped
+    final = Path(result.checkpoint)
+    assert (final / "adapter_model.safetensors").exists() and not (final / "model.safetensors").exists()
+    adapter = load_file(final / "adapter_model.safetensors")
+    assert adapter and all("lora_" in name for name in adapter), sorted(adapter)[:5]
+    assert any(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name), "lora_B never moved off zero"
+    # The base model on disk is the one training started from: only the adapter changed.
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base_model")
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    merged = PeftModel.from_pretrained(base, final).merge_and_unload()
+    assert any(not torch.equal(before[k], v) for k, v in merged.state_dict().items()), "merging changed nothing"
+    # The reward paid for a leading "a" (rare at first: LoRA's reward curve over 20 steps is too noisy to test):
+    # the adapter made it likelier, as on the CPU.
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert chance_of_a(merged, tokenizer) > chance_of_a(base_model(tmp_path), tokenizer) * 2

@@ -96,3 +96,51 @@ def test_a_run_may_not_start_from_an_adapter_naming_a_base_outside_the_run(lora_
     save_adapter(tmp_path / "elsewhere", final)
     with pytest.raises(ValueError, match="neither in the run's folder nor a registered model"):
         model_config(f"run:{lora_run.pk}", lora_run.owner)
+
+
+@committed
+def test_a_downloaded_adapter_comes_with_the_base_it_was_trained_on(lora_run, owner_client, tmp_path, monkeypatch):
+    """The adapter's base (built in the run's folder) travels in the archive; unpacked anywhere, peft loads it
+    and gives the same weights as the platform's own loader."""
+    import io
+    import tarfile
+
+    from peft import AutoPeftModelForCausalLM
+    from test_run_page import body
+
+    from training.rollouts.models import load_trained
+
+    response = owner_client.get(f"/runs/{lora_run.pk}/models/final_model.tar.gz")
+    assert response.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(body(response)), mode="r:gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    arc = f"run-{lora_run.pk}-final_model"
+    assert (tmp_path / arc / "base_model" / "config.json").is_file()
+    assert adapter_base(tmp_path / arc) == f"{arc}/base_model"
+    monkeypatch.chdir(tmp_path)  # where the archive was unpacked
+    loaded = AutoPeftModelForCausalLM.from_pretrained(arc).merge_and_unload()
+    expected, _ = load_trained(lora_run.folder() / "final_model")
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in expected.state_dict().items())
+
+
+@committed
+def test_an_adapter_naming_a_folder_outside_the_run_downloads_without_it(lora_run, owner_client, tmp_path):
+    """adapter_config.json is written where the run's code runs: a base it names outside the run's folder
+    (here another folder on the server) is never put in the archive."""
+    import io
+    import json
+    import tarfile
+
+    from test_run_page import body
+
+    elsewhere = tmp_path / "secret_model"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text("{}")
+    config_file = lora_run.folder() / "final_model" / "adapter_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "base_model_name_or_path": str(elsewhere)}))
+
+    response = owner_client.get(f"/runs/{lora_run.pk}/models/final_model.tar.gz")
+    with tarfile.open(fileobj=io.BytesIO(body(response)), mode="r:gz") as tar:
+        names = tar.getnames()
+    assert f"run-{lora_run.pk}-final_model/adapter_config.json" in names
+    assert not any("base_model" in name or "secret_model" in name for name in names), names

@@ -11,7 +11,9 @@ from training.backends.base import BuiltinProcessor, TrainResult
 from training.backends.processor import register_processor, unregister_processor
 from webapp.registry.models import Agent, Backend
 from webapp.dashboard.series import points_after
+from webapp.runs.downloads import config_yaml
 from webapp.runs.models import Run, RunLog
+from webapp.runs.table import run_config
 from workers import execute
 from workers.execute import BUSY, SKIPPED, claim, train_run
 from workers.processes import database_url, terminate_session
@@ -44,6 +46,21 @@ def test_train_run_succeeds_and_records_metrics_and_logs(make_run, tmp_path, set
     assert "reward" in run.final_metrics
     assert [step for step, _ in points_after(run.pk, -1)["reward"]] == [1, 2]
     assert RunLog.objects.filter(run=run, message__contains="step 2/2").exists()
+
+
+# The recorder writes from its own thread and connection: the rows must be committed.
+@pytest.mark.django_db(transaction=True)
+def test_a_key_without_effect_on_the_backend_is_recorded_with_the_final_config(make_run, tmp_path, settings):
+    settings.RUNS_DIR = tmp_path
+    run = make_run()
+    run.config_overrides = {**run.config_overrides, "actor_rollout_ref.rollout.gpu_memory_utilization": 0.9}
+    run.save(update_fields=["config_overrides"])
+    assert train_run(claim(run.pk, "test-worker").pk) == Run.Status.SUCCEEDED
+    run.refresh_from_db()
+    ignored = run.final_config["ignored_keys"]
+    assert ignored["actor_rollout_ref.rollout.gpu_memory_utilization"]["value"] == 0.9
+    assert "verl" in ignored["actor_rollout_ref.rollout.gpu_memory_utilization"]["why"]
+    assert "ignored_keys" in config_yaml(run) and not any(key.startswith("ignored_keys") for key in run_config(run))
 
 
 # The recorder writes from its own thread and connection: the rows must be committed.

@@ -28,6 +28,7 @@ from typing import Any, Callable
 from training.types import Action, Episode, ModelOutput, Step, TerminationReason, Trajectory
 from training.errors import ModelCallError, TerminationEvent, TrainingFailed
 from training.agents.base import BaseAgent, BaseEnv, _resolve_class
+from training.agents.turn_loop import Reply, TurnLoop, run_turns
 from training.rendering import encode, render_messages
 
 
@@ -262,6 +263,15 @@ class SimpleWorkflow(Workflow):
         raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH if ran_out else TerminationReason.ENV_DONE)
 
 
+class _WorkflowTurnLoop(TurnLoop):
+    """The turn loop keeping each reply's ``ModelOutput`` on the step the agent made of it (so its
+    tokens need no matching by text)."""
+
+    def record(self, step: Step, reply: Reply) -> None:
+        if step.model_output is None:
+            step.model_output = reply.output
+
+
 class _AgentEnvWorkflow(Workflow):
     """What rLLM's agent-plus-environment workflows share: the agent and environment built from
     ``agent_cls(**agent_args)`` and ``env_cls(**env_args)`` (classes or import paths), environment
@@ -311,17 +321,15 @@ class _AgentEnvWorkflow(Workflow):
         finally:
             self._timing["llm_time"] += time.perf_counter() - started
 
-    async def _act(self, output: ModelOutput) -> tuple[Any, float, bool, dict]:
-        """The agent turns the reply into an action; the environment answers it (rLLM hands the
-        environment the ``Action`` itself, as its environments and rewards expect)."""
-        action = self.agent.update_from_model(output.text)
-        step = self.agent.get_current_state()
-        if step is not None and step.model_output is None:
-            step.model_output = output
-        answer = await self._env_call(self.env.step, action)
-        if step is not None:
-            step.next_observation = answer[0]
-        return answer
+    async def _play(self, task: dict, uid: str, respond: Callable[[TurnLoop], Any], max_steps: int) -> None:
+        """The episode, played by the one turn loop (``training.agents.turn_loop``): the agent's
+        action goes to the environment as the ``Action`` itself (rLLM's environments unwrap it),
+        the environment stays the workflow's (not closed), and the way it ended is raised as a
+        ``TerminationEvent``. ``respond(loop)`` is the model's side of a turn."""
+        loop = _WorkflowTurnLoop(self.agent, self.env, max_steps=max_steps, timeout=self.timeout,
+                                 call_env=self._env_call, hand_action=True, owns_env=False)
+        reason = await run_turns(loop, lambda _messages: respond(loop), reset=functools.partial(self.reset, task=task, uid=uid))
+        raise TerminationEvent(reason)
 
     def postprocess_episode(
         self, episode: Episode, termination_reason: TerminationReason | None = None, error: dict | None = None
@@ -347,14 +355,11 @@ class SingleTurnWorkflow(_AgentEnvWorkflow):
     """
 
     async def run(self, task: dict, uid: str, **kwargs: Any) -> Episode | None:
-        observation, info = await self._env_call(self.reset, task=task, uid=uid)
-        self.agent.update_from_env(observation, 0, False, info)
-        output = await self._model_call(skip_special_tokens=True, **kwargs)
-        _, reward, done, info = await self._act(output)
-        self.agent.update_from_env({}, reward, done, info)
-        if output.finish_reason == "length":
-            raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH)
-        raise TerminationEvent(TerminationReason.ENV_DONE if done else TerminationReason.MAX_TURNS)
+        async def respond(loop: TurnLoop) -> Reply:
+            output = await self._model_call(skip_special_tokens=True, **kwargs)
+            return Reply(output.text, out_of_budget=output.finish_reason == "length", output=output)
+
+        await self._play(task, uid, respond, max_steps=1)
 
 
 class CumulativeWorkflow(_AgentEnvWorkflow):
@@ -385,14 +390,13 @@ class CumulativeWorkflow(_AgentEnvWorkflow):
         return len(encode(tokenizer, render_messages(tokenizer, self.agent.chat_completions)))
 
     async def run(self, task: dict, uid: str, **kwargs: Any) -> Episode | None:
-        observation, info = await self._env_call(self.reset, task=task, uid=uid)
-        self.agent.update_from_env(observation, 0, False, info)
         budget = getattr(self.rollout_engine, "max_response_length", None)
-        for turn in range(1, self.max_steps + 1):
+
+        async def respond(loop: TurnLoop) -> Reply:
             max_tokens = None
             if budget is not None:
                 prompt_length = self._prompt_length()
-                if turn == 1:
+                if loop.turns == 0:
                     self.prompt_length = prompt_length
                 max_tokens = budget - (prompt_length - self.prompt_length)
                 if max_tokens <= 0:
@@ -400,10 +404,7 @@ class CumulativeWorkflow(_AgentEnvWorkflow):
             output = await self._model_call(
                 accumulate_reasoning=True, enforce_max_prompt_length=False, max_tokens=max_tokens, **kwargs
             )
-            next_observation, reward, done, info = await self._act(output)
-            self.agent.update_from_env(next_observation, reward, done, info)
-            if output.finish_reason == "length":
-                raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH)
-            if done:
-                raise TerminationEvent(TerminationReason.ENV_DONE)
-        raise TerminationEvent(TerminationReason.MAX_TURNS)
+            return Reply(output.text, out_of_budget=output.finish_reason == "length", output=output)
+
+        await self._play(task, uid, respond, max_steps=self.max_steps)
+

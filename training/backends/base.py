@@ -24,6 +24,7 @@ from training.config import Config
 from training.data import dataset_to_tasks, load_dataset, require_columns, require_rows
 from training.errors import ConfigError, ProgramsRefused
 from training.rollouts.outcomes import ColumnReads, columns_the_reward_lacks, learning_warnings
+from training.backends.keys import check_refused, say_without_effect
 from training.backends.processor import TrainerProcessor
 from training.rewards import RewardFunction, load_reward
 from training.agents.sdk.run_func import check_task_fields
@@ -48,6 +49,8 @@ class TrainResult:
     # A run that trained but had nothing to learn from (its reward the same at every step), with the
     # likely cause: not a failure, but never to be read as a success without them.
     warnings: list[str] = field(default_factory=list)
+    # Settings given that change nothing on this backend, as config.yaml records them: key -> {value, why}.
+    ignored_keys: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class BuiltinProcessor(TrainerProcessor):
@@ -66,6 +69,8 @@ class BuiltinProcessor(TrainerProcessor):
         self.reward_fn: RewardFunction | None = None
         self.reward_lacks: list[str] = []  # columns the reward looked for in the first row and did not find
         self.config: Config | None = None
+        # Settings given that change nothing on this backend: key -> {value, why} (training.backends.keys).
+        self.ignored_keys: dict[str, dict[str, Any]] = {}
 
     # -- the four checks -------------------------------------------------------------------
     def check_agent(self, agent: Any) -> None:
@@ -144,6 +149,8 @@ class BuiltinProcessor(TrainerProcessor):
                             "have", self.reward_fn.name, ", ".join(map(repr, self.reward_lacks)))
         require_rows(self.train_dataset, data.train_batch_size, "train_dataset", self.train_source, "data.train_batch_size")
         self.check_backend(self.config)
+        check_refused(self.name, self.config)
+        self.ignored_keys = say_without_effect(self.name, self.config)
         self.write_config()
         return self.config
 
@@ -221,7 +228,7 @@ class BuiltinProcessor(TrainerProcessor):
             "backend": self.name,
             "agent": self.chat_agent.describe() if self.chat_agent is not None else self.agent_spec.describe(),
             "reward": getattr(self.reward_fn, "name", None),
-            "ignored_keys": self.config.ignored_keys,
+            "ignored_keys": self.ignored_keys,
             **self.config.to_dict(),
         }
         target = self.path / "config.yaml"

@@ -187,14 +187,14 @@ class TrainerProcessor(ABC):
 
 # Built-in backends are named by import path so that importing this module never imports
 # torch, TRL or verl: the web app starts without them.
-_BUILTIN_PROCESSORS: dict[str, str] = {
+BUILTIN_PROCESSORS: dict[str, str] = {
     "trl": "training.backends.trl.backend.TRLProcessor",
     "verl": "training.backends.verl.backend.VerlProcessor",
     "tinker": "training.backends.tinker_protocol.tinker.TinkerProcessor",
     "fireworks": "training.backends.tinker_protocol.fireworks.FireworksProcessor",
     "swift": "training.backends.swift.backend.SwiftProcessor",
 }
-_PROCESSORS: dict[str, type[TrainerProcessor] | str] = dict(_BUILTIN_PROCESSORS)
+_PROCESSORS: dict[str, type[TrainerProcessor] | str] = dict(BUILTIN_PROCESSORS)
 
 
 def register_processor(name: str, processor_cls: type[TrainerProcessor]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import fnmatch
 import logging
 import types
 import typing
@@ -24,6 +23,8 @@ from typing import Any, Iterable
 import yaml
 from training.config import names
 from training.errors import ConfigError, Problems
+
+logger = logging.getLogger("training")
 
 
 def _doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING, *, location: bool = False) -> Any:
@@ -640,19 +641,26 @@ class Config:
         """Defaults, then ``base`` (e.g. a backend's or platform's defaults), then ``overrides``."""
         merged = to_dict(cls())
         trl_origin: dict[str, str] = {}  # our key -> the TRL GRPOConfig name that set it
-        ignored: dict[str, Any] = {}  # verl settings with no effect here (see VERL_NO_EFFECT)
+        ignored: dict[str, tuple[Any, str]] = {}  # another backend's settings with no effect here, and why
+        given: set[str] = set()  # our keys that ``overrides`` sets (``base`` is the caller's, not the user's)
         ours = valid_keys()
         for layer in (base, overrides):
             # Hydra's "+key" adds a key; our dict-valued keys (env_args, ...) take new entries as they are.
             flat = {key.removeprefix("+"): value for key, value in parse_overrides(layer).items()}
             flat = translate_unified_names(flat)
             if any("." not in key for key in flat):
-                flat = names.translate_undotted(flat, merged, trl_origin)
+                flat = names.translate_undotted(flat, merged, trl_origin, ignored)
             for key, value in flat.items():
-                if key not in ours and _without_effect(key, value):
-                    ignored[key] = value
-                    continue
-                _set_dotted(merged, key, value)
+                elsewhere = None if key in ours else names.foreign_elsewhere(key, value, flat)
+                if elsewhere is not None and elsewhere.kind == "not_given":
+                    logger.info("%s=null: %s; not given", key, elsewhere.why)
+                elif elsewhere is not None:
+                    logger.warning("%s=%r has no effect on this backend: %s; recorded under ignored_keys", key, value, elsewhere.why)
+                    ignored[key] = (value, elsewhere.why)
+                else:
+                    _set_dotted(merged, key, value)
+                    if layer is overrides:
+                        given.update(k for k in ours if k == key or k.startswith(key + "."))
         try:
             config = from_dict(cls, merged, prefix="")
         except ConfigError as exc:
@@ -660,13 +668,20 @@ class Config:
                 raise ConfigError(trl_origin[exc.key], f"{exc.message} (TRL's {trl_origin[exc.key]} sets {exc.key})") from exc
             raise
         object.__setattr__(config, "_ignored_keys", ignored)
+        object.__setattr__(config, "_given_keys", frozenset(given))
         return config
 
     @property
-    def ignored_keys(self) -> dict[str, Any]:
-        """verl settings that were given but change nothing outside verl (memory, parallelism,
-        logging), so they were accepted and left out; recorded in config.yaml."""
+    def ignored_keys(self) -> dict[str, tuple[Any, str]]:
+        """Another backend's settings that were given but change nothing here (memory, parallelism,
+        logging of verl's), so they were accepted, said and left out: key -> (value, why)."""
         return dict(self.__dict__.get("_ignored_keys", {}))
+
+    @property
+    def given_keys(self) -> frozenset[str]:
+        """Our keys that the overrides set (under any of their names), as against defaults and a
+        backend's or platform's base layer."""
+        return self.__dict__.get("_given_keys", frozenset())
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
@@ -718,7 +733,7 @@ def translate_unified_names(flat: dict[str, Any]) -> dict[str, Any]:
         if ours is None:
             out[key] = value
             continue
-        logging.getLogger("training").info("%s=%r: rLLM's unified config name of %s", key, value, ours)
+        logger.info("%s=%r: rLLM's unified config name of %s", key, value, ours)
         renamed[ours] = value
     return {**renamed, **out}
 
@@ -803,7 +818,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
-            raise _unknown_key(prefix + key)
+            raise unknown_key(prefix + key)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:
@@ -823,60 +838,9 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
         raise ConfigError(prefix.rstrip(".") or "config", str(exc)) from exc
 
 
-# verl settings that change where or how fast verl trains, never what is learnt: accepted on
-# every backend (a launch script runs unchanged) and left out where verl is not the trainer.
-# Each entry: a key pattern, the values that have no effect (None: any), and why.
-VERL_NO_EFFECT: tuple[tuple[str, tuple | None, str], ...] = (
-    ("*.fsdp_config.*", None, "FSDP sharding and offloading"),
-    ("*.megatron.*", None, "Megatron parallelism"),
-    ("*.ulysses_sequence_parallel_size", None, "sequence parallelism"),
-    ("*.use_dynamic_bsz", None, "token-budgeted micro-batches"),
-    ("*.log_prob_use_dynamic_bsz", None, "token-budgeted micro-batches"),
-    ("*.ppo_max_token_len_per_gpu", None, "micro-batch token budget"),
-    ("*.log_prob_max_token_len_per_gpu", None, "micro-batch token budget"),
-    ("*micro_batch_size*", None, "micro-batch size (gradients are the same)"),
-    ("actor_rollout_ref.actor.strategy", None, "verl's training engine"),
-    ("actor_rollout_ref.model.use_remove_padding", None, "padding-free kernels"),
-    ("actor_rollout_ref.model.enable_gradient_checkpointing", None, "activation checkpointing"),
-    ("actor_rollout_ref.model.use_fused_kernels", None, "fused kernels"),
-    ("actor_rollout_ref.hybrid_engine", None, "verl's colocated engines"),
-    ("actor_rollout_ref.rollout.mode", None, "verl's rollout mode"),
-    ("actor_rollout_ref.rollout.enforce_eager", None, "vLLM CUDA graphs"),
-    ("actor_rollout_ref.rollout.load_format", None, "vLLM weight loading"),
-    ("actor_rollout_ref.rollout.dtype", None, "vLLM dtype (the trainer samples from the policy itself)"),
-    ("actor_rollout_ref.rollout.free_cache_engine", None, "vLLM memory"),
-    ("actor_rollout_ref.rollout.calculate_log_probs", None, "the rollout's logprobs (always recorded here)"),
-    ("actor_rollout_ref.rollout.chat_scheduler", None, "verl's chat scheduler"),
-    ("actor_rollout_ref.rollout.engine_kwargs.*", None, "vLLM/SGLang engine options"),
-    ("actor_rollout_ref.rollout.agent.num_workers", None, "verl's agent-loop workers"),
-    ("actor_rollout_ref.ref.*", None, "the reference model's placement"),
-    ("critic.*", None, "the critic (GRPO and its variants have none)"),
-    ("trainer.critic_warmup", (0,), "critic warm-up (there is no critic)"),
-    ("trainer.default_hdfs_dir", (None,), "HDFS copies of checkpoints"),
-    ("trainer.balance_batch", None, "balancing tokens across GPUs"),
-    ("trainer.episode_log_dir", None, "rLLM's episode log files (episodes go to the run's sinks)"),
-    ("trainer.n_training_gpus_per_node", None, "GPU placement"),
-    ("algorithm.kl_ctrl.*", None, "the KL-in-reward controller, used only with algorithm.use_kl_in_reward"),
-    ("algorithm.use_kl_in_reward", (False,), "KL in the reward (off)"),
-    ("actor_rollout_ref.actor.kl_loss_type", ("low_var_kl", "k3"), "the KL estimator: TRL's is k3, verl's low_var_kl"),
-    ("ray_init.*", None, "Ray start-up"),
-    ("ray_kwargs.*", None, "Ray start-up"),
-    ("data.filter_overlong_prompts*", None, "verl's prompt pre-filter (long prompts end with max_prompt_length here)"),
-    ("data.return_multi_modal_inputs", (False,), "multi-modal inputs (off)"),
-    ("data.gen_batch_size", None, "rLLM's rejection-sampling batch (see rllm.rejection_sample)"),
-)
-
-
-def _without_effect(key: str, value: Any) -> bool:
-    """True for a verl setting that changes nothing outside verl (``VERL_NO_EFFECT``); logged."""
-    for pattern, harmless, why in VERL_NO_EFFECT:
-        if fnmatch.fnmatchcase(key, pattern) and (harmless is None or value in harmless):
-            logging.getLogger("training").info("%s=%r: verl's %s; no effect outside the verl backend, left out", key, value, why)
-            return True
-    return False
-
-
-def _unknown_key(key: str) -> ConfigError:
+def unknown_key(key: str) -> ConfigError:
+    """The error for a key the config does not have: another backend's setting is said to be one, a
+    misspelling gets the nearest key."""
     owner = names.foreign_owner(key)
     if owner is not None:
         return ConfigError(
@@ -982,7 +946,7 @@ def _set_dotted(target: dict[str, Any], dotted: str, value: Any) -> None:
         if not isinstance(child, dict):
             if part in node:  # a leaf used as a section
                 raise ConfigError(".".join(parts[: i + 1]), f"is a value, not a section; set it directly ({'.'.join(parts[: i + 1])}=...).")
-            raise _unknown_key(dotted)
+            raise unknown_key(dotted)
         node = child
     if isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict) and not (value is None and dotted in valid_keys()):
         raise ConfigError(dotted, "is a section; set one of its keys instead.")

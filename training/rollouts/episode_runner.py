@@ -25,13 +25,14 @@ from training.agents.spec import AgentSpec
 from training.config import Config
 from training.rollouts.generation import GenerationOutput, ModelClient, TokenGenerator, continuation
 from training.rendering import encode, render_messages
-from training.errors import ModelCallError, NoModelCall, TrainingFailed
+from training.errors import ModelCallError, NoModelCall, TerminationEvent, TrainingFailed
 from training.log import logger
 from training.agents.sdk.client import in_episode
 from training.agents.sdk.run_func import call_arguments, no_model_call_message, result_of
 from training.threads import DaemonThreadExecutor
-from training.types import Action, AgentConfig, Episode, RewardOutput, Step, TerminationReason, Trajectory
+from training.types import AgentConfig, Episode, RewardOutput, Step, TerminationReason, Trajectory
 from training.agents.flow import evaluate_episode, run_agent_flow, task_from_row
+from training.agents.turn_loop import Reply, TurnLoop, call_inline, run_turns
 
 RewardFn = Callable[[dict, str], RewardOutput]
 
@@ -225,7 +226,8 @@ class EpisodeRunner:
     async def _attempt(self, episode: Episode, task: dict, client: ModelClient) -> Episode:
         kind = self.spec.kind
         if kind == "agent_env":
-            await self._run_agent_env(episode, task)
+            if await self._run_agent_env(episode, task) == TerminationReason.TIMEOUT:
+                self._end_early(episode, client, TerminationReason.TIMEOUT)
             return episode
         if kind == "workflow":
             return await self._run_workflow(episode, task, client)
@@ -238,79 +240,26 @@ class EpisodeRunner:
 
     # -- agent + environment ------------------------------------------------------------------
 
-    async def _run_agent_env(self, episode: Episode, task: dict) -> None:
-        """The turn loop. Generation continues from the episode's own token ids rather than a
-        re-tokenised conversation, so each turn's logprobs hold for exactly the tokens trained on."""
-        spec, cfg, data = self.spec, self.loop_config, self.config.data
-        env = build_env(spec.env_class, task, spec.env_args)
-        threaded = spec.env_class.is_multithread_safe()
-
-        async def call_env(fn: Callable, *args: Any) -> Any:
-            return await self._in_thread(fn, *args) if threaded else fn(*args)
-
+    async def _run_agent_env(self, episode: Episode, task: dict) -> TerminationReason:
+        """The agent + environment episode, played by the one turn loop (``training.agents.turn_loop``).
+        Generation continues from the episode's own token ids rather than a re-tokenised
+        conversation, so each turn's logprobs hold for exactly the tokens trained on."""
+        spec, cfg = self.spec, self.loop_config
+        agent = build_agent(spec.agent_class, spec.agent_args)
+        env = build_env(spec.env_class, task, spec.env_args)  # from here on the loop closes it
+        call_env = self._in_thread if spec.env_class.is_multithread_safe() else call_inline
+        loop = _TokenTurnLoop(agent, env, max_steps=cfg.max_steps, timeout=cfg.trajectory_timeout, call_env=call_env)
         try:
-            agent = build_agent(spec.agent_class, spec.agent_args)
-            agent.reset()
+            reason = await run_turns(loop, _TokenTurns(self, episode).respond)
+        finally:  # what an episode cut short by an error or the runner's deadline keeps
             episode.trajectories = [agent.trajectory]
-            observation, info = await call_env(env.reset)
-            agent.update_from_env(observation, 0.0, False, info)
-            total_reward = 0.0
-            episode.metrics["turns"] = 0.0
-            previous: tuple[str, GenerationOutput, list[dict]] | None = None
-            episode.termination_reason = TerminationReason.MAX_TURNS
-            for _ in range(cfg.max_steps):
-                messages = [dict(m) for m in agent.chat_completions]
-                text = render_messages(self.tokenizer, messages)
-                if previous is None:
-                    episode.prompt_ids = encode(self.tokenizer, text)
-                    if len(episode.prompt_ids) > data.max_prompt_length:  # no generation, reward 0
-                        episode.prompt_ids = []
-                        episode.termination_reason = TerminationReason.MAX_PROMPT_LENGTH
-                        return
-                    new_ids: list[int] = []
-                else:
-                    new_ids = encode(self.tokenizer, self._new_context(previous, messages, text))
-                room = data.max_response_length - len(episode.response_ids) - len(new_ids)
-                if room <= 0:
-                    episode.termination_reason = TerminationReason.MAX_RESPONSE_LENGTH
-                    break
-                _append(episode, new_ids, 0)
-                context = episode.prompt_ids + episode.response_ids
-                generation_started = time.perf_counter()
-                output = await self.generator.generate(context, min(cfg.max_tokens_per_turn, room))
-                generation_seconds = time.perf_counter() - generation_started
-                _append(episode, output.completion_ids, 1, output.logprobs)
-                episode.metrics["turns"] += 1
-                previous = (text, output, messages)
-                action = agent.update_from_model(output.text)
-                step = agent.get_current_state()
-                if step is not None:
-                    step.prompt_ids, step.response_ids = context, list(output.completion_ids)
-                    step.logprobs = list(output.logprobs)
-                env_started = time.perf_counter()
-                observation, reward, done, info = await call_env(
-                    env.step, action.action if isinstance(action, Action) else action
-                )
-                env_seconds = time.perf_counter() - env_started
-                if step is not None:
-                    step.next_observation = observation
-                total_reward += float(reward)
-                agent.update_from_env(observation, reward, done, info)
-                if step is not None:  # after the agent's update, which may give the step the env's info
-                    step.info = {**(step.info or {}), "generation_seconds": generation_seconds, "env_seconds": env_seconds}
-                if done:
-                    episode.termination_reason = TerminationReason.ENV_DONE
-                    break
-            episode.trajectories[0].reward = total_reward
-            # Without the env's own word, only an episode the env ended with a positive reward counts
-            # as solved (a shaped reward gathered until the turn limit does not).
-            ended_by_env = episode.termination_reason == TerminationReason.ENV_DONE
-            episode.is_correct = bool((info or {}).get("is_correct", ended_by_env and total_reward > 0))
-        finally:
-            try:
-                env.close()
-            except Exception:
-                logger.exception("env.close() raised; ignored")
+            episode.metrics["turns"] = float(loop.turns)
+        episode.termination_reason = reason
+        if reason == TerminationReason.MAX_PROMPT_LENGTH:  # no generation, reward 0
+            episode.prompt_ids = []
+        episode.trajectories[0].reward = loop.total_reward
+        episode.is_correct = loop.is_correct
+        return reason
 
     def _new_context(self, previous: tuple[str, GenerationOutput, list[dict]], messages: list[dict], text: str) -> str:
         """The text added to the conversation since the model's last reply (the environment's turn).
@@ -554,6 +503,49 @@ class EpisodeRunner:
             trajectory.reward = 0.0
         episode.is_correct = False
         episode.termination_reason = reason
+
+
+class _TokenTurnLoop(TurnLoop):
+    """The turn loop keeping each call's exact token ids on the step the agent made of it."""
+
+    def record(self, step: Step, reply: Reply) -> None:
+        context, output = reply.output
+        step.prompt_ids, step.response_ids = context, list(output.completion_ids)
+        step.logprobs = list(output.logprobs)
+
+
+class _TokenTurns:
+    """The model's side of an agent + environment episode in tokens: the first prompt is the
+    episode's ``prompt_ids``; every later token goes to its response, mask 1 where the model wrote
+    it, 0 where the environment did. Ends the episode before a call whose first prompt passes
+    ``data.max_prompt_length`` or that has no room left of ``data.max_response_length``."""
+
+    def __init__(self, runner: "EpisodeRunner", episode: Episode) -> None:
+        self.runner, self.episode = runner, episode
+        self.previous: tuple[str, GenerationOutput, list[dict]] | None = None
+
+    async def respond(self, conversation: list[dict]) -> Reply:
+        runner, episode, data = self.runner, self.episode, self.runner.config.data
+        messages = [dict(m) for m in conversation]
+        text = render_messages(runner.tokenizer, messages)
+        if self.previous is None:
+            episode.prompt_ids = encode(runner.tokenizer, text)
+            if len(episode.prompt_ids) > data.max_prompt_length:
+                raise TerminationEvent(TerminationReason.MAX_PROMPT_LENGTH)
+            new_ids: list[int] = []
+        else:
+            new_ids = encode(runner.tokenizer, runner._new_context(self.previous, messages, text))
+        room = data.max_response_length - len(episode.response_ids) - len(new_ids)
+        if room <= 0:
+            raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH)
+        _append(episode, new_ids, 0)
+        context = episode.prompt_ids + episode.response_ids
+        limit = min(runner.loop_config.max_tokens_per_turn, room)
+        output = await runner.generator.generate(context, limit)
+        _append(episode, output.completion_ids, 1, output.logprobs)
+        self.previous = (text, output, messages)
+        out_of_budget = limit == room and output.finish_reason == "length"
+        return Reply(output.text, out_of_budget=out_of_budget, output=(context, output))
 
 
 class _WorkflowFailed(Exception):

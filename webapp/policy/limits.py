@@ -247,7 +247,7 @@ def _our_keys(overrides: dict[str, Any]) -> dict[str, Any]:
         return overrides
 
     try:
-        return translate_trl_names(dict(overrides), to_dict(Config()), {})
+        return translate_trl_names(dict(overrides), to_dict(Config()), {}, {})
     except (ConfigError, TypeError, ValueError):
         return {key: value for key, value in overrides.items() if "." in key}
 

@@ -7,6 +7,7 @@ presigned link to the store where it signs them, given after the run's access ch
 from __future__ import annotations
 
 import io
+import json
 import queue
 import tarfile
 import tempfile
@@ -23,6 +24,7 @@ from django.views.decorators.http import require_GET
 
 from training.platform.artifacts import STORED_MARKER, iter_chunks
 from training.config import TrainerConfig
+from training.rollouts.models import ADAPTER_CONFIG, adapter_base, is_adapter
 from webapp.runs import artifacts
 from webapp.runs.access import get_run_for_user
 from webapp.runs.models import Run
@@ -125,7 +127,7 @@ def model_archive(request, pk: int, name: str) -> StreamingHttpResponse:
         raise Http404("This run has no such model to download.")
     archive = tempfile.TemporaryFile(dir=settings.VAR_DIR)
     with tarfile.open(fileobj=archive, mode="w:gz") as tar:
-        tar.add(folder, arcname=f"run-{run.pk}-{name}", filter=_regular_files_only)
+        _add_model(tar, run, folder, f"run-{run.pk}-{name}")
     size = archive.tell()
     archive.seek(0)
 
@@ -140,6 +142,26 @@ def model_archive(request, pk: int, name: str) -> StreamingHttpResponse:
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{name}.tar.gz"'
     response["Content-Length"] = str(size)
     return response
+
+
+def _add_model(tar: tarfile.TarFile, run: Run, folder: Path, arcname: str) -> None:
+    """``folder`` into ``tar`` as ``arcname``. A LoRA adapter whose base model lies in the run's own folder
+    (a model built for the run) comes with that base as ``arcname/base_model``, its adapter_config.json
+    naming ``arcname/base_model``: loadable from where the archive is unpacked
+    (``AutoPeftModelForCausalLM.from_pretrained(arcname)``). A base elsewhere (a hub id, a registered
+    model) is named as it was trained, and nothing more is added."""
+    base = _inside_run(run, adapter_base(folder)) if is_adapter(folder) else None
+    if base is None:
+        tar.add(folder, arcname=arcname, filter=_regular_files_only)
+        return
+    config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    config["base_model_name_or_path"] = f"{arcname}/base_model"
+    tar.add(folder, arcname=arcname, filter=lambda m: None if m.name == f"{arcname}/{ADAPTER_CONFIG}" else _regular_files_only(m))
+    body = json.dumps(config, indent=2).encode()
+    info = tarfile.TarInfo(f"{arcname}/{ADAPTER_CONFIG}")
+    info.size = len(body)
+    tar.addfile(info, io.BytesIO(body))
+    tar.add(base, arcname=f"{arcname}/base_model", filter=_regular_files_only)
 
 
 def _stored_model_key(run: Run, name: str) -> str | None:

@@ -122,8 +122,8 @@ def _config_places(key: str) -> tuple[KeyTransform, KeyTransform]:
 
 def run_config(run) -> dict[str, Any]:
     """A run's flat config: the final config when it started, else its overrides."""
-    if run.final_config:
-        return flatten(run.final_config)
+    if run.final_config:  # the keys said to change nothing on the run's backend are no column of their own
+        return flatten({key: value for key, value in run.final_config.items() if key != "ignored_keys"})
     return dict(run.config_overrides or {})
 
 

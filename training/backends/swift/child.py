@@ -8,16 +8,17 @@ callback that reports each logged step, then trains through ms-swift's own GRPO 
 
 An agent + environment trains through ms-swift's multi-turn hook: ``AgentEnvScheduler`` is an
 ms-swift ``MultiTurnScheduler`` (registered in ``swift.rollout.multi_turn.multi_turns``) that
-plays our turn loop. At the start of a trajectory it builds the agent and the environment from
-the row and puts the agent's first messages in the request; after each model turn it hands the
-reply to ``agent.update_from_model``, steps the environment with the action and feeds the
-observation back through ``agent.update_from_env``; the messages the agent added become the next
-turn's. The episode ends when the environment says done, at ``max_turns``, or with ``timeout``
+steps our one turn loop (``training.agents.turn_loop``, the one every runner drives). At the start
+of a trajectory it builds the agent and the environment from the row, starts the loop and puts
+the agent's first messages in the request; after each model turn the loop hands the reply to
+``agent.update_from_model``, steps the environment with the action and feeds the observation back
+through ``agent.update_from_env``; the messages the agent added become the next turn's. The
+episode ends as the loop's rules say: the environment says done, ``max_turns``, or ``timeout``
 (reward 0, as in our rollout engine) once it has run longer than ``rllm.agent.trajectory_timeout``;
 its reward is the sum of the environment's step rewards, which our ORM returns for that completion.
-The agent's and environment's code of a turn runs in a daemon thread and is cut at the timeout (a
-hung environment step ends the episode with ``timeout`` when its time is up); the model's reply is
-generated inside ms-swift's own loop and is not interrupted: the timeout is checked when it ends.
+The environment's calls run in a daemon thread and are cut at the timeout (a hung environment
+step ends the episode with ``timeout`` when its time is up); the model's reply is generated inside
+ms-swift's own loop and is not interrupted: the timeout is checked when it ends.
 
 It talks to its parent (``SwiftProcessor``) on stdout, one line per event:
 ``@agent-trainer {"event": "metrics", "step": N, "metrics": {...}}``, ``{"event": "checkpoint", "step": N,
@@ -33,17 +34,16 @@ import asyncio
 import json
 import math
 import sys
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 from training.agents.base import build_agent, build_env
 from training.agents.spec import AgentSpec
+from training.agents.turn_loop import Reply, TurnLoop
 from training.errors import TrainingFailed
 from training.rewards import load_reward
 from training.rollouts.outcomes import OutcomeMonitor
 from training.threads import DaemonThreadExecutor
-from training.types import Action, Episode, Step, TerminationReason, Trajectory
+from training.types import Episode, Step, TerminationReason, Trajectory
 
 PREFIX = "@agent-trainer "
 REWARD_NAME = "agent_trainer_reward"
@@ -174,119 +174,80 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict], trajectory_t
     spec = AgentSpec(agent_class=agent["agent_class"], env_class=agent["env_class"],
                      agent_args=agent.get("agent_args") or {}, env_args=agent.get("env_args") or {}).validate()
 
-    class Live:
-        """One episode in play. Agent and environment code can raise anything: the episode then
-        ends with an error (reward 0), as in our rollout engine, and the step's error rate decides."""
-
-        def __init__(self, task: dict) -> None:
-            self.task, self.env, self.agent = task, None, None
-            self.started = time.monotonic()
-            self.total, self.turns, self.info = 0.0, 0, {}
-            self.error: str | None = None
-            self.traceback = ""
-            try:
-                self.env = build_env(spec.env_class, task, spec.env_args)
-                self.agent = build_agent(spec.agent_class, spec.agent_args)
-                self.agent.reset()
-                observation, self.info = self.env.reset()
-                self.agent.update_from_env(observation, 0.0, False, self.info)
-            except Exception as exc:
-                self.failed(exc)
-
-        def failed(self, exc: Exception) -> None:
-            self.error = f"{type(exc).__name__}: {exc}"
-            self.traceback = "".join(traceback.format_exception(exc))
-
     class AgentEnvScheduler(MultiTurnScheduler):
+        """Each episode is our one turn loop (``training.agents.turn_loop``), stepped from ms-swift's
+        hooks. Agent and environment code can raise anything: the loop records it, the episode ends
+        with an error (reward 0), as in our rollout engine, and the step's error rate decides."""
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.live: dict[str, Live] = {}
+            self.live: dict[str, TurnLoop] = {}
+            self.tasks: dict[str, dict] = {}
             self.executor = DaemonThreadExecutor("swift-episode")
+
+        async def call_env(self, fn: Any, *args: Any) -> Any:
+            # In a daemon thread: a call that outlasts the episode's time is abandoned there (the
+            # thread is never waited for) and the episode ends with ``timeout`` now.
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
         async def on_trajectory_start(self, requests) -> None:
             for request in requests:
                 task = {k: v for k, v in (request.data_dict or {}).items() if k != "messages"}
                 self._close(request.uuid)
-                self.live[request.uuid] = episode = Live(task)
-                if episode.error is None:  # else the row's placeholder stays, and the first turn ends it
-                    request.messages = [dict(message) for message in episode.agent.chat_completions]
+                episode = TurnLoop(None, None, max_steps=self.max_turns or None, timeout=trajectory_timeout,
+                                   call_env=self.call_env)
+                self.live[request.uuid], self.tasks[request.uuid] = episode, task
+                try:
+                    with episode.failures():
+                        episode.env = build_env(spec.env_class, task, spec.env_args)
+                        episode.agent = build_agent(spec.agent_class, spec.agent_args)
+                    await episode.start()
+                except Exception:
+                    pass  # recorded on the loop: the row's placeholder stays, and the first turn ends it
+                if episode.reason is None:
+                    request.messages = [dict(message) for message in episode.messages]
 
         async def on_turn_end(self, request, response_choice, current_turn: int) -> dict[str, Any]:
             episode = self.live[request.uuid]
-            episode.turns, done, cut = current_turn, False, False
-            if episode.error is None:
-                def play() -> bool:
-                    action = episode.agent.update_from_model(response_choice.message.content)
-                    acted = episode.agent.get_current_state()
-                    observation, reward, done, info = episode.env.step(action.action if isinstance(action, Action) else action)
-                    if acted is not None:
-                        acted.next_observation = observation
-                    episode.total += float(reward)
-                    episode.info = info
-                    episode.agent.update_from_env(observation, reward, done, info)
-                    return done
-
-                # The agent's and environment's code runs in a daemon thread: one that outlasts the
-                # episode's time is abandoned there (the thread is never waited for) and the episode
-                # ends with ``timeout`` now, as in our rollout engine.
-                left = None if trajectory_timeout is None else trajectory_timeout - (time.monotonic() - episode.started)
+            if episode.reason is None:
                 try:
-                    done = await asyncio.wait_for(
-                        asyncio.get_running_loop().run_in_executor(self.executor, play), None if left is None else max(left, 0))
-                except asyncio.TimeoutError:
-                    cut = True
-                except Exception as exc:
-                    episode.failed(exc)
-            if episode.error is not None:
-                reason = TerminationReason.ERROR
-            elif cut:
-                reason = TerminationReason.TIMEOUT
-                episode.env = None  # stuck in its step: its close() is not called (it could block as well)
-            elif done:
-                reason = TerminationReason.ENV_DONE
-            elif self.max_turns and current_turn >= self.max_turns:
-                reason = TerminationReason.MAX_TURNS
-            elif trajectory_timeout is not None and time.monotonic() - episode.started > trajectory_timeout:
-                reason = TerminationReason.TIMEOUT
-            else:
-                return {"done": False, "rollout_infos": {EPISODE_REWARD: episode.total}}
-            if reason == TerminationReason.TIMEOUT:
-                episode.total = 0.0  # as our rollout engine scores an episode that timed out
-            infos = {EPISODE_REWARD: 0.0 if episode.error else episode.total, "termination": reason.value}
+                    await episode.turn(Reply(response_choice.message.content))
+                except Exception:
+                    pass  # recorded on the loop: the episode ends with an error
+            if episode.reason is None:
+                return {"done": False, "rollout_infos": {EPISODE_REWARD: episode.total_reward}}
+            infos = {EPISODE_REWARD: episode.reward, "termination": episode.reason.value}
             if episode.error:
                 infos.update(error=episode.error, traceback=episode.traceback)
-            self._finish(request.uuid, reason)
+            self._finish(request.uuid, current_turn)
             return {"done": True, "rollout_infos": infos}
 
         def step(self, request, response_choice, current_turn: int) -> dict[str, Any]:
             # The messages the agent added since the model's reply (the environment's answer) are the next turn.
-            added = self.live[request.uuid].agent.chat_completions[len(request.messages):]
+            added = self.live[request.uuid].messages[len(request.messages):]
             request.messages.extend(dict(message) for message in added)
             return {"infer_request": request}
 
-        def _finish(self, uuid: str, reason: TerminationReason) -> None:
+        def _finish(self, uuid: str, turns: int) -> None:
             episode = self.live[uuid]
             if len(samples) < SAMPLES_PER_STEP or (episode.error and not any(s.get("error") for s in samples)):
                 trajectories = []
                 if episode.agent is not None:
                     trajectory = episode.agent.trajectory
-                    trajectory.reward = 0.0 if episode.error else episode.total
+                    trajectory.reward = episode.reward
                     trajectories = [trajectory]
-                ended_by_env = reason == TerminationReason.ENV_DONE
                 samples.append(Episode(
-                    task=episode.task, trajectories=trajectories, termination_reason=reason, error=episode.error,
-                    is_correct=bool((episode.info or {}).get("is_correct", ended_by_env and episode.total > 0)),
-                    metrics={"turns": float(episode.turns)}, info={"traceback": episode.traceback} if episode.error else {},
+                    task=self.tasks[uuid], trajectories=trajectories, termination_reason=episode.reason, error=episode.error,
+                    is_correct=episode.is_correct, metrics={"turns": float(turns)},
+                    info={"traceback": episode.traceback} if episode.error else {},
                 ).to_dict())
             self._close(uuid)
 
         def _close(self, uuid: str) -> None:
             episode = self.live.pop(uuid, None)
-            if episode is not None and episode.env is not None:
-                try:
-                    episode.env.close()
-                except Exception:
-                    pass  # as our engine does: a failing close() does not change the episode
+            self.tasks.pop(uuid, None)
+            if episode is not None:
+                episode.close()
 
     return AgentEnvScheduler
 

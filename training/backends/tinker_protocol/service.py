@@ -55,37 +55,13 @@ from training.utils import is_package_available
 from training.rollouts.validation import summarize, validation_tasks
 from training.algorithms.advantages import check_estimator
 from training.algorithms.episode_rows import episode_rows, token_advantages
-from training.backends.tinker_protocol.rllm_names import translate
+from training.backends.tinker_protocol.rllm_names import RLLM_REMOTE_ALIASES, RLLM_WARMUP_RATIO, translate
 from training.rollouts.episode_runner import EpisodeRunner, summarize_episodes
 from training.rollouts.models import TINY_MODEL
 
 SAMPLE_EPISODES_PER_STEP = 4
 CHECKPOINT_FILE = "checkpoint.json"
 
-# rLLM's tinker and fireworks config names (rllm/trainer/config/rllm/backend/*.yaml) -> ours.
-RLLM_REMOTE_ALIASES = {
-    "model.name": "actor_rollout_ref.model.path",
-    "model.tokenizer_model": "actor_rollout_ref.model.tokenizer_path",
-    "model.lora_rank": "actor_rollout_ref.model.lora_rank",
-    "training.group_size": "actor_rollout_ref.rollout.n",
-    "training.learning_rate": "actor_rollout_ref.actor.optim.lr",
-    "training.lr_schedule": "actor_rollout_ref.actor.optim.lr_scheduler_type",
-    "training.weight_decay": "actor_rollout_ref.actor.optim.weight_decay",
-    "training.grad_clip_norm": "actor_rollout_ref.actor.grad_clip",
-    "training.beta1": "remote.adam_beta1",
-    "training.beta2": "remote.adam_beta2",
-    "training.eps": "remote.adam_eps",
-    "training.default_local_dir": "trainer.default_local_dir",
-    "training.resume_mode": "trainer.resume_mode",
-    "validation.group_size": "actor_rollout_ref.rollout.val_kwargs.n",
-    "agent.max_steps": "rllm.agent.max_steps",
-    "sampling.temperature": "actor_rollout_ref.rollout.temperature",
-    "sampling.top_p": "actor_rollout_ref.rollout.top_p",
-    "tinker_base_url": "remote.base_url",
-    "fireworks_base_url": "remote.base_url",
-}
-# rLLM's warm-up as a share of the run: turned into actor.optim.lr_warmup_steps (int(ratio x steps), as rLLM does).
-RLLM_WARMUP_RATIO = "training.warmup_steps_ratio"
 
 
 def apply_aliases(config: ConfigInput, aliases: dict[str, str]) -> ConfigInput:

@@ -19,9 +19,8 @@ import difflib
 from functools import lru_cache
 from typing import Any
 
-from training.config import Config
+from training.config import Config, unknown_key
 from training.config.names import register_undotted_names
-from training.config.schema import _unknown_key
 from training.errors import ConfigError
 from training.log import logger
 from training.utils import is_trl_available
@@ -65,12 +64,26 @@ DIRECT = {
     "model": "actor_rollout_ref.model.path",
 }
 BATCH_NAMES = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size")
-# Names handled below with a rule of their own.
-SPECIAL = {"beta", "scale_rewards", "save_strategy", "save_steps", "save_total_limit", "eval_strategy", "eval_steps",
-           "use_cpu", "report_to", "loss_type", "importance_sampling_level", *BATCH_NAMES}
+# Names handled below with a rule of their own: what each sets.
+_BATCHES = "data.train_batch_size and actor_rollout_ref.actor.ppo_mini_batch_size (TRL's batch arithmetic, above)"
+SPECIAL = {
+    "beta": "actor_rollout_ref.actor.kl_loss_coef, and actor_rollout_ref.actor.use_kl_loss when above 0",
+    "scale_rewards": "algorithm.norm_adv_by_std_in_grpo ('group': true, 'none': false)",
+    "save_strategy": "trainer.save_freq ('no': -1; 'steps': save_steps)",
+    "save_steps": "trainer.save_freq",
+    "save_total_limit": "trainer.max_checkpoints",
+    "eval_strategy": "trainer.test_freq ('steps': eval_steps, else logging_steps)",
+    "eval_steps": "trainer.test_freq",
+    "use_cpu": "trainer.device=cpu",
+    "report_to": "trainer.logger (wandb, tensorboard, mlflow, swanlab)",
+    "loss_type": "actor_rollout_ref.actor.loss_agg_mode",
+    "importance_sampling_level": "actor_rollout_ref.actor.policy_loss.loss_mode",
+    **dict.fromkeys(BATCH_NAMES, _BATCHES),
+}
 # Names with no bearing on what is trained (this trainer sets them itself).
 NO_EFFECT = {"remove_unused_columns", "disable_tqdm", "dataloader_num_workers", "logging_dir", "overwrite_output_dir",
              "log_completions", "num_completions_to_print", "logging_first_step"}
+NO_EFFECT_WHY = "TRL's own logging, data loading and output folder, which this trainer sets itself"
 # Names refused whatever their value, with what to do instead.
 REFUSED_ALWAYS = {
     "output_dir": "the run writes under run_path (checkpoints in <run_path>/checkpoints); give run_path (a config "
@@ -104,10 +117,13 @@ def grpo_defaults() -> dict[str, Any]:
     return defaults
 
 
-def translate_trl_names(flat: dict[str, Any], current: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
+def translate_trl_names(
+    flat: dict[str, Any], current: dict[str, Any], origin: dict[str, str], ignored: dict[str, tuple[Any, str]],
+) -> dict[str, Any]:
     """``flat`` with every TRL name replaced by our keys. ``current`` is the nested config so far
     (for ``num_generations`` when a layer sets batch sizes alone); ``origin`` collects our key ->
-    TRL name, so errors can name what the user wrote. Raises ConfigError for what cannot be honoured."""
+    TRL name, so errors can name what the user wrote; ``ignored`` the names without effect here, with
+    why. Raises ConfigError for what cannot be honoured."""
     sections = {f.name for f in dataclasses.fields(Config)}  # a whole section given as {} or a value
     names = {key: value for key, value in flat.items() if "." not in key and key not in sections}
     out = {key: value for key, value in flat.items() if key not in names}
@@ -123,7 +139,8 @@ def translate_trl_names(flat: dict[str, Any], current: dict[str, Any], origin: d
         elif name in REFUSED_ALWAYS:
             raise ConfigError(name, f"{name} cannot be used here: {REFUSED_ALWAYS[name]}.")
         elif name in NO_EFFECT:
-            logger.info("config: TRL's %s=%r has no effect here (the trainer sets it itself)", name, value)
+            logger.warning("config: TRL's %s=%r has no effect here (%s); recorded under ignored_keys", name, value, NO_EFFECT_WHY)
+            ignored[name] = (value, NO_EFFECT_WHY)
         elif name in SPECIAL:
             continue
         elif name in defaults:
@@ -249,7 +266,7 @@ def _unknown(name: str, defaults: dict[str, Any]):
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     if close:
         return ConfigError(name, f"unknown config key. Did you mean '{close[0]}' (TRL's GRPOConfig name)?")
-    return _unknown_key(name)
+    return unknown_key(name)
 
 
 register_undotted_names(translate_trl_names)

@@ -36,7 +36,7 @@ from training.rewards import RewardFunction, load_reward
 from training.tracking.sinks import MultiSink
 from training.tracking.trackers import VERL_TRACKERS, verl_tracker_names, verl_tracking_environment
 from training.types import Episode, Step, TerminationReason, Trajectory
-from training.backends.verl.names import verl_default_config, verl_keys
+from training.backends.verl.names import VERL_FILLED_LATER, verl_default_config, verl_keys
 from training.utils import cuda_device_count, is_verl_available
 from training.data import dataset_to_tasks
 
@@ -88,6 +88,9 @@ def split_overrides(config: ConfigInput) -> tuple[ConfigInput, dict[str, Any]]:
     for key, value in parse_overrides(config).items():
         if key in ours_valid:
             ours[key] = value
+            continue
+        if value is None and key in VERL_FILLED_LATER:  # AWorld's placeholders: the run fills them in below
+            logger.info("%s=null: %s fills it", key, VERL_FILLED_LATER[key])
             continue
         verl = verl if verl is not None else verl_keys()
         if key.startswith("+") or key in verl or key in _HYDRA_GROUPS:

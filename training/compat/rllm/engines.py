@@ -19,18 +19,18 @@ import asyncio
 import hashlib
 import json
 import os
-import time
 import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from training.agents.base import BaseAgent, BaseEnv, build_agent, build_env
+from training.agents.turn_loop import Reply, TurnLoop, run_turns
 from training.rollouts.generation import split_reasoning
 from training.rendering import encode, render_messages
 from training.errors import ModelCallError, TerminationEvent
 from training.log import logger
-from training.types import Action, Episode, ModelOutput, TerminationReason, Trajectory
+from training.types import Episode, ModelOutput, Step, TerminationReason, Trajectory
 from training.agents.workflow import RolloutEngine, Workflow
 
 # Parameters the openai client's chat.completions.create() takes by name; any other sampling
@@ -293,9 +293,10 @@ class AgentExecutionEngine:
     write at most what is left of ``max_response_length`` tokens (the model's replies and the
     environment's messages, counted with ``tokenizer``); an episode that runs out ends there
     (``info["termination_reason"] = "TRUNCATION"``), one whose replies alone passed it with reward
-    0. ``trajectory_timeout`` bounds each episode's model and environment time (``TIMEOUT``,
-    ``ENV_TIMEOUT`` with reward 0). An agent or environment that raises stops ``execute_tasks``
-    with that error, naming the task, as in rLLM.
+    0. ``trajectory_timeout`` bounds each episode's model and environment time: a call still
+    running then is cut (``ENV_TIMEOUT`` for an environment step, whose step scores 0; ``TIMEOUT``
+    otherwise). An agent or environment that raises stops ``execute_tasks`` with that error,
+    naming the task, as in rLLM. The turns are the one turn loop's (``training.agents.turn_loop``).
 
     Only ``engine_name="openai"`` runs here (``rollout_engine_args``: ``OpenAIEngine``'s, e.g.
     ``base_url`` and ``api_key``; ``sampling_params`` go with every request). The ``verl`` and
@@ -389,27 +390,32 @@ class AgentExecutionEngine:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def run_agent_trajectory(self, index: int, task: dict) -> Trajectory:
-        """One episode, rLLM's turn loop ("Text" mode)."""
+        """One episode, rLLM's turn loop ("Text" mode), played by the one turn loop
+        (``training.agents.turn_loop``) and reported under rLLM's names."""
         loop = asyncio.get_running_loop()
         env = build_env(self.env_class, task, self.env_args)
         env.idx = index
         agent = build_agent(self.agent_class, self.agent_args)
         agent.trajectory.task = task
-        started = time.monotonic()
-        try:
-            observation, info = await loop.run_in_executor(self.executor, env.reset)
-            info = dict(info or {}, max_steps=self.max_steps)
-            agent.reset()
-            agent.trajectory.task = task
-            agent.update_from_env(observation=observation, reward=0.0, done=False, info=info)
-            reason = await self._turns(loop, index, agent, env, started)
-            if hasattr(env, "compute_final_reward"):
-                final = await loop.run_in_executor(self.executor, env.compute_final_reward)
-                current = agent.get_current_state()
-                if current is not None:
-                    current.reward = final
-        finally:
-            await loop.run_in_executor(self.executor, env.close)
+
+        async def call_env(fn: Any, *args: Any) -> Any:
+            return await loop.run_in_executor(self.executor, fn, *args)
+
+        def reset() -> tuple[Any, dict]:
+            agent.trajectory.task = task  # the loop has just reset the agent: its new trajectory's task
+            return env.reset()
+
+        turns = _RllmTurnLoop(self, index, agent, env, max_steps=self.max_steps, timeout=self.trajectory_timeout,
+                              call_env=call_env)
+        ended = await run_turns(turns, turns.respond, reset)
+        reason = _RLLM_NAMES.get(ended, ended.value.upper())
+        if reason == "TIMEOUT" and turns.cut == "env":
+            reason = "ENV_TIMEOUT"
+        current = agent.get_current_state()
+        if current is not None and reason in ("TIMEOUT", "ENV_TIMEOUT"):
+            current.done = True
+            if reason == "ENV_TIMEOUT":
+                current.reward = 0.0
         trajectory = agent.trajectory
         trajectory.task = task
         trajectory.info["termination_reason"] = reason
@@ -420,56 +426,6 @@ class AgentExecutionEngine:
             step.mc_return = running
         logger.info("Trajectory %d ended: %s; reward %s", index, reason, trajectory.reward)
         return trajectory
-
-    async def _turns(self, loop: asyncio.AbstractEventLoop, index: int, agent: Any, env: Any, started: float) -> str:
-        """The turns of one episode; returns rLLM's name of why it ended."""
-        if self.tokenizer is not None:
-            prompt_length = len(encode(self.tokenizer, render_messages(self.tokenizer, agent.chat_completions)))
-            if prompt_length > self.max_prompt_length:
-                logger.warning("Trajectory %d: the first prompt has %d tokens, more than max_prompt_length %d",
-                               index, prompt_length, self.max_prompt_length)
-                return "PROMPT_TRUNCATION"
-        used = 0  # response tokens so far: the model's replies and the environment's messages
-        for _ in range(self.max_steps):
-            messages = list(agent.chat_completions)
-            budget = self.max_response_length - used if not self.enforce_max_prompt_length else self.max_response_length
-            try:
-                output = await self.get_model_response(messages, application_id=str(index), max_tokens=budget)
-            except TerminationEvent:
-                return "PROMPT_TRUNCATION"
-            action = agent.update_from_model(output.text)
-            acted = agent.get_current_state()
-            action = action.action if isinstance(action, Action) else action
-            remaining = self.trajectory_timeout - (time.monotonic() - started)
-            try:
-                next_observation, reward, done, info = await asyncio.wait_for(
-                    loop.run_in_executor(self.executor, env.step, action), timeout=max(remaining, 0.0)
-                )
-            except TimeoutError:
-                current = agent.get_current_state()
-                current.reward, current.done = 0.0, True
-                return "ENV_TIMEOUT"
-            if acted is not None:
-                acted.next_observation = next_observation
-            info = dict(info or {}, max_steps=self.max_steps, cur_tokens=used)
-            agent.update_from_env(observation=next_observation, reward=reward, done=done, info=info)
-            current = agent.get_current_state()
-            current.reward, current.done = reward, done
-            current.info.update(info)
-            reply_tokens = output.completion_length or len(output.completion_ids or [])
-            env_tokens = self._new_message_tokens(messages, agent.chat_completions)
-            used += reply_tokens + env_tokens
-            if used >= self.max_response_length:
-                if used - env_tokens > self.max_response_length:
-                    current.reward = 0.0
-                current.done = True
-                return "TRUNCATION"
-            if time.monotonic() - started >= self.trajectory_timeout:
-                current.done = True
-                return "TIMEOUT"
-            if done:
-                return "ENV_DONE"
-        return "MAX_STEPS"
 
     def _new_message_tokens(self, before: list[dict], after: list[dict]) -> int:
         """Tokens of the messages the environment added after the model's reply (0 without a tokenizer)."""
@@ -482,6 +438,70 @@ class AgentExecutionEngine:
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
             self.executor = None
+
+
+# rLLM's names of why an episode ended (``info["termination_reason"]``); a timeout that cut an
+# environment step is its ENV_TIMEOUT.
+_RLLM_NAMES = {
+    TerminationReason.ENV_DONE: "ENV_DONE",
+    TerminationReason.MAX_TURNS: "MAX_STEPS",
+    TerminationReason.MAX_PROMPT_LENGTH: "PROMPT_TRUNCATION",
+    TerminationReason.MAX_RESPONSE_LENGTH: "TRUNCATION",
+    TerminationReason.TIMEOUT: "TIMEOUT",
+}
+
+
+class _RllmTurnLoop(TurnLoop):
+    """The turn loop as rLLM's ``AgentExecutionEngine`` plays it: the agent's ``info`` carries
+    ``max_steps`` (and ``cur_tokens``), each step takes the environment's reward and done, and the
+    model's replies and the environment's messages share one budget of ``max_response_length``
+    tokens (an episode whose replies alone passed it scores 0 on its last step)."""
+
+    def __init__(self, engine: "AgentExecutionEngine", index: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.engine, self.index = engine, index
+        self.used = 0  # response tokens so far: the model's replies and the environment's messages
+        self.asked: tuple[list[dict], int] = ([], 0)  # the conversation the model answered, its reply's tokens
+
+    async def respond(self, conversation: list[dict]) -> Reply:
+        engine = self.engine
+        messages = list(conversation)
+        if self.turns == 0 and engine.tokenizer is not None:
+            prompt_length = len(encode(engine.tokenizer, render_messages(engine.tokenizer, messages)))
+            if prompt_length > engine.max_prompt_length:
+                logger.warning("Trajectory %d: the first prompt has %d tokens, more than max_prompt_length %d",
+                               self.index, prompt_length, engine.max_prompt_length)
+                raise TerminationEvent(TerminationReason.MAX_PROMPT_LENGTH)
+        budget = engine.max_response_length if engine.enforce_max_prompt_length else engine.max_response_length - self.used
+        output = await engine.get_model_response(messages, application_id=str(self.index), max_tokens=budget)
+        self.asked = (messages, output.completion_length or len(output.completion_ids or []))
+        return Reply(output.text, output=output)
+
+    def agent_info(self, info: dict) -> dict:
+        told = dict(super().agent_info(info), max_steps=self.max_steps)
+        if self.turns:
+            told["cur_tokens"] = self.used
+        return told
+
+    def observed(self, step: Step | None, reward: float, done: bool, info: dict) -> None:
+        current = self.agent.get_current_state()
+        current.reward, current.done = reward, done
+        current.info.update(self.agent_info(info))
+        messages, reply_tokens = self.asked
+        env_tokens = self.engine._new_message_tokens(messages, self.agent.chat_completions)
+        self.used += reply_tokens + env_tokens
+        if self.used >= self.engine.max_response_length:
+            if self.used - env_tokens > self.engine.max_response_length:
+                current.reward = 0.0
+            current.done = True
+            self.end(TerminationReason.MAX_RESPONSE_LENGTH)
+
+    async def finish(self) -> None:
+        if hasattr(self.env, "compute_final_reward"):
+            final = await self.call_env(self.env.compute_final_reward)
+            current = self.agent.get_current_state()
+            if current is not None:
+                current.reward = final
 
 
 class AsyncAgentExecutionEngine(AgentExecutionEngine):
