@@ -40,7 +40,7 @@ OTHER_RUNS, OTHER_EPISODES = 4, 250_000
 LISTING_REQUESTS = 200
 DETAIL_STEPS, DETAIL_PER_STEP, DETAIL_TOKENS = 20, 64, 1024
 DETAIL_REQUESTS = 200
-TRAINING_PAIRS = 6
+TRAINING_PAIRS = 12
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -169,6 +169,7 @@ def bench_training(user, tmp: Path) -> dict:
     from training import AgentTrainer
     from webapp.dashboard.models import StoredEpisode
     from training.tracking.sinks import MultiSink
+    from webapp.dashboard import episodes as episodes_module
     from webapp.dashboard.recording import DashboardSink
 
     torch.set_num_threads(1)
@@ -189,6 +190,16 @@ def bench_training(user, tmp: Path) -> dict:
         in_thread["seconds"] += time.perf_counter() - began
 
     MultiSink.store_episodes = timed
+    stored = {"seconds": 0.0}
+    store_step = episodes_module.store_step
+
+    def timed_store(*args):  # the writer thread's share: a step's Parquet file and index rows
+        began = time.perf_counter()
+        result = store_step(*args)
+        stored["seconds"] += time.perf_counter() - began
+        return result
+
+    episodes_module.store_step = timed_store
 
     def once(store_on: bool) -> float:
         run = new_run(user, tmp)
@@ -206,13 +217,15 @@ def bench_training(user, tmp: Path) -> dict:
     pairs = []
     for index in range(TRAINING_PAIRS):
         order = (True, False) if index % 2 == 0 else (False, True)
-        in_thread["seconds"] = 0.0
+        in_thread["seconds"] = stored["seconds"] = 0.0
         seconds = {mode: once(mode) for mode in order}
         pairs.append({"on_s": round(seconds[True], 2), "off_s": round(seconds[False], 2),
                       "ratio": round(seconds[True] / seconds[False], 3),
-                      "handing_records_to_sinks_s": round(in_thread["seconds"], 3)})
+                      "handing_records_to_sinks_s": round(in_thread["seconds"], 3),
+                      "writer_storing_episodes_s": round(stored["seconds"], 3)})
         print(f"training pair {index}: {pairs[-1]}", flush=True)
     MultiSink.store_episodes = handed
+    episodes_module.store_step = store_step
     ratios = [p["ratio"] for p in pairs]
     return {"steps": 15, "episodes_per_step": 32, "response_tokens_max": 16, "pairs": pairs,
             "median_ratio_on_over_off": round(statistics.median(ratios), 3),
