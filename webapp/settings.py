@@ -304,6 +304,9 @@ RUN_SHUTDOWN_GRACE_SECONDS = envint("RUN_SHUTDOWN_GRACE_SECONDS", "60", minimum=
 RUN_DATABASE_RETRY_SECONDS = envint("RUN_DATABASE_RETRY_SECONDS", "900", minimum=1)
 RUN_BUFFER_MAX_POINTS = envint("RUN_BUFFER_MAX_POINTS", "1000000", minimum=1000)
 RUN_SPOOL_MAX_MB = envint("RUN_SPOOL_MAX_MB", "512", minimum=1)
+# Episodes of the episode store (every episode, whole) a training process holds in memory while they
+# wait to be written; past it a step's episodes are dropped whole and counted (docs/dashboard.md).
+RUN_BUFFER_MAX_EPISODES = envint("RUN_BUFFER_MAX_EPISODES", "20000", minimum=100)
 # When the disk of a run's folder is full: "continue" drops reports that do not fit (counted, and
 # told on the run's log and page) and fails the run when a checkpoint does not fit, naming the
 # folder and its free space; "pause" holds the attempt's writes (training waits) and tries again

@@ -101,3 +101,34 @@ def test_cancel_from_the_browser_stops_a_running_run(celery_worker, on_test_queu
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLED, f"{run.error}\n{run.traceback}"
     assert run.steps < 1000  # stopped within wait_for's 90 s above
+
+
+def test_a_run_trained_by_the_worker_keeps_every_episode_and_exports_them(celery_worker, on_test_queue, owner_client,
+                                                                          copy_form_data, api_client, owner):
+    """The episode store through the platform's path: the worker's training process writes every
+    episode; the API's Parquet export, read with pandas, holds each one's tokens as training produced
+    them (the tokens decode to the reply the reward scored, and the reward is that reply's score)."""
+    import io
+    import json
+
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    from training.rewards.builtin import char_accuracy
+
+    run = create_run(owner_client, copy_form_data)
+    wait_for(lambda: Run.objects.get(pk=run.pk).is_final, 300, "the run to end", celery_worker)
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
+    response = api_client(owner).get(f"/api/runs/{run.pk}/episodes/", {"format": "parquet", "split": "train"})
+    assert response.status_code == 200
+    frame = pd.read_parquet(io.BytesIO(b"".join(response.streaming_content)))
+    assert sorted(frame.groupby("step").size().items()) == [(1, 4), (2, 4), (3, 4)]  # 2 prompts x 2 episodes a step
+    tokenizer = AutoTokenizer.from_pretrained(f"{run.run_path}/base_model")
+    for _, episode in frame.iterrows():
+        turn = json.loads(episode["turns"])[0]
+        reply = tokenizer.decode(list(episode["token_ids"]), skip_special_tokens=True)
+        assert reply == turn["response"] and list(episode["mask"]) == [1] * len(episode["token_ids"])
+        prompt = turn["messages"][0]["content"]
+        assert tokenizer.decode(list(episode["prompt_ids"])) == prompt
+        assert episode["reward"] == char_accuracy("copy", reply, prompt[:-1], {}).reward

@@ -90,6 +90,7 @@ class TurnLoop:
         self.call_env, self.hand_action, self.owns_env = call_env, hand_action, owns_env
         self.started = time.monotonic()
         self.turns = 0
+        self.generation_seconds: float | None = None  # the last model call's
         self.total_reward = 0.0
         self.info: dict = {}
         self.reason: TerminationReason | None = None
@@ -122,7 +123,10 @@ class TurnLoop:
             self.end(TerminationReason.MAX_TURNS)
             return None
         try:
-            return await self._timed(respond(self.messages), "model")
+            started = time.perf_counter()
+            reply = await self._timed(respond(self.messages), "model")
+            self.generation_seconds = time.perf_counter() - started
+            return reply
         except TerminationEvent as event:
             self.end(event.reason)
             return None
@@ -138,7 +142,9 @@ class TurnLoop:
                 self.record(acted, reply)
             if not self.hand_action and isinstance(action, Action):
                 action = action.action
+            started = time.perf_counter()
             answer = await self._timed(self.call_env(self.env.step, action), "env")
+            env_seconds = time.perf_counter() - started
             if self.reason is not None:  # the step was cut at the timeout
                 return self.reason
             observation, reward, done, info = answer
@@ -147,6 +153,8 @@ class TurnLoop:
             self.total_reward += float(reward)
             self.info = info or {}
             self.agent.update_from_env(observation, reward, done, self.agent_info(self.info))
+            if acted is not None:  # the turn's times (the episode store keeps them), after the agent's update set its info
+                acted.info = {**(acted.info or {}), "generation_seconds": self.generation_seconds, "env_seconds": env_seconds}
             self.observed(acted, reward, done, self.info)
         if reply.out_of_budget:
             return self.end(TerminationReason.MAX_RESPONSE_LENGTH)

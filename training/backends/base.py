@@ -31,6 +31,7 @@ from training.backends.keys import check_refused, say_without_effect
 from training.backends.processor import TrainerProcessor
 from training.rewards import RewardFunction, load_reward
 from training.agents.sdk.run_func import check_task_fields
+from training.tracking.episodes import ParquetEpisodeSink
 from training.tracking.sinks import ConsoleSink, JsonlSink
 from training.tracking.system_metrics import SystemMetrics
 from training.tracking.trackers import tracker_sinks
@@ -220,6 +221,9 @@ class BuiltinProcessor(TrainerProcessor):
             self.sinks.add(ConsoleSink(self.config.trainer.total_training_steps))
         if "jsonl" in names or "file" in names:
             self.sinks.add(JsonlSink(self.run_path))
+        # The run folder keeps every episode, unless the caller's sinks keep them elsewhere (the platform's store).
+        if self.config.trainer.log_episodes and not self.sinks.stores_episodes:
+            self.sinks.add(ParquetEpisodeSink(self.run_path))
         for sink in tracker_sinks(self.config, self.path, skip=trackers_elsewhere):
             self.sinks.add(sink)
         if self.config.trainer.system_metrics_interval > 0:

@@ -254,6 +254,9 @@ KEY_EFFECTS: dict[str, dict[str, Effect]] = {
     "trainer.cpu_threads": row(verl=no_effect("verl's Ray workers set their own threads")),
     "trainer.max_checkpoints": row(),
     "trainer.max_episode_error_rate": row(),
+    **{key: row(no_effect("the episode store is filled by the trl backend today; this backend sends its sample episodes only"),
+                trl=APPLIED)
+       for key in ("trainer.log_episodes", "trainer.log_episodes_fraction", "trainer.log_episodes_per_step")},
     # -- the agent loop (rLLM's names) ---------------------------------------------------------
     "rllm.agent.name": row(LABEL),
     "rllm.agent.max_steps": row(),

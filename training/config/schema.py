@@ -307,6 +307,18 @@ class TrainerConfig:
         "shared cores run several times faster with 1.",
         0,
     )
+    log_episodes: bool = _doc(
+        "Keep every episode (rLLM's name): each step's and each validation's episodes, token ids, mask, logprobs, "
+        "advantage and reward components, as Parquet per step in <run path>/episodes/ (on the platform: in the run's "
+        "artifact store, searchable on its API). false: only the few sample episodes the trackers get.",
+        True,
+    )
+    log_episodes_fraction: float = _doc(
+        "Share of each step's episodes trainer.log_episodes keeps (a seeded random sample; 1: all).", 1.0
+    )
+    log_episodes_per_step: int = _doc(
+        "At most this many episodes of each step are kept (after log_episodes_fraction); 0: no limit.", 0
+    )
     max_episode_error_rate: float = _doc(
         "Fail the run when more than this share of one step's episodes end with termination "
         "'error' (the error names the count and shows the first episode's traceback). 1 never fails.",
@@ -328,6 +340,9 @@ class TrainerConfig:
         )
         problem = names.value_problem("trainer.logger", list(self.logger))
         _check(problem is None, "trainer.logger", problem or "")
+        _check(0 < self.log_episodes_fraction <= 1, "trainer.log_episodes_fraction",
+               f"must be above 0 and at most 1 (set trainer.log_episodes=false to keep none), got {self.log_episodes_fraction}.")
+        _check(self.log_episodes_per_step >= 0, "trainer.log_episodes_per_step", "must be 0 (no limit) or a number of episodes.")
         _check(self.system_metrics_interval >= 0, "trainer.system_metrics_interval", "must be 0 (off) or a number of seconds.")
 
 

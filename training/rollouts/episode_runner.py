@@ -401,8 +401,10 @@ class EpisodeRunner:
             if result is not None:
                 scored = _as_reward_output(result, "agent_run_func")
                 episode.trajectories[0].reward, episode.is_correct = scored.reward, scored.is_correct
+                episode.info["reward_components"] = dict(scored.metadata or {})
         if needs_reward and self.reward_fn is not None:
             scored = self._score(task, client.last_response)
+            episode.info["reward_components"] = dict(scored.metadata or {})
             episode.trajectories[-1].reward, episode.is_correct = scored.reward, scored.is_correct
         if episode.termination_reason is None:
             episode.termination_reason = TerminationReason.ENV_DONE
@@ -479,6 +481,7 @@ class EpisodeRunner:
             reward=scored.reward,
         )
         episode.is_correct = scored.is_correct
+        episode.info["reward_components"] = dict(scored.metadata or {})
         stopped = output.finish_reason == "stop"
         episode.termination_reason = TerminationReason.ENV_DONE if stopped else TerminationReason.MAX_RESPONSE_LENGTH
 

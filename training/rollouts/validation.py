@@ -32,6 +32,7 @@ class EvalResult(dict):
 
     def __init__(self, rows: list[dict[str, Any]] | None = None, metrics: dict[str, float] | None = None) -> None:
         super().__init__(metrics=dict(metrics or {}), rows=list(rows or []))
+        self.episodes: list[Episode] = []  # the episodes themselves, for the episode store (not in the dict)
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -102,7 +103,10 @@ def evaluate(spec: Any, model: Any, tokenizer: Any, config: Any, reward_fn: Any,
         do_sample=val.do_sample, seed=config.trainer.seed,
     )
     engine = EpisodeRunner(spec, generator, tokenizer, config, reward_fn, is_validation=True)
-    return summarize(tasks, engine.run(tasks, n=val.n), val.n, prefix)
+    episodes = engine.run(tasks, n=val.n)
+    result = summarize(tasks, episodes, val.n, prefix)
+    result.episodes = episodes
+    return result
 
 
 def validation_tasks(dataset: Any, config: Any) -> list[dict]:

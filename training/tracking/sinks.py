@@ -29,6 +29,10 @@ class MetricSink(Protocol):
     def close(self) -> None:
         """The run is over; flush what is buffered.
 
+        A sink that keeps every episode (the episode store: ``training.tracking.episodes``) also
+        defines ``store_episodes(step, records)``: each step's records, whole (token ids, mask,
+        logprobs), called from the training thread; it must return at once.
+
         A sink that records how a run ended (``RemoteSink``) may also define
         ``log_outcome(status, error)``: it is called just before ``close`` when the run raised
         (``failed``, or ``cancelled`` for Ctrl-C), so ``close`` never reports a failed run as done."""
@@ -104,6 +108,16 @@ class MultiSink:
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
         if episodes:
             self._each("log_episodes", step, episodes)
+
+    @property
+    def stores_episodes(self) -> bool:
+        """Whether a sink keeps every episode (``store_episodes``): when none does, no records are built."""
+        return any(hasattr(sink, "store_episodes") for sink in self.sinks)
+
+    def store_episodes(self, step: int, records: list[dict[str, Any]]) -> None:
+        """A step's episode store records (``training.tracking.episodes``), to the sinks that keep them."""
+        if records:
+            self._each("store_episodes", step, records, optional=True)
 
     def log_checkpoint(self, step: int, path: str | Path) -> None:
         """A checkpoint of ``step`` is saved whole at ``path``. Optional for a sink: those that keep

@@ -4,6 +4,7 @@ the page: the ``AgentTrainer`` is built in a scratch directory), so these only s
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from rest_framework import serializers
@@ -235,3 +236,47 @@ class SeriesQuerySerializer(serializers.Serializer):
 
 class AfterQuerySerializer(serializers.Serializer):
     after = serializers.IntegerField(required=False, default=0, min_value=-1, max_value=2**62)
+
+
+# The bounds of the episode store's filters (``GET /api/runs/<id>/episodes/``).
+MAX_EPISODE_PAGE = 500
+MAX_EPISODE_OFFSET = 1_000_000
+MAX_EPISODE_REWARD = 1e12
+MAX_EPISODE_TEXT = 200
+
+
+class EpisodeQuerySerializer(serializers.Serializer):
+    """The episode store's filters and page, each bounded: a value out of bounds is a 400 naming it."""
+
+    split = serializers.ChoiceField(choices=["train", "val"], required=False, help_text="train or val; default both.")
+    step_min = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP)
+    step_max = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP)
+    reward_min = serializers.FloatField(required=False, min_value=-MAX_EPISODE_REWARD, max_value=MAX_EPISODE_REWARD)
+    reward_max = serializers.FloatField(required=False, min_value=-MAX_EPISODE_REWARD, max_value=MAX_EPISODE_REWARD)
+    termination = serializers.ChoiceField(
+        choices=["env_done", "max_turns", "max_prompt_length", "max_response_length", "timeout", "error", "unknown"],
+        required=False, help_text="The termination reason.")
+    data_source = serializers.CharField(required=False, max_length=200)
+    group = serializers.CharField(required=False, max_length=64, help_text="The prompt's group (its uid).")
+    q = serializers.CharField(required=False, max_length=MAX_EPISODE_TEXT,
+                              help_text="Text in the conversation (its first 2,000 characters), case-insensitive.")
+    limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=MAX_EPISODE_PAGE)
+    offset = serializers.IntegerField(required=False, default=0, min_value=0, max_value=MAX_EPISODE_OFFSET)
+    format = serializers.ChoiceField(choices=["json", "jsonl", "parquet"], required=False, default="json",
+                                     help_text="json: a page; jsonl or parquet: the whole filtered set, streamed.")
+    share = serializers.CharField(required=False, max_length=100, help_text="A share link's token (read-only access).")
+
+    def validate(self, data):
+        errors = {}
+        for low, high in (("step_min", "step_max"), ("reward_min", "reward_max")):
+            if data.get(low) is not None and data.get(high) is not None and data[low] > data[high]:
+                errors[low] = [f"must not be above {high} ({data[high]})."]
+        for name in ("reward_min", "reward_max"):
+            if data.get(name) is not None and not math.isfinite(data[name]):
+                errors[name] = ["must be a finite number."]
+        for name in ("data_source", "group", "q"):
+            if "\x00" in data.get(name, ""):
+                errors[name] = ["must not contain a NUL character."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return data

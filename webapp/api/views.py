@@ -5,23 +5,28 @@ through. Every run endpoint asks ``webapp.runs.access`` (a run the user may not 
 from __future__ import annotations
 
 from django.db import transaction
+from django.http import Http404, StreamingHttpResponse
 from django.db.models import Q
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
+from rest_framework.exceptions import APIException, NotAuthenticated, PermissionDenied, ValidationError
+from rest_framework.permissions import AllowAny
+from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
 
 from training.config import flatten
 from webapp.api import ingest
 from webapp.api.serializers import (
-    AfterQuerySerializer, AgentSerializer, BackendSerializer, DatasetSerializer, FinishSerializer,
+    AfterQuerySerializer, AgentSerializer, BackendSerializer, DatasetSerializer, EpisodeQuerySerializer, FinishSerializer,
     HeartbeatSerializer, LogLineSerializer, LogsIngestSerializer, MetricsIngestSerializer, ProjectSerializer,
     ModelSerializer, RewardFunctionSerializer, RunCreateSerializer, RunListQuerySerializer, RunSerializer, RunUpdateSerializer,
     SeriesQuerySerializer,
 )
+from webapp.dashboard import episodes as episode_store
 from webapp.dashboard import series
+from webapp.dashboard.models import StoredEpisode
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs import table
 from webapp.runs.access import get_run_for_user, usable_entries
@@ -74,10 +79,30 @@ class BackendViewSet(viewsets.ReadOnlyModelViewSet):
     lookup_value_regex = ID_PATTERN
 
 
+class _JsonlRenderer(BaseRenderer):
+    """Lets ``?format=jsonl`` through DRF's content negotiation; the view streams the body itself."""
+
+    media_type, format = "application/jsonl", "jsonl"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return JSONRenderer().render(data)  # an error's body
+
+
+class _ParquetRenderer(_JsonlRenderer):
+    media_type, format = "application/vnd.apache.parquet", "parquet"
+
+
+def _with_query(request, **changes) -> str:
+    query = request.GET.copy()
+    for name, value in changes.items():
+        query[name] = str(value)
+    return f"{request.path}?{query.urlencode()}"
+
+
 # The access action each endpoint needs on its run.
 _ACTION_OF = {
     "retrieve": "view", "partial_update": "edit", "destroy": "delete", "cancel": "cancel",
-    "series": "view", "metrics": "view", "logs": "view",
+    "series": "view", "metrics": "view", "logs": "view", "episodes": "view", "episode": "view",
     "ingest_metrics": "edit", "ingest_logs": "edit", "heartbeat": "edit", "finish": "edit",
 }
 
@@ -95,6 +120,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         run = get_run_for_user(self.request.user, self.kwargs["pk"], _ACTION_OF[self.action])
         self.check_object_permissions(self.request, run)
         return run
+
+    def perform_content_negotiation(self, request, force=False):
+        # The episode store's ``format`` is its query's to judge (a 400 naming it), not DRF's 404.
+        return super().perform_content_negotiation(request, force=force or self.action == "episodes")
 
     def get_serializer_class(self):
         return RunUpdateSerializer if self.action == "partial_update" else RunSerializer
@@ -236,6 +265,53 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         if not run.finish(data["status"], error=data["error"], **fields):
             raise ValidationError({"status": f"The run has already ended ({run.status})."})
         return Response(RunSerializer(run, context=self.get_serializer_context()).data)
+
+    @extend_schema(parameters=[EpisodeQuerySerializer], responses={200: inline_serializer("EpisodePage", {
+        "results": serializers.ListField(child=serializers.DictField()), "next": serializers.CharField(allow_null=True),
+    })})
+    @action(detail=True, methods=["get"], permission_classes=[AllowAny],
+            renderer_classes=[JSONRenderer, BrowsableAPIRenderer, _JsonlRenderer, _ParquetRenderer])
+    def episodes(self, request, pk=None):
+        """The episode store: every episode of the run, filtered (``step_min``, ``step_max``,
+        ``reward_min``, ``reward_max``, ``termination``, ``data_source``, ``group``, ``q``, ``split``),
+        a page at a time (``limit``, ``offset``); ``format=jsonl`` or ``format=parquet`` streams the
+        whole filtered set with each episode's body."""
+        run, query = self._episode_run()
+        rows = episode_store.filtered(run, query)
+        if query["format"] != "json":
+            stream = episode_store.jsonl_stream(rows) if query["format"] == "jsonl" else episode_store.parquet_stream(rows)
+            media = "application/jsonl" if query["format"] == "jsonl" else "application/vnd.apache.parquet"
+            response = StreamingHttpResponse(stream, content_type=media)
+            response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-episodes.{query["format"]}"'
+            return response
+        limit, offset = query["limit"], query["offset"]
+        page = list(rows[offset:offset + limit + 1])
+        following = None
+        if len(page) > limit:
+            following = request.build_absolute_uri(_with_query(request, offset=offset + limit))
+        return Response({"results": [episode_store.listed(row) for row in page[:limit]], "next": following})
+
+    @extend_schema(responses={200: serializers.DictField()})
+    @action(detail=True, methods=["get"], url_path=r"episodes/(?P<episode_id>[0-9]{1,18})", permission_classes=[AllowAny])
+    def episode(self, request, pk=None, episode_id=None):
+        """One episode whole: its turns, ``prompt_ids``, ``token_ids`` with their ``mask`` (1: the model's,
+        trained on; 0: the environment's) and sampling ``logprobs``, its ``advantage`` and reward components."""
+        run, _ = self._episode_run()
+        row = StoredEpisode.objects.filter(run=run, pk=episode_id).first()
+        if row is None:
+            raise Http404("No such episode.")
+        return Response(episode_store.detail(row))
+
+    def _episode_run(self) -> tuple[Run, dict]:
+        """The run and the validated query; access as every run resource (a share link's token,
+        ``?share=``, opens it read-only; a run one may not see is a 404)."""
+        query = EpisodeQuerySerializer(data=self.request.query_params)
+        query.is_valid(raise_exception=True)
+        token = query.validated_data.get("share")
+        if not token and not self.request.user.is_authenticated:
+            raise NotAuthenticated()
+        run = get_run_for_user(self.request.user, self.kwargs["pk"], "view", share_token=token)
+        return run, query.validated_data
 
     def _external_running(self) -> Run:
         run = self.get_object()

@@ -159,3 +159,50 @@ class EpisodeSample(models.Model):
 
     def __str__(self) -> str:
         return f"episode {self.position} of step {self.step} (run {self.run_id})"
+
+
+class StoredEpisode(models.Model):
+    """One episode of the episode store (every episode a run trained or validated on): the fields one
+    filters on, and where its body lies. The body (turns, token ids, mask, logprobs, advantage,
+    reward components, traceback) is row ``body_row`` of the Parquet file ``body_key`` in the run's
+    artifact store (``webapp.dashboard.episodes``)."""
+
+    class Split(models.TextChoices):
+        TRAIN = "train"
+        VALIDATION = "val"
+
+    # No index of its own: the unique (run, step, split, position) one serves it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stored_episodes", db_index=False)
+    split = models.CharField(max_length=5, choices=Split.choices, default=Split.TRAIN)
+    step = models.BigIntegerField()
+    position = models.PositiveIntegerField(help_text="Its place among the step's episodes.")
+    attempt = models.PositiveIntegerField(null=True, help_text="The run's attempt that trained it.")
+    group = models.CharField(max_length=64, help_text="Its prompt's group (verl's uid).")
+    group_position = models.PositiveIntegerField(default=0)
+    data_source = models.CharField(max_length=200, blank=True)
+    row_index = models.BigIntegerField(null=True, help_text="Its task's row in the dataset.")
+    reward = models.FloatField(null=True)
+    advantage = models.FloatField(null=True)
+    is_correct = models.BooleanField(default=False)
+    termination_reason = models.CharField(max_length=40, blank=True)
+    num_turns = models.PositiveIntegerField(default=0)
+    prompt_length = models.PositiveIntegerField(default=0)
+    response_length = models.PositiveIntegerField(default=0)
+    error = models.CharField(max_length=500, blank=True)
+    text = models.TextField(blank=True, help_text="The conversation's first characters, for text search.")
+    body_key = models.CharField(max_length=400)
+    body_row = models.PositiveIntegerField()
+
+    class Meta:
+        # Step-major: a step range is one range of this index, whatever the split.
+        ordering = ["run", "step", "split", "position"]
+        constraints = [models.UniqueConstraint(fields=["run", "step", "split", "position"], name="unique_stored_episode")]
+        indexes = [
+            models.Index(fields=["run", "reward"], name="stored_episode_reward"),
+            models.Index(fields=["run", "termination_reason", "step"], name="stored_episode_termination"),
+            models.Index(fields=["run", "data_source", "step"], name="stored_episode_source"),
+            models.Index(fields=["run", "group"], name="stored_episode_group"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.split} episode {self.position} of step {self.step} (run {self.run_id})"

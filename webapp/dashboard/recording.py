@@ -1,5 +1,6 @@
-"""The worker side: a metric sink that stores points in the metric store and sampled episodes, and
-pushes every logged step to live viewers the moment the trainer reports it.
+"""The worker side: a metric sink that stores points in the metric store, sampled episodes and the
+episode store (every episode: ``webapp.dashboard.episodes``), and pushes every logged step to live
+viewers the moment the trainer reports it.
 
 The training thread only appends to buffers and queues the live push; one writer thread stores
 buffers every ``flush_seconds`` with its own database connection.
@@ -7,7 +8,9 @@ buffers every ``flush_seconds`` with its own database connection.
 What waits to be stored is bounded: ``RUN_BUFFER_MAX_POINTS`` points in memory, and with a spool
 ``RUN_SPOOL_MAX_MB`` on disk. Past either, further points are dropped, counted, logged (a warning
 in the worker's log, then an ERROR line in the run's log) and charted as the run's
-``overload/dropped_points`` metric, instead of growing without bound.
+``overload/dropped_points`` metric, instead of growing without bound. The episode store's records
+wait the same way, a step at a time, up to ``RUN_BUFFER_MAX_EPISODES`` in memory; past it a step's
+episodes are dropped whole and counted in ``overload/dropped_episodes``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.runs.batching import BackgroundFlusher
+from webapp.dashboard import episodes as episode_store
 from webapp.dashboard import live
 from webapp.dashboard.models import EpisodeSample
 from webapp.dashboard.series import SeriesWriter
@@ -29,6 +33,7 @@ from webapp.runs.models import RunLog, lock_for_attempt
 
 logger = logging.getLogger(__name__)
 DROPPED_KEY = "overload/dropped_points"
+DROPPED_EPISODES_KEY = "overload/dropped_episodes"
 
 
 # Token-level fields: large, and nothing a person reads in the episode viewer.
@@ -55,9 +60,14 @@ class DashboardSink(BackgroundFlusher):
         self._buffered = 0  # points in _steps
         self._episodes: list[EpisodeSample] = []
         self._positions: dict[int, int] = {}
+        self._stored: list[tuple[int, list[dict[str, Any]]]] = []  # the episode store's records, a step at a time
+        self._stored_count = 0
         self.max_points = settings.RUN_BUFFER_MAX_POINTS
+        self.max_episodes = settings.RUN_BUFFER_MAX_EPISODES
         self.dropped = 0  # points dropped over the run (the overload metric)
         self._dropped_unreported = 0
+        self.dropped_episodes = 0  # episode store records dropped over the run
+        self._dropped_episodes_unreported = 0
         self._last_step = 0
         if publish:
             # Start the publisher thread now: it loads the channel layer (~70 ms of imports) while
@@ -93,29 +103,56 @@ class DashboardSink(BackgroundFlusher):
         if self.publish:
             live.publish(self.run_id, {"type": "run.episodes", "step": step, "count": len(episodes)})
 
+    def store_episodes(self, step: int, records: list[dict[str, Any]]) -> None:
+        """A step's episode store records (``training.tracking.episodes``): buffered whole and
+        spooled, written by the writer thread (Parquet in the artifact store, rows in the index)."""
+        with self._lock:
+            if self.superseded:  # this attempt no longer holds the run: nothing of it is kept, nothing to count
+                return
+            if self._stored_count + len(records) <= self.max_episodes and self.spooled({"stored": [step, records]}):
+                self._stored.append((step, records))
+                self._stored_count += len(records)
+            else:
+                if not self._dropped_episodes_unreported:
+                    logger.warning("run %s: more episodes wait to be stored than the buffer holds (%s in memory); "
+                                   "dropping whole steps of them until the store catches up.", self.run_id, self.max_episodes)
+                self.dropped_episodes += len(records)
+                self._dropped_episodes_unreported += len(records)
+
     def take(self):
         steps, self._steps = self._steps, []
         buffered, self._buffered = self._buffered, 0
         episodes, self._episodes = self._episodes, []
+        stored, self._stored = self._stored, []
+        self._stored_count = 0
         dropped, self._dropped_unreported = self._dropped_unreported, 0
-        if dropped:
-            steps.append((self._last_step, {DROPPED_KEY: float(self.dropped)}))
-        return steps, buffered, episodes, dropped
+        dropped_episodes, self._dropped_episodes_unreported = self._dropped_episodes_unreported, 0
+        if dropped or dropped_episodes:
+            steps.append((self._last_step, {
+                **({DROPPED_KEY: float(self.dropped)} if dropped else {}),
+                **({DROPPED_EPISODES_KEY: float(self.dropped_episodes)} if dropped_episodes else {}),
+            }))
+        return steps, buffered, episodes, dropped, stored, dropped_episodes
 
     def restore(self, batch) -> None:
-        steps, buffered, episodes, dropped = batch
-        if dropped:
+        steps, buffered, episodes, dropped, stored, dropped_episodes = batch
+        if dropped or dropped_episodes:
             steps = steps[:-1]  # the overload point is made again, with the new total
         self._steps = steps + self._steps  # the store keeps the last value of a re-sent step
         self._buffered += buffered
         self._episodes = episodes + self._episodes
+        self._stored = stored + self._stored
+        self._stored_count += sum(len(records) for _, records in stored)
         self._dropped_unreported += dropped
+        self._dropped_episodes_unreported += dropped_episodes
 
     def keep_unspooled(self, batch) -> None:
-        self._dropped_unreported += batch[3]  # the drop notice is in no segment: made again with the next batch
+        # The drop notices are in no segment: made again with the next batch.
+        self._dropped_unreported += batch[3]
+        self._dropped_episodes_unreported += batch[5]
 
     def batch_from_records(self, records: list) -> tuple:
-        steps, episodes = [], []
+        steps, episodes, stored = [], [], []
         for record in records:
             if "points" in record:
                 step, metrics = record["points"]
@@ -124,16 +161,27 @@ class DashboardSink(BackgroundFlusher):
                 step, position, reward, num_turns, termination_reason, data = record["episode"]
                 episodes.append(EpisodeSample(run_id=self.run_id, step=step, position=position, reward=reward,
                                               num_turns=num_turns, termination_reason=termination_reason, data=data))
-        return steps, sum(len(m) for _, m in steps), episodes, 0
+            elif "stored" in record:
+                step, items = record["stored"]
+                stored.append((step, items))
+        return steps, sum(len(m) for _, m in steps), episodes, 0, stored, 0
 
     def write(self, batch) -> int:
-        steps, buffered, episodes, dropped = batch
+        steps, buffered, episodes, dropped, stored, dropped_episodes = batch
         with transaction.atomic():  # one check of the attempt's token (the run's row locked) for the whole batch
             if steps:
                 self.writer.write_steps(steps)
-            elif dropped or episodes:
+            elif dropped or episodes or stored or dropped_episodes:
                 lock_for_attempt(self.run_id, self.attempt)
             self._write_rest(dropped, episodes)
+            if dropped_episodes:
+                RunLog.objects.create(run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
+                    f"{dropped_episodes} episode(s) were not kept in the episode store ({self.dropped_episodes} in all, "
+                    f"through step {self._last_step}): more waited to be stored than {self.max_episodes} episodes in memory."))
+            # Inside the transaction, after the run's row is locked for this attempt: a superseded
+            # attempt writes neither a Parquet file nor a row.
+            for step, records in stored:
+                episode_store.store_step(self.run_id, self.attempt, step, records)
         return buffered
 
     def _write_rest(self, dropped: int, episodes: list[EpisodeSample]) -> None:

@@ -88,6 +88,8 @@ PLATFORM_LIMITS: dict[str, float] = {
     "trainer.max_checkpoints": 20,
     "trainer.cpu_threads": 16,
     "trainer.max_episode_error_rate": 1,
+    "trainer.log_episodes_fraction": 1,
+    "trainer.log_episodes_per_step": 1_000_000,
     "trainer.system_metrics_interval": 3600,
     "rllm.agent.max_steps": 100,
     "rllm.agent.max_tokens_per_turn": 32_768,

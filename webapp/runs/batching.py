@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import orjson
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
@@ -65,7 +66,7 @@ class Spool:
     def append(self, record: Any) -> bool:
         """Write one record through to the operating system (it survives the process being killed).
         False when the spool is full: the record is not kept."""
-        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        line = _encoded(record) + b"\n"
         if self._bytes + len(line) > self.max_bytes:
             self.refused_because = f"more waited to be stored than {self.max_bytes // (1024 * 1024)} MB of spool on disk hold"
             return False
@@ -162,6 +163,15 @@ class Spool:
 _paused_runs: set = set()  # runs told that a full disk paused them
 _paused_lock = threading.Lock()
 _ATTEMPT_TAG = re.compile(r"-a(\d+)\.jsonl$")
+
+
+def _encoded(record: Any) -> bytes:
+    """A record as one line of JSON. orjson: a step of the episode store (token ids of every
+    episode) is encoded on the training thread, about 7 times faster than by json (NaN becomes null)."""
+    try:
+        return orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # what orjson will not take (an integer past 64 bits): json's slower way
+        return json.dumps(record, separators=(",", ":")).encode()
 
 
 def _size(path: Path) -> int:

@@ -16,6 +16,7 @@ import math
 import os
 import random
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from training.rollouts.outcomes import OutcomeMonitor
 from training.errors import ConfigError, TooManyEpisodeErrors
 from training.types import Episode, RewardOutput, Step, TerminationReason, Trajectory
 from training.rollouts.validation import evaluate, validation_tasks
+from training.tracking.episodes import TRAIN, VALIDATION, episode_record, keep_for_store
 from training.algorithms.recipes import clip_range, overlong_punishment
 from training.rollouts.models import load_policy
 from training.utils import is_trl_available
@@ -144,6 +146,10 @@ class _TRLRun:
         self.val_tasks = validation_tasks(test, self.config) if test is not None else []
         self.pending_val_metrics: dict[str, float] = {}  # reported with the step's training metrics
         self.rows = None  # the current generation batch as training rows (multi-turn)
+        # The current generation batch, for the episode store: our rollout's episodes (multi-turn) or
+        # TRL's completions with their scores (single-turn), and each one's dataset row.
+        self.batch_episodes: list[Episode] = []
+        self.batch_rows: list[int | None] = []
         self.endpoint = None  # the OpenAI-compatible endpoint of an rLLM-style agent_run_func, while training
 
     # -- building the trainer ----------------------------------------------------------------
@@ -298,9 +304,14 @@ class _TRLRun:
         rewards = [out.reward for out in scored]
         samples = [
             {"task": task, "prompt": prompt, "response": text, "completion_ids": ids, "reward": out.reward,
-             "is_correct": out.is_correct}
+             "is_correct": out.is_correct, "reward_components": dict(out.metadata or {})}
             for task, prompt, text, ids, out in zip(tasks, prompts, texts, columns["completion_ids"], scored)
         ]
+        if self.keeps_episodes:
+            self.batch_episodes = [Episode.from_dict(_single_turn_episode(s)) for s in samples]
+            for episode, sample in zip(self.batch_episodes, samples):
+                episode.info["reward_components"] = sample["reward_components"]
+            self.batch_rows = list(rows)
         self.pending_episode_metrics.append(
             {"solve_rate": sum(s["is_correct"] for s in samples) / max(len(samples), 1), "turns": 1.0}
         )
@@ -335,6 +346,7 @@ class _TRLRun:
         step = self.outcomes.step = trainer.state.global_step + 1
         engine = EpisodeRunner(self.spec, generator, self.tokenizer, self.config, self.reward_fn, self.endpoint)
         episodes = engine.run(tasks, n=1)
+        self.batch_episodes, self.batch_rows = episodes, [int(x["prompt"]) for x in inputs]
         summary = summarize_episodes(episodes)
         self.pending_samples = [e.to_dict() for e in episodes[:SAMPLE_EPISODES_PER_STEP]]
         try:
@@ -413,6 +425,9 @@ class _TRLRun:
         # The processor's own spec and reward: validation is not training's to count or to fail.
         processor = self.processor
         result = evaluate(processor.agent_spec, model, self.tokenizer, self.config, processor.reward_fn, self.val_tasks, "val")
+        if self.keeps_episodes:
+            n = self.config.actor_rollout_ref.rollout.val_kwargs.n
+            self.keep_records(VALIDATION, step, result.episodes, [i // n for i in range(len(result.episodes))], n)
         logger.info(
             "validation at step %d (%d tasks, %.1f s): %s", step, len(self.val_tasks), time.perf_counter() - started,
             " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()),
@@ -422,6 +437,40 @@ class _TRLRun:
     def log_validation(self, step: int, metrics: dict[str, float]) -> None:
         self.last_metrics.update(metrics)
         self.processor.sinks.log_metrics(step, metrics)
+
+    # -- the episode store -----------------------------------------------------------------
+    @property
+    def keeps_episodes(self) -> bool:
+        """Whether this run keeps every episode: ``trainer.log_episodes`` and a sink that keeps them."""
+        return self.config.trainer.log_episodes and self.processor.sinks.stores_episodes
+
+    def store_episodes(self, output: dict[str, Any]) -> None:
+        """Hand the generation batch's episodes, with the advantage each was trained with, to the
+        sinks that keep every episode (``training.tracking.episodes``)."""
+        if not self.keeps_episodes or not self.batch_episodes:
+            return
+        episodes, self.batch_episodes = self.batch_episodes, []
+        step = self.outcomes.step or self.trainer.state.global_step + 1
+        if not self.spec.is_multi_turn:
+            _single_turn_tokens(episodes, output)
+        self.keep_records(TRAIN, step, episodes, self.batch_rows, self.trainer.num_generations,
+                          _episode_advantages(output, len(episodes), self.rows if self.spec.is_multi_turn else None))
+
+    def keep_records(self, split: str, step: int, episodes: list[Episode], rows: list[int | None], group_size: int,
+                     advantages: list[float | None] | None = None) -> None:
+        """Records of ``episodes`` (groups of ``group_size`` consecutive ones, as TRL repeats each
+        prompt), the share the config keeps, to the sinks."""
+        trainer_config = self.config.trainer
+        groups = [uuid.uuid4().hex for _ in range(-(-len(episodes) // max(group_size, 1)))]
+        records = [
+            episode_record(episode, split=split, step=step, position=i, group=groups[i // group_size],
+                           group_position=i % group_size, row_index=rows[i] if i < len(rows) else None,
+                           advantage=advantages[i] if advantages else None)
+            for i, episode in enumerate(episodes)
+        ]
+        seed = trainer_config.seed + step * 2 + (split == VALIDATION)
+        self.processor.sinks.store_episodes(step, keep_for_store(
+            records, trainer_config.log_episodes_fraction, trainer_config.log_episodes_per_step, seed))
 
     # -- metrics ---------------------------------------------------------------------------
     def report(self, step: int, logs: dict[str, float]) -> None:
@@ -466,6 +515,40 @@ def _single_turn_episode(sample: dict[str, Any]) -> dict[str, Any]:
         response_mask=[1] * len(completion_ids),
     )
     return episode.to_dict()
+
+
+def _single_turn_tokens(episodes: list[Episode], output: dict[str, Any]) -> None:
+    """The prompt's tokens (TRL pads prompts on the left) and the sampling logprobs where TRL
+    computed them, onto each episode (its completion's tokens came with the reward call)."""
+    prompt_ids, prompt_mask = output["prompt_ids"].tolist(), output["prompt_mask"].tolist()
+    logprobs = output.get("sampling_per_token_logps")
+    if logprobs is None:
+        logprobs = output.get("old_per_token_logps")
+    logprobs = logprobs.tolist() if logprobs is not None else None
+    for i, episode in enumerate(episodes[:len(prompt_ids)]):
+        episode.prompt_ids = [t for t, m in zip(prompt_ids[i], prompt_mask[i]) if m]
+        episode.response_logprobs = logprobs[i][:len(episode.response_ids)] if logprobs is not None else []
+
+
+def _episode_advantages(output: dict[str, Any], count: int, rows: Any) -> list[float | None]:
+    """Each episode's advantage: the mean over the tokens it was trained on of TRL's (token-level)
+    advantages; with several rows per episode (``rows.expanded``), the mean over its rows."""
+    advantages = output["advantages"]
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    completion_mask = output["completion_mask"]
+    mask = (completion_mask * output["tool_mask"] if "tool_mask" in output else completion_mask).float()
+    mask = mask if mask.shape == advantages.shape else mask.new_ones(advantages.shape)
+    trained = mask.sum(dim=1)
+    per_row = ((advantages.float() * mask).sum(dim=1) / trained.clamp(min=1)).tolist()
+    per_row = [value if tokens > 0 else None for value, tokens in zip(per_row, trained.tolist())]
+    if rows is None or not rows.expanded:
+        return per_row[:count]
+    sums: dict[int, list[float]] = {}
+    for row, value in zip(rows.rows, per_row):
+        if row.episode >= 0 and value is not None:
+            sums.setdefault(row.episode, []).append(value)
+    return [sum(sums[i]) / len(sums[i]) if i in sums else None for i in range(count)]
 
 
 def _set_cpu_threads(config: Config) -> None:
@@ -566,7 +649,13 @@ def _agent_grpo_trainer_class():
                 inputs = run.start_rollout(inputs, self)
             output = super()._generate_and_score_completions(inputs)
             if run.spec.is_multi_turn and run.rows.expanded:
-                return run.finish_rollout(output)
+                output = run.finish_rollout(output)
+            else:
+                self._own_advantages(output)
+            run.store_episodes(output)
+            return output
+
+        def _own_advantages(self, output):
             algorithm = self.agent_run.config.algorithm
             completion_mask = output["completion_mask"]
             model_tokens = completion_mask * output["tool_mask"] if "tool_mask" in output else completion_mask
@@ -581,7 +670,6 @@ def _agent_grpo_trainer_class():
                 # token-mean over the groups that teach something, as verl's DAPO batch holds only those
                 output["num_items_in_batch"] = (model_tokens * keep.unsqueeze(1).to(model_tokens.dtype)).sum()
                 self._metrics["train"]["dropped_groups"].append(float(dropped.float().mean()))
-            return output
 
     _TRAINER_CLASS = AgentGRPOTrainer
     return _TRAINER_CLASS

@@ -57,7 +57,6 @@ VERL_NO_EFFECT: tuple[tuple[str, tuple | None, str], ...] = (
     ("trainer.critic_warmup", (0,), "critic warm-up (there is no critic)"),
     ("trainer.default_hdfs_dir", (None,), "HDFS copies of checkpoints"),
     ("trainer.balance_batch", None, "balancing tokens across GPUs"),
-    ("trainer.log_episodes", None, "rLLM's episode log files (episodes go to the run's sinks)"),
     ("trainer.episode_log_dir", None, "rLLM's episode log files (episodes go to the run's sinks)"),
     ("trainer.n_training_gpus_per_node", None, "GPU placement"),
     ("algorithm.kl_ctrl.*", None, "the KL-in-reward controller, used only with algorithm.use_kl_in_reward"),

@@ -1,0 +1,296 @@
+"""Episode store benchmarks. Results: bench/results/episodes.json.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/episodes_bench python bench/episodes.py [listing detail training large_steps]
+
+1. listing   ``GET /api/runs/<id>/episodes/`` (the API view through Django's test client) over a run of
+             LISTING_EPISODES synthetic episodes, among OTHER_RUNS x OTHER_EPISODES more of other runs,
+             inserted in bulk by PostgreSQL itself (generate_series); p50/p99 of each filter
+2. detail    ``GET /api/runs/<id>/episodes/<id>/`` of random episodes of DETAIL_STEPS steps x
+             DETAIL_PER_STEP episodes of DETAIL_TOKENS tokens each, written by the real writer
+             (Parquet in a local artifact store); p50/p99
+3. training  the tiny model trained on the CPU through the platform's sink (DashboardSink), with the
+             store on and off in pairs (same seed, order alternated): the ratio of their wall times,
+             and the time the training thread spent handing records to the sinks
+4. large_steps  the training thread's cost of one large step (64 episodes x 1,024 tokens):
+             ``DashboardSink.store_episodes`` (buffered and spooled to disk), and the writer's flush of it
+
+The database named by DATABASE_URL is created if missing and migrated; its runs are deleted first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchdb import migrated_postgres  # noqa: E402  (bench/ is the script's folder)
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+RESULTS = ROOT / "bench" / "results" / "episodes.json"
+
+LISTING_EPISODES = 1_000_000  # 10,000 steps x 100 episodes
+OTHER_RUNS, OTHER_EPISODES = 4, 250_000
+LISTING_REQUESTS = 200
+DETAIL_STEPS, DETAIL_PER_STEP, DETAIL_TOKENS = 20, 64, 1024
+DETAIL_REQUESTS = 200
+TRAINING_PAIRS = 12
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {"p50_ms": round(1000 * statistics.median(ordered), 2),
+            "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2), "n": len(ordered)}
+
+
+def bench_user():
+    from django.contrib.auth import get_user_model
+
+    user, _ = get_user_model().objects.get_or_create(username="bench", defaults={"is_superuser": False})
+    return user
+
+
+def new_run(user, tmp: Path):
+    from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
+    from webapp.runs.models import Run
+
+    run = Run.objects.create(owner=user, agent=Agent.objects.get(name="copy-task"), dataset=Dataset.objects.get(name="copy"),
+                             reward=RewardFunction.objects.get(name="char-accuracy"), backend=Backend.objects.get(name="trl"),
+                             model="tiny-char")
+    run.run_path = str(tmp / f"{run.pk}-{run.uid.hex}")
+    run.save(update_fields=["run_path"])
+    return run
+
+
+def insert_synthetic(run_id: int, count: int, per_step: int = 100) -> None:
+    """``count`` index rows of ``run_id`` made by PostgreSQL (their bodies are not read here)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            insert into dashboard_storedepisode (run_id, split, step, position, attempt, "group", group_position,
+                data_source, row_index, reward, advantage, is_correct, termination_reason, num_turns, prompt_length,
+                response_length, error, text, body_key, body_row)
+            select %s, 'train', i / %s + 1, i %% %s, 1, md5(((i / 8) + %s)::text), i %% 8,
+                (array['math', 'code', 'copy', 'search'])[1 + (i / 8) %% 4], i %% 5000, round(random()::numeric, 3),
+                random() - 0.5, random() < 0.3,
+                (array['env_done', 'env_done', 'env_done', 'max_turns', 'max_response_length', 'timeout', 'error'])[1 + i %% 7],
+                1 + i %% 5, 100 + i %% 50, 200 + i %% 300, '',
+                'task ' || i || ' solve ' || md5(i::text) || ' answer ' || (i %% 997),
+                'episodes/train/step-' || (i / %s + 1) || '.parquet', i %% %s
+            from generate_series(0, %s - 1) as i
+        """, [run_id, per_step, per_step, run_id * 10_000_000, per_step, per_step, count])
+        cursor.execute("analyze dashboard_storedepisode")
+
+
+def bench_listing(user, tmp: Path) -> dict:
+    from rest_framework.test import APIClient
+
+    run = new_run(user, tmp)
+    started = time.perf_counter()
+    insert_synthetic(run.pk, LISTING_EPISODES)
+    for _ in range(OTHER_RUNS):
+        insert_synthetic(new_run(user, tmp).pk, OTHER_EPISODES)
+    inserted = time.perf_counter() - started
+    client = APIClient()
+    client.force_authenticate(user)
+    rng = random.Random(0)
+    steps = LISTING_EPISODES // 100
+    cases = {
+        "no filter": lambda: {},
+        "step range": lambda: {"step_min": (s := rng.randrange(steps)), "step_max": s + 10},
+        "reward range": lambda: {"reward_min": (r := round(rng.random(), 2)), "reward_max": r + 0.05},
+        "termination": lambda: {"termination": rng.choice(["timeout", "error", "max_turns"])},
+        "data source + steps": lambda: {"data_source": rng.choice(["math", "code"]), "step_min": (s := rng.randrange(steps)), "step_max": s + 100},
+        "group": lambda: {"group": __import__("hashlib").md5(str(rng.randrange(LISTING_EPISODES // 8) + run.pk * 10_000_000).encode()).hexdigest()},
+        "reward + termination, deep page": lambda: {"reward_min": 0.9, "termination": "error", "offset": 2000},
+        "text (q) in a step range": lambda: {"q": f"answer {rng.randrange(997)}", "step_min": (s := rng.randrange(steps)), "step_max": s + 100},
+        "text (q) over the whole run": lambda: {"q": f"solve {rng.randrange(10**6):x}"},
+    }
+    results = {}
+    for name, params in cases.items():
+        times, sizes = [], []
+        for _ in range(LISTING_REQUESTS if "whole run" not in name else 20):
+            query = {"limit": 50, **params()}
+            began = time.perf_counter()
+            response = client.get(f"/api/runs/{run.pk}/episodes/", query)
+            times.append(time.perf_counter() - began)
+            assert response.status_code == 200, response.content
+            sizes.append(len(response.json()["results"]))
+        results[name] = {**percentiles(times), "mean_results": round(statistics.mean(sizes), 1)}
+        print(f"listing {name}: {results[name]}", flush=True)
+    return {"episodes_in_run": LISTING_EPISODES, "episodes_in_table": LISTING_EPISODES + OTHER_RUNS * OTHER_EPISODES,
+            "page_size": 50, "insert_seconds": round(inserted, 1), "cases": results}
+
+
+def bench_detail(user, tmp: Path) -> dict:
+    from rest_framework.test import APIClient
+
+    from webapp.dashboard.episodes import store_step
+    from webapp.dashboard.models import StoredEpisode
+
+    run = new_run(user, tmp)
+    rng = random.Random(1)
+    started = time.perf_counter()
+    for step in range(1, DETAIL_STEPS + 1):
+        records = detail_records(rng, step)
+        store_step(run.pk, 1, step, records)
+    written = time.perf_counter() - started
+    client = APIClient()
+    client.force_authenticate(user)
+    ids = list(StoredEpisode.objects.filter(run=run).values_list("id", flat=True))
+    times = []
+    for _ in range(DETAIL_REQUESTS):
+        episode_id = rng.choice(ids)
+        began = time.perf_counter()
+        response = client.get(f"/api/runs/{run.pk}/episodes/{episode_id}/")
+        times.append(time.perf_counter() - began)
+        assert response.status_code == 200 and len(response.json()["token_ids"]) == DETAIL_TOKENS
+    began = time.perf_counter()
+    exported = b"".join(client.get(f"/api/runs/{run.pk}/episodes/", {"format": "parquet", "step_max": 5}).streaming_content)
+    export_seconds = time.perf_counter() - began
+    result = {"episodes": len(ids), "tokens_per_episode": DETAIL_TOKENS, "turns_per_episode": 4,
+              "write_seconds_per_step": round(written / DETAIL_STEPS, 3), **percentiles(times),
+              "parquet_export_5_steps": {"episodes": 5 * DETAIL_PER_STEP, "seconds": round(export_seconds, 2),
+                                         "bytes": len(exported)}}
+    print(f"detail: {result}", flush=True)
+    return result
+
+
+def bench_training(user, tmp: Path) -> dict:
+    import torch
+
+    from training import AgentTrainer
+    from webapp.dashboard.models import StoredEpisode
+    from training.tracking.sinks import MultiSink
+    from webapp.dashboard import episodes as episodes_module
+    from webapp.dashboard.recording import DashboardSink
+
+    torch.set_num_threads(1)
+    config = {"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4,
+              "data.max_response_length": 16, "trainer.total_training_steps": 15, "trainer.logger": [],
+              "trainer.system_metrics_interval": 0, "trainer.test_freq": -1, "trainer.val_before_train": False}
+    prompts = [{"prompt": f"{a}{b}{c}=", "data_source": "copy"} for a in "abc" for b in "abc" for c in "abc"]
+
+    def reward(task, response):
+        return float(response[:3] == task["prompt"][:3])
+
+    in_thread = {"seconds": 0.0}
+    handed = MultiSink.store_episodes
+
+    def timed(self, step, records):  # the training thread's share: handing a step's records to the sinks
+        began = time.perf_counter()
+        handed(self, step, records)
+        in_thread["seconds"] += time.perf_counter() - began
+
+    MultiSink.store_episodes = timed
+    stored = {"seconds": 0.0}
+    store_step = episodes_module.store_step
+
+    def timed_store(*args):  # the writer thread's share: a step's Parquet file and index rows
+        began = time.perf_counter()
+        result = store_step(*args)
+        stored["seconds"] += time.perf_counter() - began
+        return result
+
+    episodes_module.store_step = timed_store
+
+    def once(store_on: bool) -> float:
+        run = new_run(user, tmp)
+        sink = DashboardSink(run.pk, publish=False, spool_dir=run.run_path)
+        trainer = AgentTrainer(train_dataset=prompts, reward_func=reward, backend="trl", run_path=run.run_path,
+                               config={**config, "trainer.log_episodes": store_on}, sinks=[sink])
+        began = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - began
+        stored = StoredEpisode.objects.filter(run=run).count()
+        assert stored == (15 * 32 if store_on else 0), stored
+        return seconds
+
+    once(True)  # warm-up: imports, the tiny model's first build
+    pairs = []
+    for index in range(TRAINING_PAIRS):
+        order = (True, False) if index % 2 == 0 else (False, True)
+        in_thread["seconds"] = stored["seconds"] = 0.0
+        seconds = {mode: once(mode) for mode in order}
+        pairs.append({"on_s": round(seconds[True], 2), "off_s": round(seconds[False], 2),
+                      "ratio": round(seconds[True] / seconds[False], 3),
+                      "handing_records_to_sinks_s": round(in_thread["seconds"], 3),
+                      "writer_storing_episodes_s": round(stored["seconds"], 3)})
+        print(f"training pair {index}: {pairs[-1]}", flush=True)
+    MultiSink.store_episodes = handed
+    episodes_module.store_step = store_step
+    ratios = [p["ratio"] for p in pairs]
+    return {"steps": 15, "episodes_per_step": 32, "response_tokens_max": 16, "pairs": pairs,
+            "median_ratio_on_over_off": round(statistics.median(ratios), 3),
+            "min_max_ratio": [min(ratios), max(ratios)],
+            "note": "platform sink (DashboardSink) in both; on: every episode stored (Parquet + index rows); CPU, 1 torch thread"}
+
+
+def bench_store_call(user, tmp: Path) -> dict:
+    """The training thread's cost of one large step: ``DashboardSink.store_episodes`` (buffer and
+    spool to disk) of 64 episodes of 1,024 response tokens, and the writer's store of it."""
+    from webapp.dashboard.recording import DashboardSink
+
+    run = new_run(user, tmp)
+    records = detail_records(random.Random(2), step=1)
+    sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=run.run_path)
+    calls, writes = [], []
+    for step in range(1, 21):
+        step_records = [dict(r, step=step) for r in records]
+        began = time.perf_counter()
+        sink.store_episodes(step, step_records)
+        calls.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        sink.flush()
+        writes.append(time.perf_counter() - began)
+    sink.close()
+    return {"episodes_per_step": len(records), "tokens_per_episode": DETAIL_TOKENS,
+            "store_episodes_call (training thread)": percentiles(calls), "writer_flush (writer thread)": percentiles(writes)}
+
+
+def detail_records(rng: random.Random, step: int) -> list[dict]:
+    from training.tracking.episodes import episode_record
+    from training.types import Episode, Step, TerminationReason, Trajectory
+
+    records = []
+    for position in range(DETAIL_PER_STEP):
+        tokens = [rng.randrange(32000) for _ in range(DETAIL_TOKENS)]
+        turns = [Step(chat_completions=[{"role": "user", "content": f"turn {t} " + "x" * 200}], model_response="y" * 300,
+                      reward=0.0, done=t == 3) for t in range(4)]
+        episode = Episode(task={"data_source": "math"}, trajectories=[Trajectory(steps=turns, reward=rng.random())],
+                          prompt_ids=tokens[:128], response_ids=tokens, response_mask=[rng.randrange(2) for _ in tokens],
+                          response_logprobs=[-rng.random() for _ in tokens], termination_reason=TerminationReason.ENV_DONE)
+        records.append(episode_record(episode, split="train", step=step, position=position, group=f"g{position // 8}",
+                                      group_position=position % 8, advantage=0.1))
+    return records
+
+
+def main() -> None:
+    wanted = sys.argv[1:] or ["listing", "detail", "training", "large_steps"]
+    migrated_postgres()
+    from django.conf import settings
+
+    tmp = Path(tempfile.mkdtemp(prefix="episodes-bench-"))
+    settings.RUNS_DIR = tmp
+    settings.ARTIFACTS_URL = ""
+    settings.ALLOWED_HOSTS = ["testserver"]
+    user = bench_user()
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results["machine"] = f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.1f}"
+    results["date"] = time.strftime("%Y-%m-%d")
+    for name in wanted:
+        results[name] = {"listing": bench_listing, "detail": bench_detail, "training": bench_training,
+                         "large_steps": bench_store_call}[name](user, tmp)
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results in {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

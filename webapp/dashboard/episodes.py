@@ -1,0 +1,212 @@
+"""The episode store on the platform: every episode a run trained (and validated) on.
+
+The training process's ``DashboardSink`` hands each step's records (``training.tracking.episodes``)
+to ``store_step`` from its writer thread, inside the transaction that holds the run's row for its
+attempt: the step's bodies go to the run's artifact store as one Parquet file
+(``<run folder>/episodes/<split>/step-<step>-a<attempt>-p<first position>.parquet``, the same
+layout the library writes in a run folder of its own), and one ``StoredEpisode`` row per episode
+indexes it. A step written again (a retried batch, a resumed attempt replaying it) replaces its rows.
+
+Reads: ``filtered`` (the API's filters, on indexed columns), ``bodies`` (records read back from
+Parquet, each file opened once), and ``jsonl_stream`` / ``parquet_stream`` (a whole filtered set,
+a file at a time, in bounded memory).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from typing import Any, Iterable, Iterator
+
+from training.tracking.episodes import read_records, search_text, step_file_name, to_parquet, to_table
+from webapp.dashboard.models import StoredEpisode
+from webapp.runs import artifacts
+from webapp.runs.models import Run
+
+# Rows read from the database at a time while a whole filtered set is streamed.
+EXPORT_CHUNK = 500
+# The fields of a listed episode (the API's pages).
+LIST_FIELDS = ("id", "split", "step", "position", "group", "group_position", "data_source", "row_index", "reward",
+               "advantage", "is_correct", "termination_reason", "num_turns", "prompt_length", "response_length", "error")
+# A record's fields the index keeps too; the rest (bodies) only the Parquet file.
+_INDEXED = ("split", "step", "position", "group", "group_position", "data_source", "row_index", "reward", "advantage",
+            "is_correct", "termination_reason", "num_turns", "prompt_length", "response_length")
+
+
+def episodes_prefix(run: Run) -> str:
+    """Where ``run``'s episode files lie in the store: its folder's ``episodes/``."""
+    prefix = artifacts.run_prefix(run) or f"{artifacts.RUNS_PREFIX}/{run.pk}-{run.uid.hex}"
+    return f"{prefix}/episodes"
+
+
+def store_step(run_id: int, attempt: int | None, step: int, records: list[dict[str, Any]]) -> int:
+    """(Inside the writer's transaction, the run's row locked for ``attempt``.) Store one step's
+    records: a Parquet file per split in the artifact store, then their index rows. Returns how
+    many episodes were stored."""
+    run = Run.objects.only("pk", "uid", "run_path").get(pk=run_id)
+    prefix = episodes_prefix(run)
+    stored = 0
+    for split in (StoredEpisode.Split.TRAIN, StoredEpisode.Split.VALIDATION):
+        part = sorted((dict(r, attempt=attempt) for r in records if r.get("split") == split), key=lambda r: r["position"])
+        if not part:
+            continue
+        key = f"{prefix}/{split}/{step_file_name(step, part[0]['position'], attempt)}"
+        artifacts.store().put_bytes(to_parquet(part), key)
+        rows = [_index_row(run_id, step, attempt, record, key, number) for number, record in enumerate(part)]
+        StoredEpisode.objects.bulk_create(
+            rows, update_conflicts=True, unique_fields=["run", "step", "split", "position"],
+            update_fields=[f for f in (*_INDEXED, "attempt", "error", "text", "body_key", "body_row")
+                           if f not in ("split", "step", "position")],
+        )
+        stored += len(rows)
+    return stored
+
+
+def _index_row(run_id: int, step: int, attempt: int | None, record: dict[str, Any], key: str, number: int) -> StoredEpisode:
+    return StoredEpisode(
+        run_id=run_id, split=record["split"], step=step, position=record["position"], attempt=attempt,
+        group=str(record.get("group") or "")[:64], group_position=record.get("group_position") or 0,
+        data_source=str(record.get("data_source") or "")[:200], row_index=record.get("row_index"),
+        reward=_finite(record.get("reward")), advantage=_finite(record.get("advantage")),
+        is_correct=bool(record.get("is_correct")), termination_reason=str(record.get("termination_reason") or "")[:40],
+        num_turns=record.get("num_turns") or 0, prompt_length=record.get("prompt_length") or 0,
+        response_length=record.get("response_length") or 0, error=str(record.get("error") or "")[:500],
+        text=search_text(record).replace("\x00", ""), body_key=key, body_row=number,
+    )
+
+
+def filtered(run: Run, filters: dict[str, Any]):
+    """``run``'s episodes that pass the API's filters (already validated), in order."""
+    rows = StoredEpisode.objects.filter(run=run)
+    if filters.get("split"):
+        rows = rows.filter(split=filters["split"])
+    if filters.get("step_min") is not None:
+        rows = rows.filter(step__gte=filters["step_min"])
+    if filters.get("step_max") is not None:
+        rows = rows.filter(step__lte=filters["step_max"])
+    if filters.get("reward_min") is not None:
+        rows = rows.filter(reward__gte=filters["reward_min"])
+    if filters.get("reward_max") is not None:
+        rows = rows.filter(reward__lte=filters["reward_max"])
+    for name in ("termination", "data_source", "group"):
+        if filters.get(name):
+            rows = rows.filter(**{"termination_reason" if name == "termination" else name: filters[name]})
+    if filters.get("q"):
+        rows = rows.filter(text__icontains=filters["q"])
+    return rows.order_by("step", "split", "position")
+
+
+def listed(row: StoredEpisode) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in LIST_FIELDS}
+
+
+def bodies(rows: Iterable[StoredEpisode]) -> Iterator[tuple[StoredEpisode, dict[str, Any]]]:
+    """Each row with its record read back from its Parquet file (each file opened once), in the
+    rows' order. A row whose file or record is missing gets an empty record."""
+    rows = list(rows)
+    by_key: dict[str, list[int]] = {}
+    for row in rows:
+        by_key.setdefault(row.body_key, []).append(row.body_row)
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    store = artifacts.store()
+    for key, numbers in by_key.items():
+        with store.open(key) as handle:
+            for number, record in zip(numbers, read_records(handle, numbers)):
+                found[(key, number)] = record
+    for row in rows:
+        yield row, found.get((row.body_key, row.body_row), {})
+
+
+def detail(row: StoredEpisode) -> dict[str, Any]:
+    """One episode whole: its index fields and its body."""
+    _, record = next(bodies([row]))
+    return {**listed(row), **_body(record), "attempt": row.attempt}
+
+
+def _body(record: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "prompt": record.get("prompt"), "turns": record.get("turns") or [],
+        "prompt_ids": record.get("prompt_ids") or [], "token_ids": record.get("token_ids") or [],
+        "mask": record.get("mask") or [], "logprobs": record.get("logprobs") or [],
+        "reward_components": record.get("reward_components") or {},
+        "generation_seconds": record.get("generation_seconds"), "env_seconds": record.get("env_seconds"),
+        "episode_seconds": record.get("episode_seconds"), "traceback": record.get("traceback") or "",
+    }
+
+
+def _chunks(rows) -> Iterator[list[StoredEpisode]]:
+    """The filtered rows a chunk at a time, by primary key order within the set's order (keyset, not offsets)."""
+    last = None
+    while True:
+        chunk = list(rows.filter(id__gt=last)[:EXPORT_CHUNK] if last is not None else rows[:EXPORT_CHUNK])
+        if not chunk:
+            return
+        yield chunk
+        if len(chunk) < EXPORT_CHUNK:
+            return
+        last = chunk[-1].id
+
+
+def jsonl_stream(rows) -> Iterator[bytes]:
+    """The whole filtered set as JSON lines, one episode (index fields and body) a line."""
+    for chunk in _chunks(rows.order_by("id")):
+        yield b"".join(
+            (json.dumps({**listed(row), "attempt": row.attempt, **_body(record)}, default=str) + "\n").encode()
+            for row, record in bodies(chunk)
+        )
+
+
+def parquet_stream(rows) -> Iterator[bytes]:
+    """The whole filtered set as one Parquet file (the library's columns plus ``id``), written a
+    chunk at a time as row groups."""
+    import pyarrow as pa  # a dependency of datasets; imported where Parquet is written
+    import pyarrow.parquet as pq
+
+    sink = _Drain()
+    writer = None
+    for chunk in _chunks(rows.order_by("id")):
+        records = [{**record, **{name: getattr(row, name) for name in _INDEXED}, "attempt": row.attempt}
+                   for row, record in bodies(chunk)]
+        table = to_table(records)
+        table = table.append_column("id", pa.array([row.id for row in chunk], pa.int64()))
+        if writer is None:
+            writer = pq.ParquetWriter(sink, table.schema, compression="zstd")
+        writer.write_table(table)
+        yield sink.take()
+    if writer is None:  # nothing matched: an empty file with the columns
+        table = to_table([]).append_column("id", pa.array([], pa.int64()))
+        writer = pq.ParquetWriter(sink, table.schema)
+        writer.write_table(table)
+    writer.close()
+    yield sink.take()
+
+
+class _Drain(io.RawIOBase):
+    """A write-only file whose bytes are taken as they come (a streamed response's next chunk)."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+        self._position = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        self._chunks.append(data)
+        self._position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self._position
+
+    def take(self) -> bytes:
+        data, self._chunks = b"".join(self._chunks), []
+        return data
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
