@@ -4,6 +4,8 @@ backend accepted without effect, and access as every run resource."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.utils import timezone
 
@@ -82,6 +84,8 @@ def test_steps_attempts_and_ignored_settings(ledger_run, api_client, owner):
     RunLog.objects.create(run=ledger_run, message="Claimed by w1; starting the training process.")
     RunLog.objects.create(run=ledger_run, level="WARNING", message="Attempt 1 ended: Its worker was lost. Queued again.")
     RunLog.objects.create(run=ledger_run, message="Claimed by w2 (attempt 2 of 3, resuming from its last checkpoint); x.")
+    # The run's own code logs the same words (its lines carry a uid): they say nothing of its attempts.
+    RunLog.objects.create(run=ledger_run, uid=uuid.uuid4(), level="WARNING", message="Attempt 2 ended: all fine. Queued again.")
     body = api_client(owner).get(URL.format(ledger_run.pk)).json()
     assert (body["steps_planned"], body["steps_done"], body["attempts_started"], body["attempts_lost"]) == (5, 2, 2, 1)
     first, second = body["attempts"]
@@ -97,15 +101,20 @@ def test_the_run_page_shows_the_ledger(ledger_run, page_client, owner):
     assert 'id="run-ledger"' in page and "rollout.gpu_memory_utilization=0.9" in page and "2 of 3" in page
 
 
-def test_a_stranger_and_another_project_get_404_and_a_share_link_reads_it(ledger_run, api_client, stranger, owner):
+def test_a_stranger_and_another_project_get_404_and_a_share_link_reads_the_counts_only(ledger_run, api_client, stranger, owner):
     elsewhere = Team.objects.create(name="Other team", slug="other")
     Membership.objects.create(team=elsewhere, user=stranger, role=Membership.Role.OWNER)
     Project.objects.create(team=elsewhere, name="other")
     assert api_client(stranger).get(URL.format(ledger_run.pk)).status_code == 404
     anonymous = api_client(None)
     assert anonymous.get(URL.format(ledger_run.pk)).status_code in (401, 403)
+    Run.objects.filter(pk=ledger_run.pk).update(final_config={"ignored_keys": {"a.b": {"value": 1, "why": "none"}}})
     link = ShareLink.objects.create(run=ledger_run, created_by=owner)
-    assert anonymous.get(URL.format(ledger_run.pk), {"share": link.token}).status_code == 200
+    shared = anonymous.get(URL.format(ledger_run.pk), {"share": link.token})
+    # The counts, but not the run's settings: its config is for those who may view it logged in.
+    assert shared.status_code == 200 and len(shared.json()["steps"]) == 2 and shared.json()["ignored_settings"] is None
+    assert api_client(owner).get(URL.format(ledger_run.pk), {"share": link.token}).json()["ignored_settings"] == [
+        {"key": "a.b", "value": 1, "why": "none"}]
     assert anonymous.post(f"{URL.format(ledger_run.pk)}?share={link.token}").status_code in (401, 403, 405)
     link.revoke()
     assert anonymous.get(URL.format(ledger_run.pk), {"share": link.token}).status_code == 404

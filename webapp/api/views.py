@@ -30,7 +30,7 @@ from webapp.dashboard import series
 from webapp.dashboard.models import StoredEpisode
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs import table
-from webapp.runs.access import get_run_for_user, usable_entries
+from webapp.runs.access import can, get_run_for_user, usable_entries
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.runs.models import Run, last_step_of
 from webapp.runs.submission import QuotaExceeded
@@ -309,9 +309,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         """The run's ledger: steps planned and done; per step (``step_min``, ``step_max``: a window of
         at most 500, default the last) the training episodes stored, scored, failed, timed out, cut by
         length or turns, and the share of groups whose rewards were all equal; each attempt's start,
-        end and cause; the settings its backend accepted without effect."""
+        end and cause; the settings its backend accepted without effect (null through a share link:
+        a run's config is for those who may view it logged in, as its config.yaml is)."""
         run, query = self._episode_run(LedgerQuerySerializer)
-        return Response(run_ledger.ledger(run, query.get("step_min"), query.get("step_max")))
+        with_config = can(request.user, run, "view")  # without the share link's token
+        return Response(run_ledger.ledger(run, query.get("step_min"), query.get("step_max"), with_config=with_config))
 
     def _episode_run(self, query_class=EpisodeQuerySerializer) -> tuple[Run, dict]:
         """The run and the validated query; access as every run resource (a share link's token,

@@ -31,8 +31,10 @@ MAX_LEDGER_STEPS = 500
 # Log lines read back to find the attempts (two a attempt: its claim and its re-queue).
 MAX_ATTEMPT_LINES = 200
 CUT_BY_LENGTH = ("max_prompt_length", "max_response_length")
-# The lines that mark an attempt (written by workers.execute.run_attempt's claim and Run.requeue).
+# The lines that mark an attempt: its claim (workers.execute, "Claimed by <worker> (attempt N of M,
+# resuming ...); ...", the number said from the second attempt on) and its re-queue (Run.requeue).
 CLAIMED_PREFIX = "Claimed by "
+CLAIMED_NUMBER = re.compile(r"\(attempt (\d+) of ")
 ENDED = re.compile(r"^Attempt (\d+) ended: (.*?)(?: Queued again\.)?$", re.DOTALL)
 
 # Per (step, group) first, then per step: the groups' counts summed and the all-equal groups counted.
@@ -88,16 +90,19 @@ def step_rows(run: Run, low: int, high: int) -> list[dict[str, Any]]:
 def attempts(run: Run) -> list[dict[str, Any]]:
     """Attempt 1..``run.attempts``: ``start`` (its claim's log line), ``end`` and ``cause`` (its
     re-queue's line; for an ended run's last attempt, the run's end and status). None where no line
-    says (an attempt whose claim could not be logged, a running attempt's end)."""
+    says (an attempt whose claim could not be logged, a running attempt's end). No row records an
+    attempt: this reads the lines back, which is why it is bounded (``MAX_ATTEMPT_LINES``)."""
     marks = Q(message__startswith=CLAIMED_PREFIX) | Q(level="WARNING", message__startswith="Attempt ")
-    lines = list(RunLog.objects.filter(marks, run=run).order_by("id").values_list("time", "message")[:MAX_ATTEMPT_LINES])
+    # Only the platform's own lines: those the run's code logs (through the recorder, training
+    # process or API) carry a uid, and could otherwise say anything about its attempts.
+    lines = list(RunLog.objects.filter(marks, run=run, uid__isnull=True).order_by("id").values_list("time", "message")[:MAX_ATTEMPT_LINES])
     found = [{"attempt": number, "start": None, "end": None, "cause": None} for number in range(1, run.attempts + 1)]
-    claims = 0
     for time, message in lines:
         if message.startswith(CLAIMED_PREFIX):
-            claims += 1
-            if claims <= len(found):
-                found[claims - 1]["start"] = time
+            said = CLAIMED_NUMBER.search(message)
+            number = int(said.group(1)) if said else 1
+            if 1 <= number <= len(found):
+                found[number - 1]["start"] = time
             continue
         ended = ENDED.match(message)
         if ended and 1 <= int(ended.group(1)) <= len(found):
@@ -121,8 +126,9 @@ def ignored_settings(run: Run) -> list[dict[str, Any]]:
             for key, entry in sorted(ignored.items())]
 
 
-def ledger(run: Run, step_min: int | None = None, step_max: int | None = None) -> dict[str, Any]:
-    """The whole ledger of ``run`` (the API's body, the run page's section)."""
+def ledger(run: Run, step_min: int | None = None, step_max: int | None = None, with_config: bool = True) -> dict[str, Any]:
+    """The whole ledger of ``run`` (the API's body, the run page's section). ``with_config`` False
+    (a share link's reader): ``ignored_settings`` is None, since they are part of the run's config."""
     window = step_window(run, step_min, step_max)
     return {
         "run": run.pk,
@@ -133,5 +139,5 @@ def ledger(run: Run, step_min: int | None = None, step_max: int | None = None) -
         "step_window": {"step_min": window[0], "step_max": window[1]} if window else None,
         "steps": step_rows(run, *window) if window else [],
         "attempts": attempts(run),
-        "ignored_settings": ignored_settings(run),
+        "ignored_settings": ignored_settings(run) if with_config else None,
     }
