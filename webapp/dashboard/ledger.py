@@ -22,15 +22,16 @@ from typing import Any
 from django.db import connection
 from django.db.models import Q
 
+from training.types import TerminationReason
 from webapp.dashboard.models import StoredEpisode
 from webapp.runs.downloads import total_steps
 from webapp.runs.models import Run, RunLog
 
 # The widest step window one ledger reads (its query's bound).
 MAX_LEDGER_STEPS = 500
-# Log lines read back to find the attempts (two a attempt: its claim and its re-queue).
+# Log lines read back to find the attempts (two an attempt: its claim and its re-queue).
 MAX_ATTEMPT_LINES = 200
-CUT_BY_LENGTH = ("max_prompt_length", "max_response_length")
+CUT_BY_LENGTH = (TerminationReason.MAX_PROMPT_LENGTH.value, TerminationReason.MAX_RESPONSE_LENGTH.value)
 # The lines that mark an attempt: its claim (workers.execute, "Claimed by <worker> (attempt N of M,
 # resuming ...); ...", the number said from the second attempt on) and its re-queue (Run.requeue).
 CLAIMED_PREFIX = "Claimed by "
@@ -39,19 +40,20 @@ ENDED = re.compile(r"^Attempt (\d+) ended: (.*?)(?: Queued again\.)?$", re.DOTAL
 
 # Per (step, group) first, then per step: the groups' counts summed and the all-equal groups counted.
 # A group is all equal when its lowest and highest reward are the same (unscored episodes aside);
-# a group without a scored episode is not counted among the groups the share is of.
+# a group without a scored episode is not counted among the groups the share is of. SQL because the
+# ORM cannot aggregate over a grouped subquery: per-group rows would otherwise come back to Python.
 _STEP_QUERY = f"""
 SELECT step, SUM(episodes), SUM(scored), SUM(failed), SUM(timed_out), SUM(cut_by_length), SUM(cut_by_turns),
        COUNT(*) FILTER (WHERE scored > 0), COUNT(*) FILTER (WHERE scored > 0 AND low = high)
 FROM (
     SELECT step, "group", COUNT(*) AS episodes, COUNT(reward) AS scored,
-           COUNT(*) FILTER (WHERE error <> '' OR termination_reason = 'error') AS failed,
-           COUNT(*) FILTER (WHERE termination_reason = 'timeout') AS timed_out,
-           COUNT(*) FILTER (WHERE termination_reason = ANY(%s)) AS cut_by_length,
-           COUNT(*) FILTER (WHERE termination_reason = 'max_turns') AS cut_by_turns,
+           COUNT(*) FILTER (WHERE error <> '' OR termination_reason = %(error)s) AS failed,
+           COUNT(*) FILTER (WHERE termination_reason = %(timeout)s) AS timed_out,
+           COUNT(*) FILTER (WHERE termination_reason = ANY(%(cut_by_length)s)) AS cut_by_length,
+           COUNT(*) FILTER (WHERE termination_reason = %(max_turns)s) AS cut_by_turns,
            MIN(reward) AS low, MAX(reward) AS high
     FROM {StoredEpisode._meta.db_table}
-    WHERE run_id = %s AND split = %s AND step BETWEEN %s AND %s
+    WHERE run_id = %(run)s AND split = %(split)s AND step BETWEEN %(low)s AND %(high)s
     GROUP BY step, "group"
 ) AS groups
 GROUP BY step
@@ -80,7 +82,11 @@ def step_window(run: Run, step_min: int | None, step_max: int | None) -> tuple[i
 def step_rows(run: Run, low: int, high: int) -> list[dict[str, Any]]:
     """Each step of ``low..high`` with training episodes stored: its counts and all-equal share."""
     with connection.cursor() as cursor:
-        cursor.execute(_STEP_QUERY, [list(CUT_BY_LENGTH), run.pk, str(StoredEpisode.Split.TRAIN), low, high])
+        cursor.execute(_STEP_QUERY, {
+            "run": run.pk, "split": StoredEpisode.Split.TRAIN.value, "low": low, "high": high,
+            "error": TerminationReason.ERROR.value, "timeout": TerminationReason.TIMEOUT.value,
+            "max_turns": TerminationReason.MAX_TURNS.value, "cut_by_length": list(CUT_BY_LENGTH),
+        })
         rows = [dict(zip(_STEP_FIELDS, (int(value) for value in row))) for row in cursor.fetchall()]
     for row in rows:
         row["all_equal_share"] = row["all_equal_groups"] / row["groups"] if row["groups"] else None
