@@ -280,3 +280,17 @@ class EpisodeQuerySerializer(serializers.Serializer):
         if errors:
             raise serializers.ValidationError(errors)
         return data
+
+
+class LedgerQuerySerializer(serializers.Serializer):
+    """The ledger's step window (at most ``webapp.dashboard.ledger.MAX_LEDGER_STEPS`` steps)."""
+
+    step_min = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP,
+                                        help_text="The window's first step; default: the last steps stored.")
+    step_max = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP)
+    share = serializers.CharField(required=False, max_length=100, help_text="A share link's token (read-only access).")
+
+    def validate(self, data):
+        if data.get("step_min") is not None and data.get("step_max") is not None and data["step_min"] > data["step_max"]:
+            raise serializers.ValidationError({"step_min": [f"must not be above step_max ({data['step_max']})."]})
+        return data

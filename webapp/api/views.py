@@ -20,16 +20,17 @@ from training.config import flatten
 from webapp.api import ingest
 from webapp.api.serializers import (
     AfterQuerySerializer, AgentSerializer, BackendSerializer, DatasetSerializer, EpisodeQuerySerializer, FinishSerializer,
-    HeartbeatSerializer, LogLineSerializer, LogsIngestSerializer, MetricsIngestSerializer, ProjectSerializer,
+    HeartbeatSerializer, LedgerQuerySerializer, LogLineSerializer, LogsIngestSerializer, MetricsIngestSerializer, ProjectSerializer,
     ModelSerializer, RewardFunctionSerializer, RunCreateSerializer, RunListQuerySerializer, RunSerializer, RunUpdateSerializer,
     SeriesQuerySerializer,
 )
 from webapp.dashboard import episodes as episode_store
+from webapp.dashboard import ledger as run_ledger
 from webapp.dashboard import series
 from webapp.dashboard.models import StoredEpisode
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs import table
-from webapp.runs.access import get_run_for_user, usable_entries
+from webapp.runs.access import can, get_run_for_user, usable_entries
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.runs.models import Run, last_step_of
 from webapp.runs.submission import QuotaExceeded
@@ -102,7 +103,7 @@ def _with_query(request, **changes) -> str:
 # The access action each endpoint needs on its run.
 _ACTION_OF = {
     "retrieve": "view", "partial_update": "edit", "destroy": "delete", "cancel": "cancel",
-    "series": "view", "metrics": "view", "logs": "view", "episodes": "view", "episode": "view",
+    "series": "view", "metrics": "view", "logs": "view", "episodes": "view", "episode": "view", "ledger": "view",
     "ingest_metrics": "edit", "ingest_logs": "edit", "heartbeat": "edit", "finish": "edit",
 }
 
@@ -302,10 +303,22 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
             raise Http404("No such episode.")
         return Response(episode_store.detail(row))
 
-    def _episode_run(self) -> tuple[Run, dict]:
+    @extend_schema(parameters=[LedgerQuerySerializer], responses={200: serializers.DictField()})
+    @action(detail=True, methods=["get"], permission_classes=[AllowAny])
+    def ledger(self, request, pk=None):
+        """The run's ledger: steps planned and done; per step (``step_min``, ``step_max``: a window of
+        at most 500, default the last) the training episodes stored, scored, failed, timed out, cut by
+        length or turns, and the share of groups whose rewards were all equal; each attempt's start,
+        end and cause; the settings its backend accepted without effect (null through a share link:
+        a run's config is for those who may view it logged in, as its config.yaml is)."""
+        run, query = self._episode_run(LedgerQuerySerializer)
+        with_config = can(request.user, run, "view")  # without the share link's token
+        return Response(run_ledger.ledger(run, query.get("step_min"), query.get("step_max"), with_config=with_config))
+
+    def _episode_run(self, query_class=EpisodeQuerySerializer) -> tuple[Run, dict]:
         """The run and the validated query; access as every run resource (a share link's token,
         ``?share=``, opens it read-only; a run one may not see is a 404)."""
-        query = EpisodeQuerySerializer(data=self.request.query_params)
+        query = query_class(data=self.request.query_params)
         query.is_valid(raise_exception=True)
         token = query.validated_data.get("share")
         if not token and not self.request.user.is_authenticated:

@@ -16,7 +16,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from webapp.dashboard import series
+from webapp.dashboard import ledger, series
 from webapp.fleet.queues import QueueBoard
 from webapp.runs import downloads, table
 from webapp.runs.access import can, get_run_for_user
@@ -29,6 +29,8 @@ from webapp.teams.models import ShareLink
 
 # Rows of the runs table a page shows (a run grouped under two tags is two rows).
 PAGE_SIZE = 100
+# Steps of the ledger the run page shows (the newest first); the API gives a window of up to 500.
+LEDGER_PAGE_STEPS = 20
 
 
 @login_required
@@ -256,7 +258,10 @@ def run_list_live(request):
 def run_detail(request, pk: int):
     run = get_run_for_user(request.user, pk, "view")
     logs = run.log_tail(200)
+    run_ledger = ledger.ledger(run)
     return render(request, "runs/run_detail.html", {
+        "ledger": run_ledger,
+        "ledger_steps": run_ledger["steps"][-LEDGER_PAGE_STEPS:][::-1],
         "run": run,
         "logs": logs,
         "last_log_id": logs[-1].id if logs else 0,
