@@ -17,6 +17,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from webapp.dashboard import ledger, series
+from webapp.dashboard.models import StoredEpisode
+from webapp.dashboard.views import login_or_share_link_required
 from webapp.fleet.queues import QueueBoard
 from webapp.runs import downloads, table
 from webapp.runs.access import can, get_run_for_user
@@ -275,6 +277,20 @@ def run_detail(request, pk: int):
         "may": {action: can(request.user, run, action) for action in ("edit", "run", "cancel", "delete")},
         "edit_form": RunEditForm(instance=run),
         "share_links": run.share_links.active(),
+    })
+
+
+@login_or_share_link_required
+def episode_detail(request, pk: int, episode_id: int):
+    """One stored episode read token by token (``dashboard/token_view.js`` draws it from the API).
+    Access exactly as the run page's; a share link's token (``?share=``) opens it without a login."""
+    token = request.GET.get("share") or None
+    run = get_run_for_user(request.user, pk, "view", share_token=token)
+    episode = get_object_or_404(StoredEpisode.objects.only("pk", "run_id", "split", "step", "position"), run=run, pk=episode_id)
+    share_query = "?" + urlencode({"share": token}) if token else ""
+    return render(request, "runs/episode_detail.html", {
+        "run": run, "episode": episode, "share_query": share_query,
+        "run_url": reverse("runs:shared_run", args=[token]) if token else run.get_absolute_url(),
     })
 
 

@@ -10,6 +10,7 @@ urlpatterns = [
     path("", pages.run_list, name="list"),
     path("runs/new/", pages.run_create, name="create"),
     path("runs/<int:pk>/", pages.run_detail, name="detail"),
+    path("runs/<int:pk>/episodes/<int:episode_id>/", pages.episode_detail, name="episode"),
     path("runs/<int:pk>/cancel/", pages.run_cancel, name="cancel"),
     path("runs/<int:pk>/edit/", pages.run_edit, name="edit"),
     path("runs/<int:pk>/delete/", pages.run_delete, name="delete"),

@@ -27,9 +27,15 @@
     if (!append) body.innerHTML = "";
     for (const e of data.results) {
       const tr = document.createElement("tr");
-      for (const v of [e.id, e.split, e.step, e.group.slice(0, 8), e.reward, e.termination_reason, e.data_source]) {
-        const td = document.createElement("td"); td.textContent = show(v); tr.appendChild(td);
+      // Each episode opens its token view, a page of its own (shareable, with a share link's token).
+      const href = box.dataset.pageUrl + Number(e.id) + "/" + box.dataset.shareQuery;
+      for (const [i, v] of [e.id, e.split, e.step, e.group.slice(0, 8), e.reward, e.termination_reason, e.data_source].entries()) {
+        const td = document.createElement("td");
+        if (i === 0) { const a = document.createElement("a"); a.href = href; a.textContent = show(v); td.appendChild(a); }
+        else td.textContent = show(v);
+        tr.appendChild(td);
       }
+      tr.addEventListener("click", ev => { if (!ev.target.closest("a")) window.location.href = href; });
       body.appendChild(tr);
     }
     note.textContent = body.children.length ? body.children.length + " shown" + (data.next ? ", more match" : "") : "No episode matches.";
