@@ -1,7 +1,8 @@
 """What a person sees of one stored episode, token by token: clicking it in "All episodes" opens its
 page, whose tokens the model produced (trained) and the environment's (not trained) look different,
 whose hover says a token's log-probability, and where each model turn begins is marked. The page
-keeps the run's text as text (a reply holding markup shows the markup)."""
+keeps the run's text as text (a reply or a token holding markup shows the markup). Tokens show the
+text pieces the trainer decoded, or their ids where the record has none."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from webapp.teams.models import ShareLink
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def two_turn_record() -> dict:
-    """Two model turns (tokens 11, 12 and 31, 32) around the environment's answer (21, 22)."""
+def two_turn_record(token_texts: list[str] | None = None) -> dict:
+    """Two model turns (tokens 11, 12 and 31, 32) around the environment's answer (21, 22); without
+    ``token_texts`` the record keeps no text pieces (shown as ids)."""
     first = [{"role": "user", "content": "add 2 and 3"}]
     second = first + [{"role": "assistant", "content": "<b>call</b> add(2, 3)"}, {"role": "tool", "content": "5"}]
     episode = Episode(
@@ -28,7 +30,8 @@ def two_turn_record() -> dict:
         prompt_ids=[1, 2], response_ids=[11, 12, 21, 22, 31, 32], response_mask=[1, 1, 0, 0, 1, 1],
         response_logprobs=[-0.125, -0.5, 0.0, 0.0, -0.25, -2.0], termination_reason=TerminationReason.ENV_DONE,
     )
-    return episode_record(episode, split="train", step=1, position=0, group="g0", group_position=0, advantage=0.75)
+    record = episode_record(episode, split="train", step=1, position=0, group="g0", group_position=0, advantage=0.75)
+    return {**record, "token_texts": token_texts or []}
 
 
 def test_an_episode_opens_token_by_token(live_platform, browser, make_run, log_in, tail):
@@ -75,6 +78,27 @@ def test_an_episode_opens_token_by_token(live_platform, browser, make_run, log_i
         page.wait_for_selector("#token-view-tokens .token.trained")
         assert page.url.endswith(f"/runs/{run.pk}/episodes/{episode_id}/?share={link.token}")
         assert len(page.query_selector_all("#token-view-tokens .token")) == 6
+    except Exception:
+        print("web log:\n" + tail(live_platform["logs"] / "web.log"))
+        raise
+    finally:
+        page.close()
+
+
+def test_tokens_show_their_text_pieces_as_text(live_platform, browser, make_run, log_in, tail):
+    run = make_run()
+    store_step(run.pk, None, 1, [two_turn_record(["<b>", "x", "\n", "5", " the", ""])])
+    episode_id = run.stored_episodes.get().pk
+    page = browser.new_page()
+    page.set_default_timeout(30_000)
+    try:
+        log_in(page, live_platform["url"], "owner", "owner-password")
+        page.goto(f"{live_platform['url']}/runs/{run.pk}/episodes/{episode_id}/")
+        page.wait_for_selector("#token-view-tokens .token")
+        texts = page.eval_on_selector_all("#token-view-tokens .token", "els => els.map(e => e.textContent)")
+        assert texts == ["<b>", "x", "↵", "5", " the", "∅"]
+        assert page.query_selector("#token-view-tokens b") is None  # a token's markup is text, not drawn
+        assert page.get_attribute("#token-view-tokens .token.trained", "title").startswith("token 11 · trained")
     except Exception:
         print("web log:\n" + tail(live_platform["logs"] / "web.log"))
         raise

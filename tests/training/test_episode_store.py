@@ -1,13 +1,15 @@
 """The episode store in the library: every episode of every step (and validation) kept whole in the
 run folder as Parquet per step, or handed to a sink that keeps them itself."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from training import AgentTrainer
-from training.tracking.episodes import keep_for_store, read_records
+from training.rollouts.tiny import build_char_tokenizer
+from training.tracking.episodes import keep_for_store, read_records, token_pieces
 
 pytestmark = pytest.mark.slow  # trains the tiny model
 
@@ -55,6 +57,8 @@ def test_every_episode_of_every_step_lands_in_the_run_folder_as_parquet(tmp_path
     assert frame.groupby(["step", "group"]).size().tolist() == [2, 2, 2, 2]
     for _, row in frame.iterrows():
         assert len(row["token_ids"]) == len(row["mask"]) and len(row["token_ids"]) >= 1 and len(row["prompt_ids"]) == 2
+        assert len(row["token_texts"]) == len(row["token_ids"])  # each token decoded alone, for a reader
+        assert "".join(row["token_texts"]).startswith(json.loads(row["turns"])[0]["response"])
         assert row["reward"] == starts_with_a(None, "a" if row["turns"].count('"response": "a') else "")
         assert row["termination_reason"] and row["advantage"] is not None
     first = read_records(open(train_files[0], "rb"), [1])[0]
@@ -121,3 +125,10 @@ def test_a_multi_turn_run_keeps_each_turn_its_timings_and_the_environment_tokens
     for record in records:
         groups.setdefault((record["step"], record["group"]), []).append(record["advantage"])
     assert all(len(values) == 2 and abs(sum(values)) < 1e-4 for values in groups.values())
+
+
+def test_token_pieces_are_each_token_decoded_alone():
+    tokenizer = build_char_tokenizer()
+    ids = tokenizer.encode("ab= c\n", add_special_tokens=False)
+    assert token_pieces(tokenizer, ids) == ["a", "b", "=", " ", "c", "\n"]
+    assert token_pieces(tokenizer, []) == []

@@ -9,6 +9,9 @@ token ids, mask, log-probabilities) beside them. ``token_ids``, ``mask`` and ``l
 aligned over the response (everything after the first prompt): ``mask`` is 1 where the model
 produced the token and it was trained on, 0 where the environment did; ``prompt_ids`` is the first
 prompt. ``logprobs`` is empty where the generator recorded none (TRL's own single-turn generation).
+``token_texts`` is each response token decoded alone (``token_pieces``, filled in by the backend
+that holds the tokenizer, for the records it keeps), so a reader needs no tokenizer; empty where
+none was decoded.
 
 ``ParquetEpisodeSink`` writes them into the run folder (``<run path>/episodes/<split>/step-*.parquet``)
 from a background thread, when the library runs without the platform; the platform's sink stores
@@ -48,7 +51,8 @@ def _schema():
         ("split", pa.string()), ("step", pa.int64()), ("attempt", pa.int64()), ("position", pa.int32()),
         ("group", pa.string()), ("group_position", pa.int32()), ("data_source", pa.string()), ("row_index", pa.int64()),
         ("prompt", pa.string()), ("turns", pa.string()),
-        ("prompt_ids", pa.list_(pa.int32())), ("token_ids", pa.list_(pa.int32())), ("mask", pa.list_(pa.int8())),
+        ("prompt_ids", pa.list_(pa.int32())), ("token_ids", pa.list_(pa.int32())),
+        ("token_texts", pa.list_(pa.string())), ("mask", pa.list_(pa.int8())),
         ("logprobs", pa.list_(pa.float32())),
         ("advantage", pa.float64()), ("reward", pa.float64()), ("reward_components", pa.string()), ("is_correct", pa.bool_()),
         ("termination_reason", pa.string()), ("prompt_length", pa.int32()), ("response_length", pa.int32()),
@@ -58,7 +62,7 @@ def _schema():
 
 
 COLUMNS = ("split", "step", "attempt", "position", "group", "group_position", "data_source", "row_index", "prompt",
-           "turns", "prompt_ids", "token_ids", "mask", "logprobs", "advantage", "reward", "reward_components",
+           "turns", "prompt_ids", "token_ids", "token_texts", "mask", "logprobs", "advantage", "reward", "reward_components",
            "is_correct", "termination_reason", "prompt_length", "response_length", "num_turns", "generation_seconds",
            "env_seconds", "episode_seconds", "error", "traceback")
 # Stored as JSON text in Parquet, handed back as Python values by ``read_records``.
@@ -100,7 +104,7 @@ def episode_record(episode: Episode, *, split: str, step: int, position: int, gr
         "group_position": int(group_position), "data_source": str(task.get("data_source") or ""),
         "row_index": row_index, "prompt": _plain(prompt), "turns": turns,
         "prompt_ids": [int(t) for t in episode.prompt_ids], "token_ids": [int(t) for t in episode.response_ids],
-        "mask": mask, "logprobs": [float(x) for x in episode.response_logprobs],
+        "token_texts": [], "mask": mask, "logprobs": [float(x) for x in episode.response_logprobs],
         "advantage": _finite(advantage), "reward": reward, "reward_components": _plain(components),
         "is_correct": bool(episode.is_correct),
         "termination_reason": episode.termination_reason.value if episode.termination_reason else "",
@@ -122,6 +126,12 @@ def keep_for_store(records: list[dict[str, Any]], fraction: float, per_step: int
         return records
     chosen = sorted(random.Random(seed).sample(range(count), keep))
     return [records[i] for i in chosen]
+
+
+def token_pieces(tokenizer: Any, token_ids: list[int]) -> list[str]:
+    """Each token of ``token_ids`` decoded alone (one batched call): what a reader shows for a token.
+    A token that is part of a multi-byte character decodes to the replacement character."""
+    return [str(piece) for piece in tokenizer.batch_decode([[t] for t in token_ids])] if token_ids else []
 
 
 def search_text(record: dict[str, Any]) -> str:

@@ -295,8 +295,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
     @extend_schema(responses={200: serializers.DictField()})
     @action(detail=True, methods=["get"], url_path=r"episodes/(?P<episode_id>[0-9]{1,18})", permission_classes=[AllowAny])
     def episode(self, request, pk=None, episode_id=None):
-        """One episode whole: its turns, ``prompt_ids``, ``token_ids`` with their ``mask`` (1: the model's,
-        trained on; 0: the environment's) and sampling ``logprobs``, its ``advantage`` and reward components."""
+        """One episode whole: its turns, ``prompt_ids``, ``token_ids`` (and ``token_texts``, each decoded
+        alone) with their ``mask`` (1: the model's, trained on; 0: the environment's) and sampling
+        ``logprobs``, its ``advantage`` and reward components."""
         run, _ = self._episode_run()
         row = StoredEpisode.objects.filter(run=run, pk=episode_id).first()
         if row is None:

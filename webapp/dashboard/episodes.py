@@ -128,6 +128,7 @@ def _body(record: dict[str, Any]) -> dict[str, Any]:
     return {
         "prompt": record.get("prompt"), "turns": record.get("turns") or [],
         "prompt_ids": record.get("prompt_ids") or [], "token_ids": record.get("token_ids") or [],
+        "token_texts": record.get("token_texts") or [],
         "mask": record.get("mask") or [], "logprobs": record.get("logprobs") or [],
         "reward_components": record.get("reward_components") or {},
         "generation_seconds": record.get("generation_seconds"), "env_seconds": record.get("env_seconds"),

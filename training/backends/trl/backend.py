@@ -30,7 +30,7 @@ from training.rollouts.outcomes import OutcomeMonitor
 from training.errors import ConfigError, TooManyEpisodeErrors
 from training.types import Episode, RewardOutput, Step, TerminationReason, Trajectory
 from training.rollouts.validation import evaluate, validation_tasks
-from training.tracking.episodes import TRAIN, VALIDATION, episode_record, keep_for_store
+from training.tracking.episodes import TRAIN, VALIDATION, episode_record, keep_for_store, token_pieces
 from training.algorithms.recipes import clip_range, overlong_punishment
 from training.rollouts.models import load_policy
 from training.utils import is_trl_available
@@ -469,8 +469,10 @@ class _TRLRun:
             for i, episode in enumerate(episodes)
         ]
         seed = trainer_config.seed + step * 2 + (split == VALIDATION)
-        self.processor.sinks.store_episodes(step, keep_for_store(
-            records, trainer_config.log_episodes_fraction, trainer_config.log_episodes_per_step, seed))
+        kept = keep_for_store(records, trainer_config.log_episodes_fraction, trainer_config.log_episodes_per_step, seed)
+        for record in kept:  # decoded here, where the tokenizer is, and only for the records kept
+            record["token_texts"] = token_pieces(self.tokenizer, record["token_ids"])
+        self.processor.sinks.store_episodes(step, kept)
 
     # -- metrics ---------------------------------------------------------------------------
     def report(self, step: int, logs: dict[str, float]) -> None:

@@ -48,7 +48,9 @@
 
   function tokens(e) {
     const box = document.getElementById("token-view-tokens");
-    const ids = e.token_ids || [], mask = e.mask || [], logprobs = e.logprobs || [];
+    const ids = e.token_ids || [], mask = e.mask || [], logprobs = e.logprobs || [], texts = e.token_texts || [];
+    // A token's text piece as the trainer decoded it (line breaks and tabs made visible), else its id.
+    const shown = i => typeof texts[i] === "string" ? (texts[i].replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅") : String(ids[i]);
     let turn = 0;
     ids.forEach((id, i) => {
       const trained = mask[i] === 1;
@@ -57,7 +59,7 @@
         turn += 1;
         box.appendChild(el("span", "turn-boundary", "turn " + turn));
       }
-      const token = el("span", "token " + (trained ? "trained" : "untrained"), String(id));
+      const token = el("span", "token " + (trained ? "trained" : "untrained"), shown(i));
       token.title = "token " + id + " · " + (trained ? "trained" : "not trained (environment)") +
         " · logprob " + (i < logprobs.length ? decimal(logprobs[i]) : "not recorded") + " · advantage " + decimal(e.advantage);
       box.appendChild(token);
