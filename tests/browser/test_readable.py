@@ -24,6 +24,9 @@ import concurrent.futures
 
 import pytest
 
+from training.tracking.episodes import episode_record
+from training.types import Episode, Step, Trajectory
+from webapp.dashboard.episodes import store_step
 from webapp.dashboard.models import EpisodeSample
 from webapp.dashboard.recording import episode_row
 from webapp.dashboard.series import SeriesWriter
@@ -118,17 +121,40 @@ def site(live_platform, browser, owner, project, make_run, log_in, recorded):
     SeriesWriter(other.pk).write(("reward", step, step / 20) for step in range(10))
     RunTableView.objects.create(user=owner, columns=["metric:reward:max", "metric:reward:latest", f"config:{LONG_KEY}"], group="tag")
     EpisodeSample.objects.bulk_create([episode_row(run.pk, 1, position, episode) for position, episode in enumerate(recorded)])
+    store_step(run.pk, None, 1, [_stored_record()])  # the token view's page, judged as the others
     url = live_platform["url"]
     page = browser.new_page()
     page.set_default_timeout(30_000)
     browser.clear_cookies()
-    yield {"page": page, "url": url, "run": run, "other": other, "project": project, "episodes": recorded}
+    yield {"page": page, "url": url, "run": run, "other": other, "project": project, "episodes": recorded,
+           "stored_episode": run.stored_episodes.get().pk}
     page.close()
+
+
+def _stored_record() -> dict:
+    """A two-turn episode of the store, its tokens' text pieces as a trainer decodes them."""
+    first = [{"role": "user", "content": "Walk to the goal without falling into a hole."}]
+    episode = Episode(
+        trajectories=[Trajectory(steps=[
+            Step(chat_completions=first, model_response="Down", reward=0.0),
+            Step(chat_completions=first + [{"role": "assistant", "content": "Down"}, {"role": "user", "content": "S F\nF G"}],
+                 model_response="Right", reward=1.0, done=True),
+        ], reward=1.0)],
+        prompt_ids=[1], response_ids=[11, 12, 21, 22, 31], response_mask=[1, 1, 0, 0, 1],
+        response_logprobs=[-0.1, -0.2, 0.0, 0.0, -0.3],
+    )
+    record = episode_record(episode, split="train", step=1, position=0, group="g", group_position=0, advantage=0.5)
+    return {**record, "token_texts": ["Down", "</s>", "S F\nF G", "\n", "Right_with_a_rather_long_token_piece"]}
+
+
+def _is_run_page(site, path: str) -> bool:
+    return path == f"/runs/{site['run'].pk}/"
 
 
 def _pages(site) -> list[str]:
     return ["/", "/runs/new/", f"/runs/{site['run'].pk}/", "/teams/", f"/projects/{site['project'].pk}/datasets/upload/",
-            f"/dashboard/compare/?runs={site['run'].pk},{site['other'].pk}"]
+            f"/dashboard/compare/?runs={site['run'].pk},{site['other'].pk}",
+            f"/runs/{site['run'].pk}/episodes/{site['stored_episode']}/"]
 
 
 def _open(site, path: str, size: dict) -> None:
@@ -141,6 +167,8 @@ def _open(site, path: str, size: dict) -> None:
         page.wait_for_selector("#column-config", state="visible")
     if path.startswith("/dashboard/compare/"):
         page.wait_for_selector("#param-scatter .textpoint text")
+    if "/episodes/" in path:
+        page.wait_for_selector("#token-view-tokens .token")
 
 
 def _log_in(site, log_in) -> None:
@@ -205,7 +233,7 @@ def test_every_page_meets_aa_contrast(site, log_in):
     _log_in(site, log_in)
     for path in _pages(site):
         _open(site, path, DESKTOP)
-        if path.startswith("/runs/") and path != "/runs/new/":
+        if _is_run_page(site, path):
             for position in (FROZENLAKE, SINGLE_TURN):  # the episode viewer open, a multi-turn and a single-turn episode
                 page.click(f"#dash-episode-list tbody tr:nth-child({position + 1})")
                 page.wait_for_selector("#dash-episode-detail .dash-turn")
@@ -329,7 +357,7 @@ def test_pages_fit_a_phone_without_breaking_words(site, log_in):
     _log_in(site, log_in)
     for path in _pages(site):
         _open(site, path, PHONE)
-        if path.startswith("/runs/") and path != "/runs/new/":
+        if _is_run_page(site, path):
             page.click("#dash-episode-list tbody tr:nth-child(1)")
             page.wait_for_selector("#dash-episode-detail .dash-turn")
         found[path] = (page.evaluate(PAST_THE_SCREEN), page.evaluate(BROKEN_WORDS))
