@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from training.backends.processor import available_processors
 from training.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +117,8 @@ def test_a_misspelt_agent_class_is_answered_with_what_its_module_defines(tmp_pat
 
 def test_a_wrong_backend_reward_or_dataset_name_lists_the_valid_ones(tmp_path, cli_in_process):
     cases = {
-        "backend: trll": "Unknown training backend 'trll'; known backends: fireworks, swift, tinker, trl, verl.",
+        # Every registered backend (a stand-in another test registered in this process included).
+        "backend: trll": f"Unknown training backend 'trll'; known backends: {', '.join(available_processors())}.",
         "reward_func: exact_mach": "unknown reward 'exact_mach': built-in rewards are char_accuracy, code, countdown,",
         "train_dataset: copy:trian": "dataset 'copy' has no split 'trian'; available splits: train, test.",
     }

@@ -66,6 +66,6 @@ def test_the_trl_backend_asks_trl_for_server_mode_and_refuses_without_vllm(tmp_p
     processor_config = Config.build(overrides)
     run = _TRLRun.__new__(_TRLRun)
     run.config = processor_config
-    run.processor = type("P", (), {"checkpoint_dir": lambda self: tmp_path})()
+    run.processor = type("P", (), {"attempt_checkpoint_dir": lambda self: tmp_path, "attempt": None})()
     args = run.grpo_args()
     assert (args.use_vllm, args.vllm_mode, args.vllm_server_base_url) == (True, "server", "http://127.0.0.1:8000")

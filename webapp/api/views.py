@@ -8,6 +8,7 @@ from django.db import transaction
 from django.http import Http404, StreamingHttpResponse
 from django.db.models import Q
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -292,7 +293,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
             following = request.build_absolute_uri(_with_query(request, offset=offset + limit))
         return Response({"results": [episode_store.listed(row) for row in page[:limit]], "next": following})
 
-    @extend_schema(responses={200: serializers.DictField()})
+    @extend_schema(operation_id="runs_episode_retrieve", responses={200: OpenApiTypes.OBJECT})
     @action(detail=True, methods=["get"], url_path=r"episodes/(?P<episode_id>[0-9]{1,18})", permission_classes=[AllowAny])
     def episode(self, request, pk=None, episode_id=None):
         """One episode whole: its turns, ``prompt_ids``, ``token_ids`` (and ``token_texts``, each decoded
@@ -304,7 +305,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
             raise Http404("No such episode.")
         return Response(episode_store.detail(row))
 
-    @extend_schema(parameters=[LedgerQuerySerializer], responses={200: serializers.DictField()})
+    @extend_schema(parameters=[LedgerQuerySerializer], responses={200: OpenApiTypes.OBJECT})
     @action(detail=True, methods=["get"], permission_classes=[AllowAny])
     def ledger(self, request, pk=None):
         """The run's ledger: steps planned and done; per step (``step_min``, ``step_max``: a window of

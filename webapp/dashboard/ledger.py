@@ -42,6 +42,7 @@ ENDED = re.compile(r"^Attempt (\d+) ended: (.*?)(?: Queued again\.)?$", re.DOTAL
 # A group is all equal when its lowest and highest reward are the same (unscored episodes aside);
 # a group without a scored episode is not counted among the groups the share is of. SQL because the
 # ORM cannot aggregate over a grouped subquery: per-group rows would otherwise come back to Python.
+# Written for PostgreSQL and SQLite alike (the embedded platform): FILTER, no arrays.
 _STEP_QUERY = f"""
 SELECT step, SUM(episodes), SUM(scored), SUM(failed), SUM(timed_out), SUM(cut_by_length), SUM(cut_by_turns),
        COUNT(*) FILTER (WHERE scored > 0), COUNT(*) FILTER (WHERE scored > 0 AND low = high)
@@ -49,7 +50,7 @@ FROM (
     SELECT step, "group", COUNT(*) AS episodes, COUNT(reward) AS scored,
            COUNT(*) FILTER (WHERE error <> '' OR termination_reason = %(error)s) AS failed,
            COUNT(*) FILTER (WHERE termination_reason = %(timeout)s) AS timed_out,
-           COUNT(*) FILTER (WHERE termination_reason = ANY(%(cut_by_length)s)) AS cut_by_length,
+           COUNT(*) FILTER (WHERE termination_reason IN ({", ".join(f"%(cut{i})s" for i in range(len(CUT_BY_LENGTH)))})) AS cut_by_length,
            COUNT(*) FILTER (WHERE termination_reason = %(max_turns)s) AS cut_by_turns,
            MIN(reward) AS low, MAX(reward) AS high
     FROM {StoredEpisode._meta.db_table}
@@ -85,7 +86,7 @@ def step_rows(run: Run, low: int, high: int) -> list[dict[str, Any]]:
         cursor.execute(_STEP_QUERY, {
             "run": run.pk, "split": StoredEpisode.Split.TRAIN.value, "low": low, "high": high,
             "error": TerminationReason.ERROR.value, "timeout": TerminationReason.TIMEOUT.value,
-            "max_turns": TerminationReason.MAX_TURNS.value, "cut_by_length": list(CUT_BY_LENGTH),
+            "max_turns": TerminationReason.MAX_TURNS.value, **{f"cut{i}": reason for i, reason in enumerate(CUT_BY_LENGTH)},
         })
         rows = [dict(zip(_STEP_FIELDS, (int(value) for value in row))) for row in cursor.fetchall()]
     for row in rows:
