@@ -100,9 +100,94 @@ def _gpu_missing() -> str | None:
 
     return None if torch.cuda.is_available() else "needs a CUDA GPU"
 
+# A migrated test database, kept between runs as a PostgreSQL template (``CREATE DATABASE ... TEMPLATE``
+# copies its files in a fraction of a second, where the migrations take seconds of each process's
+# CPU). Its name carries a digest of every migration the project and its apps have, so a new or edited
+# migration makes a new template; older ones are dropped when it is made.
+_TEMPLATE_LOCK = 7_461_203  # a PostgreSQL advisory lock: one process at a time copies or makes a template
+
+
+def _migrations_digest() -> str:
+    import hashlib
+    import sys
+    from pathlib import Path
+
+    from django.db.migrations.loader import MigrationLoader
+
+    digest = hashlib.sha256()
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    for key in sorted(loader.disk_migrations):
+        digest.update(repr(key).encode())
+        digest.update(Path(sys.modules[type(loader.disk_migrations[key]).__module__].__file__).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _template_of(test_name: str) -> tuple[str, str]:
+    """The template's name and the prefix every template of these test databases has."""
+    import re
+
+    prefix = re.sub(r"_gw\d+$", "", test_name)[:40] + "_tmpl_"
+    return prefix + _migrations_digest(), prefix
+
+
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup, django_db_blocker):
-    """The test database that pytest-django created, made cheaper to reset on PostgreSQL:
+def django_db_keepdb(request, django_db_modify_db_settings, django_db_blocker) -> bool:
+    """pytest-django's ``--reuse-db``; else, where a template of the migrated test database exists,
+    this process's test database is made afresh as a copy of it and kept as made (no migrations to
+    run: Django's ``migrate`` finds them all applied)."""
+    if request.config.getvalue("reuse_db"):
+        return True
+    if request.config.getvalue("create_db"):
+        return False
+    from django.db import DatabaseError, connection
+
+    if connection.vendor != "postgresql":
+        return False
+    name = connection.creation._get_test_db_name()
+    template, _ = _template_of(name)
+    quote = connection.ops.quote_name
+    with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [_TEMPLATE_LOCK])
+        try:
+            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [template])
+            if cursor.fetchone() is None:
+                return False
+            cursor.execute(f"DROP DATABASE IF EXISTS {quote(name)}")
+            cursor.execute(f"CREATE DATABASE {quote(name)} TEMPLATE {quote(template)}")
+        except DatabaseError:  # a session still on the old database, say: Django makes it as before
+            return False
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_TEMPLATE_LOCK])
+    return True
+
+
+def _keep_as_template(connection) -> None:
+    """Copy the just-migrated test database into the template the next runs start from."""
+    from django.db import DatabaseError
+
+    name = connection.settings_dict["NAME"]
+    template, prefix = _template_of(name)
+    quote = connection.ops.quote_name
+    connection.close()  # a database with a session on it cannot be copied
+    with connection._nodb_cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [_TEMPLATE_LOCK])
+        try:
+            cursor.execute("SELECT datname FROM pg_database WHERE starts_with(datname, %s)", [prefix])
+            templates = {row[0] for row in cursor.fetchall()}
+            if template not in templates:
+                cursor.execute(f"CREATE DATABASE {quote(template)} TEMPLATE {quote(name)}")
+            for old in templates - {template}:
+                cursor.execute(f"DROP DATABASE IF EXISTS {quote(old)}")
+        except DatabaseError:  # another session on it: the next run makes the template
+            pass
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_TEMPLATE_LOCK])
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker, django_db_keepdb):
+    """The test database that pytest-django created (or copied from the template: kept as a template
+    if it was migrated here), made cheaper to reset on PostgreSQL:
 
     - A transactional test ends with Django's flush, one ``TRUNCATE`` of every table: PostgreSQL
       makes new files for each table and index, 1-1.7 s per test on a busy machine. Deleting the few
@@ -124,6 +209,8 @@ def django_db_setup(django_db_setup, django_db_blocker):
         return ["SET CONSTRAINTS ALL DEFERRED;", *(f"DELETE FROM {self.quote_name(table)};" for table in tables)]
 
     with django_db_blocker.unblock():
+        if connection.vendor == "postgresql" and not django_db_keepdb:
+            _keep_as_template(connection)
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute(f"ALTER DATABASE {connection.ops.quote_name(connection.settings_dict['NAME'])} "
