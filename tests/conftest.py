@@ -395,6 +395,12 @@ _seeded_rows = _SeededRows()
 
 
 @pytest.fixture
+def registry_seeding():
+    """The ``registry`` fixture's seeding, for the tests that hold it to ``seed_registry``'s rows."""
+    return _seeded_rows
+
+
+@pytest.fixture
 def registry(db):
     """The example rows (agents, datasets, rewards, backends), by name."""
     from webapp.registry.models import Agent, Backend, Dataset, RewardFunction

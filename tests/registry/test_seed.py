@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from conftest import _seeded_rows
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction, Tool
 from webapp.registry.seed import AGENTS, BACKENDS, seed_registry
 
@@ -32,22 +31,22 @@ def in_a_savepoint(make) -> tuple:
 
 
 @pytest.mark.parametrize("start", ["as migrated", "empty"])
-def test_the_fixture_makes_the_rows_seed_registry_makes(db, start):
+def test_the_fixture_makes_the_rows_seed_registry_makes(db, registry_seeding, start):
     if start == "empty":  # as after a transactional test's flush (the migrations leave a tiny-char model)
         Model.objects.all().delete()
     _, seeded = in_a_savepoint(seed_registry)
-    in_a_savepoint(_seeded_rows.seed)  # seen once (the real seeding, if no earlier test started from here) ...
-    assert repr(_seeded_rows.rows()) in _seeded_rows.outcomes
-    _, replayed = in_a_savepoint(_seeded_rows.seed)  # ... then made again from what it left
+    in_a_savepoint(registry_seeding.seed)  # seen once (the real seeding, if no earlier test started from here) ...
+    assert repr(registry_seeding.rows()) in registry_seeding.outcomes
+    _, replayed = in_a_savepoint(registry_seeding.seed)  # ... then made again from what it left
     assert replayed == seeded
     assert set(seeded["Agent"]) == {row["name"] for row in AGENTS}
     assert set(seeded["Backend"]) == {row["name"] for row in BACKENDS}
     assert seeded["tools"]["calculator"] == ["add", "multiply"]
 
 
-def test_rows_a_test_made_first_are_seeded_by_seed_registry_itself(db):
+def test_rows_a_test_made_first_are_seeded_by_seed_registry_itself(db, registry_seeding):
     Tool.objects.create(name="mine", path="examples.arithmetic.add")
     Backend.objects.create(name="trl", processor="trl", enabled=False)  # an admin's change, which seeding keeps
-    _, rows = in_a_savepoint(_seeded_rows.seed)
+    _, rows = in_a_savepoint(registry_seeding.seed)
     assert "mine" in rows["Tool"] and rows["Backend"]["trl"]["enabled"] is False
     assert rows["tools"]["calculator"] == ["add", "multiply"]
