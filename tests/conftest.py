@@ -100,9 +100,94 @@ def _gpu_missing() -> str | None:
 
     return None if torch.cuda.is_available() else "needs a CUDA GPU"
 
+# A migrated test database, kept between runs as a PostgreSQL template (``CREATE DATABASE ... TEMPLATE``
+# copies its files in a fraction of a second, where the migrations take seconds of each process's
+# CPU). Its name carries a digest of every migration the project and its apps have, so a new or edited
+# migration makes a new template; older ones are dropped when it is made.
+_TEMPLATE_LOCK = 7_461_203  # a PostgreSQL advisory lock: one process at a time copies or makes a template
+
+
+def _migrations_digest() -> str:
+    import hashlib
+    import sys
+    from pathlib import Path
+
+    from django.db.migrations.loader import MigrationLoader
+
+    digest = hashlib.sha256()
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    for key in sorted(loader.disk_migrations):
+        digest.update(repr(key).encode())
+        digest.update(Path(sys.modules[type(loader.disk_migrations[key]).__module__].__file__).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _template_of(test_name: str) -> tuple[str, str]:
+    """The template's name and the prefix every template of these test databases has."""
+    import re
+
+    prefix = re.sub(r"_gw\d+$", "", test_name)[:40] + "_tmpl_"
+    return prefix + _migrations_digest(), prefix
+
+
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup, django_db_blocker):
-    """The test database that pytest-django created, made cheaper to reset on PostgreSQL:
+def django_db_keepdb(request, django_db_modify_db_settings, django_db_blocker) -> bool:
+    """pytest-django's ``--reuse-db``; else, where a template of the migrated test database exists,
+    this process's test database is made afresh as a copy of it and kept as made (no migrations to
+    run: Django's ``migrate`` finds them all applied)."""
+    if request.config.getvalue("reuse_db"):
+        return True
+    if request.config.getvalue("create_db"):
+        return False
+    from django.db import DatabaseError, connection
+
+    if connection.vendor != "postgresql":
+        return False
+    name = connection.creation._get_test_db_name()
+    template, _ = _template_of(name)
+    quote = connection.ops.quote_name
+    with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [_TEMPLATE_LOCK])
+        try:
+            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [template])
+            if cursor.fetchone() is None:
+                return False
+            cursor.execute(f"DROP DATABASE IF EXISTS {quote(name)}")
+            cursor.execute(f"CREATE DATABASE {quote(name)} TEMPLATE {quote(template)}")
+        except DatabaseError:  # a session still on the old database, say: Django makes it as before
+            return False
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_TEMPLATE_LOCK])
+    return True
+
+
+def _keep_as_template(connection) -> None:
+    """Copy the just-migrated test database into the template the next runs start from."""
+    from django.db import DatabaseError
+
+    name = connection.settings_dict["NAME"]
+    template, prefix = _template_of(name)
+    quote = connection.ops.quote_name
+    connection.close()  # a database with a session on it cannot be copied
+    with connection._nodb_cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [_TEMPLATE_LOCK])
+        try:
+            cursor.execute("SELECT datname FROM pg_database WHERE starts_with(datname, %s)", [prefix])
+            templates = {row[0] for row in cursor.fetchall()}
+            if template not in templates:
+                cursor.execute(f"CREATE DATABASE {quote(template)} TEMPLATE {quote(name)}")
+            for old in templates - {template}:
+                cursor.execute(f"DROP DATABASE IF EXISTS {quote(old)}")
+        except DatabaseError:  # another session on it: the next run makes the template
+            pass
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_TEMPLATE_LOCK])
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker, django_db_keepdb):
+    """The test database that pytest-django created (or copied from the template: kept as a template
+    if it was migrated here), made cheaper to reset on PostgreSQL:
 
     - A transactional test ends with Django's flush, one ``TRUNCATE`` of every table: PostgreSQL
       makes new files for each table and index, 1-1.7 s per test on a busy machine. Deleting the few
@@ -124,6 +209,8 @@ def django_db_setup(django_db_setup, django_db_blocker):
         return ["SET CONSTRAINTS ALL DEFERRED;", *(f"DELETE FROM {self.quote_name(table)};" for table in tables)]
 
     with django_db_blocker.unblock():
+        if connection.vendor == "postgresql" and not django_db_keepdb:
+            _keep_as_template(connection)
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute(f"ALTER DATABASE {connection.ops.quote_name(connection.settings_dict['NAME'])} "
@@ -228,13 +315,97 @@ def admin_client_(client, admin_user):
     return client
 
 
+class _SeededRows:
+    """``seed_registry``'s rows, made again with a few queries where its outcome is already known.
+
+    ``seed_registry`` updates or creates row by row (~80 queries, a tenth of a second or more on a
+    busy machine) and hundreds of tests start from its rows. Its outcome depends only on the registry
+    rows there before it (the test database's migrations leave a ``tiny-char`` model; a transactional
+    test's flush leaves none). So for each such starting state the first seeding in this process is
+    the real one, and the rows it leaves (every field but the creation time) and the agents' tools are
+    kept; a later test starting from the same state gets the same rows: the rows that were there are
+    updated to those values, the others made by one ``bulk_create`` per table (the insert sets each
+    creation time anew, as ``save`` does). A starting state with agents or tools in it (a test made
+    some) is always seeded by ``seed_registry`` itself."""
+
+    def __init__(self):
+        self.outcomes = {}  # starting rows -> (rows after seeding, {agent name: its tools' names})
+
+    def seed(self) -> None:
+        from webapp.registry.seed import seed_registry
+
+        before = self.rows()
+        key = repr(before)
+        outcome = self.outcomes.get(key)
+        if outcome is not None:
+            self.replay(before, *outcome)
+            return
+        seed_registry()
+        if not any(before[model] for model in self.with_tools()):
+            self.outcomes[key] = (self.rows(), self.tools())
+
+    @staticmethod
+    def models():
+        from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction, Tool
+
+        return (Tool, Agent, Dataset, Model, RewardFunction, Backend)
+
+    @staticmethod
+    def with_tools():
+        from webapp.registry.models import Agent, Tool
+
+        return (Tool, Agent)
+
+    @staticmethod
+    def fields(model):
+        return [field for field in model._meta.concrete_fields if not field.primary_key and field.name != "created_at"]
+
+    def rows(self) -> dict:
+        """Each table's rows in pk order: (pk, {field: value}), creation times left out."""
+        return {model: [(row.pk, {field.attname: field.value_from_object(row) for field in self.fields(model)})
+                        for row in model.objects.order_by("pk")] for model in self.models()}
+
+    @staticmethod
+    def tools() -> dict:
+        from webapp.registry.models import Agent
+
+        return {agent.name: sorted(agent.tools.values_list("name", flat=True)) for agent in Agent.objects.all()}
+
+    def replay(self, before: dict, after: dict, tools: dict) -> None:
+        import copy
+
+        from webapp.registry.models import Agent, Tool
+
+        made = {}
+        for model in self.models():
+            there = dict(before[model])
+            for pk, values in after[model]:
+                if pk in there and there[pk] != values:
+                    model.objects.filter(pk=pk).update(**copy.deepcopy(values))
+            made[model] = model.objects.bulk_create(
+                [model(**copy.deepcopy(values)) for pk, values in after[model] if pk not in there])
+        tool_pk = {tool.name: tool.pk for tool in made[Tool]}
+        Agent.tools.through.objects.bulk_create([
+            Agent.tools.through(agent_id=agent.pk, tool_id=tool_pk[name])
+            for agent in made[Agent] for name in tools[agent.name]
+        ])
+
+
+_seeded_rows = _SeededRows()
+
+
+@pytest.fixture
+def registry_seeding():
+    """The ``registry`` fixture's seeding, for the tests that hold it to ``seed_registry``'s rows."""
+    return _seeded_rows
+
+
 @pytest.fixture
 def registry(db):
     """The example rows (agents, datasets, rewards, backends), by name."""
     from webapp.registry.models import Agent, Backend, Dataset, RewardFunction
-    from webapp.registry.seed import seed_registry
 
-    seed_registry()
+    _seeded_rows.seed()
     return {
         "agents": {a.name: a for a in Agent.objects.all()},
         "datasets": {d.name: d for d in Dataset.objects.all()},

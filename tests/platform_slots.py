@@ -10,9 +10,18 @@ inbox). It must run before pytest-django reads the settings, which a conftest is
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# Bytecode caches are written even where PYTHONDONTWRITEBYTECODE is set: without them every process
+# of a run (this one, each xdist process, and every server, worker and command a test starts) compiles
+# each module it imports from source, and pytest rewrites the assertions of its plugins' modules
+# (hypothesis, schemathesis: some 400) anew, seconds of CPU per process. Set here, where pytest
+# imports this plugin before the plugins it finds by entry point, and inherited by the children.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import logging
 import types
 import typing
@@ -738,10 +739,17 @@ def translate_unified_names(flat: dict[str, Any]) -> dict[str, Any]:
     return {**renamed, **out}
 
 
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    """A config dataclass's field types, read once: ``typing.get_type_hints`` evaluates each string
+    annotation anew, and the keys are looked up several times for every run a form or the API checks."""
+    return typing.get_type_hints(cls)
+
+
 def valid_keys(cls: type = Config, prefix: str = "") -> dict[str, dataclasses.Field]:
     """Every dotted key of the configuration, with its dataclass field (for docs and suggestions)."""
     keys: dict[str, dataclasses.Field] = {}
-    hints = typing.get_type_hints(cls)
+    hints = _field_types(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(hints[f.name]):
@@ -814,7 +822,7 @@ def to_dict(obj: Any) -> Any:
 
 def from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
     """Build dataclass ``cls`` from nested ``data``, checking keys and types."""
-    hints = typing.get_type_hints(cls)
+    hints = _field_types(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
