@@ -16,7 +16,7 @@ import yaml
 from webapp.runs.models import Run
 from webapp.runs.trainer_args import run_trainer_kwargs
 
-from .test_override_sections import TINY_LINES, member, overrides_errors, run_form  # noqa: F401 (member: a fixture)
+from .test_override_sections import TINY_LINES, assert_refused_per_run, member, overrides_errors, run_form  # noqa: F401 (member: a fixture)
 from .test_run_files import TINY, roots  # noqa: F401 (roots: a fixture)
 from workers.execute import claim, train_run
 
@@ -47,14 +47,7 @@ def test_the_run_form_refuses_a_config_that_names_an_input(page_client, member, 
     ({"+reward.custom_reward_function.name": "f"}, "reward.custom_reward_function.name"),
 ])
 def test_the_api_refuses_a_config_that_names_an_input(api_client, member, project, apply_async, overrides, key):
-    response = api_client(member).post("/api/runs/", {
-        "agent": "copy-task", "dataset": "copy", "reward": "char-accuracy", "backend": "trl", "model": "tiny-char",
-        "project": project.pk, "visibility": "team", "overrides": {**TINY, **overrides},
-    }, format="json")
-    assert response.status_code == 400, response.content
-    message = json.dumps(response.json()["overrides"])
-    assert f"{key} " in message and "cannot be set per run" in message, message
-    assert not Run.objects.exists() and not apply_async.called
+    assert_refused_per_run(api_client(member), project, apply_async, overrides, key)
 
 
 @pytest.mark.django_db(transaction=True)

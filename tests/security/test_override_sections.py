@@ -82,13 +82,18 @@ def test_sections_cannot_raise_a_bound_either(page_client, member, registry, pro
     ({"actor_rollout_ref.model": None}, "actor_rollout_ref.model"),
 ])
 def test_the_api_names_the_leaf_key_a_section_sets(api_client, member, project, apply_async, overrides, leaf):
-    response = api_client(member).post("/api/runs/", {
+    assert_refused_per_run(api_client(member), project, apply_async, overrides, leaf)
+
+
+def assert_refused_per_run(client, project, apply_async, overrides: dict, key: str) -> None:
+    """POST /api/runs/ with ``overrides`` is a 400 naming ``key`` as not settable per run; nothing is queued."""
+    response = client.post("/api/runs/", {
         "agent": "copy-task", "dataset": "copy", "reward": "char-accuracy", "backend": "trl", "model": "tiny-char",
         "project": project.pk, "visibility": "team", "overrides": {**TINY, **overrides},
     }, format="json")
     assert response.status_code == 400, response.content
     message = json.dumps(response.json()["overrides"])
-    assert f"{leaf} " in message and "cannot be set per run" in message, message
+    assert f"{key} " in message and "cannot be set per run" in message, message
     assert not Run.objects.exists() and not apply_async.called
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from standins.ownership import Ownership
 from training import AgentTrainer
 from training.errors import RunSuperseded
 
@@ -20,20 +21,6 @@ pytestmark = pytest.mark.slow
 
 def starts_with_a(task, response):
     return 1.0 if response.startswith("a") else 0.0
-
-
-class Ownership:
-    def __init__(self, holder: int) -> None:
-        self.holder = holder
-
-    def fence(self, attempt: int):
-        def holding(action, wait: bool) -> bool:
-            if self.holder != attempt:
-                return False
-            action()
-            return True
-
-        return holding
 
 
 def train(run_path: Path, attempt: int, ownership: Ownership, steps: int, sink=None, may_write=None):

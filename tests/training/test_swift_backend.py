@@ -309,3 +309,43 @@ def test_a_superseded_run_writes_no_checkpoint_in_swifts_process(tmp_path, sink)
     assert saved == [1] and len(asked) == 2
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint-*")) == ["checkpoint-1"]
     assert len(sink.metrics) <= 2  # it stopped at the refused step
+
+
+@needs_swift_env
+def test_attempts_publish_into_the_run_and_a_stale_one_changes_nothing(tmp_path):
+    """Per-attempt folders on swift, as on trl (test_attempt_checkpoints.py): ms-swift saves in the attempt's
+    own folder, the owner publishes into the run's, the next attempt resumes from the newest published, and
+    a stale attempt (its write check answered before the takeover) publishes nothing and is stopped."""
+    import hashlib
+
+    from standins.ownership import Ownership
+
+    ownership = Ownership(1)
+
+    def train(attempt: int, steps: int, may_write=None):
+        return AgentTrainer(
+            train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
+            config=config(steps, **{"trainer.save_freq": 2, "trainer.max_checkpoints": 2}), attempt=attempt,
+            write_fence=ownership.fence(attempt), may_write=may_write or (lambda: ownership.holder == attempt),
+        ).train()
+
+    def published() -> dict[str, str]:
+        return {str(p.relative_to(tmp_path)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted((tmp_path / "checkpoints").rglob("*")) if p.is_file()}
+
+    def names(folder: Path) -> list[str]:
+        return sorted(p.name for p in folder.glob("checkpoint-*"))
+
+    first = train(1, 2)
+    assert first.checkpoint == str(tmp_path / "checkpoints" / "checkpoint-2")
+    assert names(tmp_path / "attempts" / "1" / "checkpoints") == ["checkpoint-2"]
+    ownership.holder = 2
+    second = train(2, 4)
+    assert second.steps == 4 and names(tmp_path / "checkpoints") == ["checkpoint-2", "checkpoint-4"]
+    assert json.loads((tmp_path / "swift" / "job.json").read_text())["swift_args"]["resume_from_checkpoint"] == first.checkpoint
+    finished = published()
+
+    with pytest.raises(RunSuperseded, match="checkpoint of step 6"):
+        train(1, 6, may_write=lambda: True)
+    assert (tmp_path / "attempts" / "1" / "checkpoints" / "checkpoint-6").is_dir()
+    assert published() == finished  # not listed, nothing rotated out

@@ -29,7 +29,7 @@ from webapp.dashboard import episodes as episode_store
 from webapp.dashboard import live
 from webapp.dashboard.models import EpisodeSample
 from webapp.dashboard.series import SeriesWriter
-from webapp.runs.models import RunLog, lock_for_attempt
+from webapp.runs.models import AttemptSuperseded, RunLog, lock_for_attempt
 
 logger = logging.getLogger(__name__)
 DROPPED_KEY = "overload/dropped_points"
@@ -178,11 +178,38 @@ class DashboardSink(BackgroundFlusher):
                 RunLog.objects.create(run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
                     f"{dropped_episodes} episode(s) were not kept in the episode store ({self.dropped_episodes} in all, "
                     f"through step {self._last_step}): more waited to be stored than {self.max_episodes} episodes in memory."))
-            # Inside the transaction, after the run's row is locked for this attempt: a superseded
-            # attempt writes neither a Parquet file nor a row.
-            for step, records in stored:
-                episode_store.store_step(self.run_id, self.attempt, step, records)
+        self._store_episodes(stored)
         return buffered
+
+    def _store_episodes(self, stored: list[tuple[int, list[dict[str, Any]]]]) -> None:
+        """Each step's episode store records, in a transaction of its own after the metrics' (so that an
+        artifact store away never holds the metrics back), the run's row locked for this attempt first:
+        a superseded attempt writes neither a Parquet file nor a row. A step the store refuses (the
+        artifact store or the database away) is not kept: dropped, counted and told in the run's log.
+        (Known gap: a writer of their own with its own spool would keep them through such an outage.)"""
+        for number, (step, records) in enumerate(stored):
+            try:
+                with transaction.atomic():
+                    lock_for_attempt(self.run_id, self.attempt)
+                    episode_store.store_step(self.run_id, self.attempt, step, records)
+            except AttemptSuperseded:
+                raise
+            except Exception as exc:  # noqa: BLE001 (the store's errors are many: S3, disk, database)
+                lost = sum(len(r) for _, r in stored[number:])
+                with self._lock:  # charted with the other drops (overload/dropped_episodes) by the next batch
+                    self.dropped_episodes += lost
+                    point = {DROPPED_EPISODES_KEY: float(self.dropped_episodes)}
+                    if self.spooled({"points": [self._last_step, point]}):
+                        self._steps.append((self._last_step, point))
+                        self._buffered += 1
+                logger.warning("run %s: %d episode(s) of steps %d-%d not stored: %s", self.run_id, lost, step, stored[-1][0], exc)
+                try:
+                    RunLog.objects.create(run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
+                        f"{lost} episode(s) of steps {step}-{stored[-1][0]} were not kept in the episode store "
+                        f"({self.dropped_episodes} in all): storing them failed: {type(exc).__name__}: {exc}"))
+                except Exception:  # noqa: BLE001 (the database away too: the worker's log above says it)
+                    pass
+                return
 
     def _write_rest(self, dropped: int, episodes: list[EpisodeSample]) -> None:
         if dropped:

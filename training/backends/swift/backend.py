@@ -30,7 +30,7 @@ from typing import Any
 from training.backends.base import BuiltinProcessor, TrainResult
 from training.backends.swift.child import PLAIN_TEMPLATE, PREFIX
 from training.config import Config
-from training.errors import ConfigError, DiskFull
+from training.errors import ConfigError, DiskFull, RunSuperseded
 from training.data import dataset_to_tasks
 from training.isolation.interpreters import import_problem
 from training.log import logger
@@ -197,7 +197,7 @@ class SwiftProcessor(BuiltinProcessor):
                 cwd=PROJECT_ROOT, env=_child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
             )
             events: list[dict] = []
-            self._refused: Exception | None = None
+            self._refusal: Exception | None = None
             reader = threading.Thread(target=self._read_events, args=(child, events), daemon=True)
             reader.start()
             stop_sent_at = None
@@ -210,8 +210,10 @@ class SwiftProcessor(BuiltinProcessor):
                 if stop_sent_at is not None and time.monotonic() - stop_sent_at > STOP_GRACE_SECONDS:
                     child.terminate()
             reader.join(timeout=10)
-        if self._refused is not None:  # a checkpoint the run's owner refused: nothing of it is reported
-            raise self._refused
+        if self._refusal is None:
+            self._publish(None)  # those held back while the owner could not be told
+        if self._refusal is not None:  # a checkpoint the run's owner refused: nothing of it is reported
+            raise self._refusal
         failed = next((e for e in events if e["event"] == "failed"), None)
         if failed is not None:  # the checks every backend makes, made in the training process
 
@@ -229,6 +231,8 @@ class SwiftProcessor(BuiltinProcessor):
         done = next((e for e in events if e["event"] == "done"), {})
         steps = int(done.get("result", {}).get("global_step", self._last_step))
         checkpoint = done.get("result", {}).get("last_model_checkpoint")
+        if checkpoint and (self.checkpoint_dir() / Path(checkpoint).name).is_dir():  # as published
+            checkpoint = str(self.checkpoint_dir() / Path(checkpoint).name)
         stopped = stop_sent_at is not None and steps < self.config.trainer.total_training_steps
         OutcomeMonitor(self.config.trainer.max_episode_error_rate).check_finished(steps, stopped)
         logger.info("training %s after %d steps; model at %s", "stopped" if stopped else "finished", steps, checkpoint)
@@ -248,8 +252,21 @@ class SwiftProcessor(BuiltinProcessor):
                 self.sinks.log_episodes(event["step"], event.get("samples", []))
             elif event["event"] == "may_save":
                 self._answer_may_save(child, event["step"])
-            elif event["event"] == "checkpoint" and self._refused is None:
-                self.sinks.log_checkpoint(event["step"], Path(event["path"]))
+            elif event["event"] == "checkpoint" and self._refusal is None:
+                self._publish(Path(event["path"]), event["step"])
+
+    def _publish(self, folder: Path | None, step: int | None = None) -> None:
+        """Publish a checkpoint ms-swift saved in this attempt's folder into the run's (while this attempt
+        owns the run: ``TrainerProcessor.publish_checkpoint``); a refusal stops the training process."""
+        if self.attempt is None:  # saved in the run's folder already, after the may_save check
+            if folder is not None:
+                self.sinks.log_checkpoint(step, folder)
+            return
+        try:
+            self.publish_checkpoint(folder)
+        except RunSuperseded as exc:
+            self._refusal = exc
+            Path(self._stop_file).write_text("stop")
 
     def _answer_may_save(self, child: subprocess.Popen, step: int) -> None:
         """The training process asks before writing a checkpoint: asked of the write checks here
@@ -257,9 +274,9 @@ class SwiftProcessor(BuiltinProcessor):
         try:
             self.check_may_write(f"the checkpoint of step {step}")
         except Exception as exc:  # noqa: BLE001 (re-raised from train once the process has stopped)
-            self._refused = exc
+            self._refusal = exc
         try:
-            child.stdin.write("no\n" if self._refused is not None else "yes\n")
+            child.stdin.write("no\n" if self._refusal is not None else "yes\n")
             child.stdin.flush()
         except OSError:
             pass  # it is gone already
@@ -282,8 +299,10 @@ class SwiftProcessor(BuiltinProcessor):
                 rows.write(json.dumps({**task, "messages": messages}, default=str) + "\n")
         model, extra = self._model(workdir)
         actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-        output = Path(cfg.trainer.default_local_dir) if cfg.trainer.default_local_dir else self.path / "checkpoints"
-        resume = _latest_checkpoint(output) if cfg.trainer.resume_mode == "auto" else None
+        # ms-swift saves in this attempt's own folder; each checkpoint is published into the run's (_publish),
+        # and a resumed attempt starts from the newest published one.
+        output = self.attempt_checkpoint_dir()
+        resume = _latest_checkpoint(self.checkpoint_dir()) if cfg.trainer.resume_mode == "auto" else None
         save_freq = cfg.trainer.save_freq if cfg.trainer.save_freq > 0 else cfg.trainer.total_training_steps
         lora = cfg.actor_rollout_ref.model.lora_rank
         swift_args = {
@@ -301,7 +320,9 @@ class SwiftProcessor(BuiltinProcessor):
             **({"max_turns": cfg.rllm.agent.max_steps} if multi_turn else {}),
             "max_length": cfg.data.max_prompt_length + cfg.data.max_response_length,
             "logging_steps": cfg.trainer.log_freq, "save_strategy": "steps", "save_steps": save_freq,
-            "save_total_limit": cfg.trainer.max_checkpoints or None, "seed": cfg.trainer.seed,
+            # its own folder keeps its newest (the published ones are hard links; the run's keep max_checkpoints)
+            "save_total_limit": 1 if self.attempt is not None else cfg.trainer.max_checkpoints or None,
+            "seed": cfg.trainer.seed,
             "dataset_shuffle": cfg.data.shuffle, "report_to": ["none"], "use_vllm": False,
             "check_model": False,  # else ms-swift asks ModelScope's hub whether the model is the latest, sending the run's settings
             "torch_dtype": cfg.actor_rollout_ref.model.dtype, "dataloader_num_workers": 0,

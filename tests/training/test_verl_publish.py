@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from standins.verl_trainer import StandInVerlJob
+from standins.ownership import Ownership
 from training import AgentTrainer
 from training.backends.verl import backend as verl_backend
 from training.errors import RunSuperseded
@@ -41,25 +42,6 @@ class Recorded(MetricSink):
 
     def log_checkpoint(self, step: int, path) -> None:
         self.checkpoints.append(step)
-
-
-class Ownership:
-    """Which attempt holds the run; each attempt's fence and write check ask it."""
-
-    def __init__(self, holder: int) -> None:
-        self.holder = holder
-
-    def may_write(self, attempt: int):
-        return lambda: self.holder == attempt
-
-    def fence(self, attempt: int):
-        def holding(action, wait: bool) -> bool:
-            if self.holder != attempt:
-                return False
-            action()
-            return True
-
-        return holding
 
 
 def verl_processor(run_path: Path, attempt: int, ownership: Ownership, sink: Recorded, **config):
