@@ -171,7 +171,7 @@ class DashboardSink(BackgroundFlusher):
         with transaction.atomic():  # one check of the attempt's token (the run's row locked) for the whole batch
             if steps:
                 self.writer.write_steps(steps)
-            elif dropped or episodes or stored or dropped_episodes:
+            elif dropped or episodes or dropped_episodes:  # the episode store locks per step (_store_episodes)
                 lock_for_attempt(self.run_id, self.attempt)
             self._write_rest(dropped, episodes)
             if dropped_episodes:
