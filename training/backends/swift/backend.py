@@ -30,7 +30,7 @@ from typing import Any
 from training.backends.base import BuiltinProcessor, TrainResult
 from training.backends.swift.child import PLAIN_TEMPLATE, PREFIX
 from training.config import Config
-from training.errors import ConfigError, DiskFull, RunSuperseded
+from training.errors import ConfigError, DiskFull
 from training.data import dataset_to_tasks
 from training.isolation.interpreters import import_problem
 from training.log import logger
@@ -264,8 +264,8 @@ class SwiftProcessor(BuiltinProcessor):
             return
         try:
             self.publish_checkpoint(folder)
-        except RunSuperseded as exc:
-            self._refusal = exc
+        except Exception as exc:  # noqa: BLE001 (re-raised from train once the process has stopped; a reader
+            self._refusal = exc    # thread that died here would leave the child waiting for its may_save answer)
             Path(self._stop_file).write_text("stop")
 
     def _answer_may_save(self, child: subprocess.Popen, step: int) -> None:
