@@ -42,13 +42,16 @@ class StandInVerlJob:
     """``launch(runner)`` and ``end_job(runner)`` for ``VerlProcessor.train_with``.
 
     ``step_seconds``: how long each step takes. ``after_step(step)``: called after each step's
-    writes (a test freezes the loop there)."""
+    writes (a test freezes the loop there). ``before_marker(step)``: called while a checkpoint is
+    saved and rotated but its marker still names the one before (a test publishes there)."""
 
     def __init__(self, processor: VerlProcessor, step_seconds: float = 0.0,
-                 after_step: Callable[[int], None] | None = None) -> None:
+                 after_step: Callable[[int], None] | None = None,
+                 before_marker: Callable[[int], None] | None = None) -> None:
         self.processor = processor
         self.step_seconds = step_seconds
         self.after_step = after_step
+        self.before_marker = before_marker
         self.ended = threading.Event()
         self.steps: list[int] = []
 
@@ -99,16 +102,28 @@ class StandInVerlJob:
         return 0
 
     def _save(self, checkpoints: Path, step: int, saved_steps: list[int], keep: int | None) -> None:
+        """verl 0.9.1's order: its checkpoint manager makes room before the save (keeping keep - 1
+        when keep > 1: ``ensure_checkpoint_capacity``), saves the actor, then rotates out what is
+        beyond keep (``register_checkpoint``); the trainer saves the dataloader and writes the
+        marker last. So with keep = 1 the marked checkpoint's actor is gone before the marker moves."""
+        if keep and keep > 1 and len(saved_steps) >= keep:
+            self._remove(checkpoints, saved_steps, keep - 1)
         folder = checkpoints / f"global_step_{step}"
         (folder / "actor").mkdir(parents=True, exist_ok=True)
         (folder / "actor" / "model.pt").write_text(f"weights of step {step}, attempt {self.processor.attempt}, pid {os.getpid()}\n")
         saved_steps.append(step)
-        if keep and len(saved_steps) > keep:  # verl's checkpoint manager rotates the actor folders it saved
-            for old in saved_steps[:-keep]:
-                shutil.rmtree(checkpoints / f"global_step_{old}" / "actor", ignore_errors=True)
-            del saved_steps[:-keep]
+        if keep and len(saved_steps) > keep:
+            self._remove(checkpoints, saved_steps, keep)
         (folder / "data.pt").write_text(f"dataloader after step {step}\n")
+        if self.before_marker is not None:
+            self.before_marker(step)
         (checkpoints / VERL_LATEST).write_text(str(step))
+
+    @staticmethod
+    def _remove(checkpoints: Path, saved_steps: list[int], keep: int) -> None:
+        for old in saved_steps[:-keep]:
+            shutil.rmtree(checkpoints / f"global_step_{old}" / "actor", ignore_errors=True)
+        del saved_steps[:-keep]
 
 
 class StandInVerlProcessor(VerlProcessor):

@@ -98,6 +98,21 @@ def test_each_checkpoint_verl_saves_in_the_attempts_folder_is_published_into_the
     assert "attempt 2" in (tmp_path / "checkpoints" / "global_step_6" / "actor" / "model.pt").read_text()
 
 
+def test_a_checkpoint_published_while_verl_saves_the_next_one_is_whole(tmp_path):
+    """verl removes the previous actor once the next is saved, before its marker moves: publishing in
+    that moment (the bridge polls when it likes) must still find the marked checkpoint whole."""
+    processor = verl_processor(tmp_path, 1, Ownership(1), Recorded())
+    publisher = verl_backend.VerlCheckpointPublisher(processor, processor.verl_config.trainer.default_local_dir)
+    job = StandInVerlJob(processor, before_marker=lambda step: publisher.poll())
+    processor.train_with(None, job.launch, job.end_job)
+
+    steps = sorted((tmp_path / "checkpoints").glob("global_step_*"))
+    assert [p.name for p in steps] == ["global_step_3", "global_step_4"]
+    for folder in steps:
+        assert (folder / "actor" / "model.pt").is_file(), f"{folder.name} was published without its actor"
+        assert (folder / "actor" / "model.pt").read_text().startswith(f"weights of {folder.name.replace('global_', '').replace('_', ' ')},")
+
+
 def test_an_attempt_frozen_past_its_takeover_forwards_and_publishes_nothing_when_it_wakes(tmp_path):
     ownership = Ownership(1)
     frozen, thaw = threading.Event(), threading.Event()

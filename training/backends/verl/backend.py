@@ -745,7 +745,10 @@ class VerlProcessor(BuiltinProcessor):
             # the run's (VerlCheckpointPublisher), and a resumed attempt starts from those (runtime_config).
             # What verl's job writes besides (its metrics file, its rollout dumps) is the attempt's too.
             _set_verl_key(verl, "trainer.default_local_dir", str(self.attempt_checkpoint_dir().resolve()))
-            _set_verl_key(verl, "trainer.max_actor_ckpt_to_keep", 1)
+            # Two, not one: verl's checkpoint manager removes the previous actor once the next one is
+            # saved but before the marker moves to it, so with one the publisher could take a marked
+            # checkpoint whose actor was gone. With two, the marked one outlives the marker's move.
+            _set_verl_key(verl, "trainer.max_actor_ckpt_to_keep", 2)
             _set_verl_key(verl, "trainer.rollout_data_dir", str(self.attempt_dir().resolve() / "verl_rollouts"))
         return verl
 
