@@ -283,22 +283,36 @@ def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
         uploader = attempt.start_uploads()  # a shared store: what earlier attempts stored
         artifacts.fetch_trained_model(run.model)  # a model another run trained, from the store
         dashboard = attempt.fence.guard(DashboardSink(run.pk, spool_dir=run_path, attempt=run.attempts))
-        sinks = [DatabaseSink(attempt.recorder), dashboard, *prepare_run(run, kwargs)]  # the project's trackers, alerts
-        if uploader is not None:
-            sinks.append(CheckpointUploadSink(uploader))
-            # The backend's own rotation could delete a checkpoint before it is stored; the store keeps
-            # the project's number and the uploader clears stored ones from the scratch folder.
-            kwargs["config"]["trainer.max_checkpoints"] = 0
-        trainer = AgentTrainer(**kwargs, sinks=sinks, **attempt.trainer_hooks())
-        spec = check_spec(kwargs, run.config_overrides)  # what the form checked, checked again where it runs
-        check_platform_keys(trainer, spec["pinned"], spec["user_keys"])
-        if hasattr(trainer.train_processor, "remote_ids_callback"):  # remote backends: show job/deployment ids as they appear
-            trainer.train_processor.remote_ids_callback = lambda ids: attempt.this_attempts().update(remote_ids=ids)
-        attempt.this_attempts().update(final_config=recorded_config(trainer))
-        logging.getLogger("training").info("Run %s: training on backend %s in %s (attempt %s)",
-                                           run.pk, trainer.train_engine_name, run_path, run.attempts)
+        sinks = [dashboard]
+        try:  # the trainer closes its sinks when it trains; one that is never built must close them here
+            sinks = [DatabaseSink(attempt.recorder), dashboard, *prepare_run(run, kwargs)]  # the project's trackers, alerts
+            if uploader is not None:
+                sinks.append(CheckpointUploadSink(uploader))
+                # The backend's own rotation could delete a checkpoint before it is stored; the store keeps
+                # the project's number and the uploader clears stored ones from the scratch folder.
+                kwargs["config"]["trainer.max_checkpoints"] = 0
+            trainer = AgentTrainer(**kwargs, sinks=sinks, **attempt.trainer_hooks())
+            spec = check_spec(kwargs, run.config_overrides)  # what the form checked, checked again where it runs
+            check_platform_keys(trainer, spec["pinned"], spec["user_keys"])
+            if hasattr(trainer.train_processor, "remote_ids_callback"):  # remote backends: show job/deployment ids as they appear
+                trainer.train_processor.remote_ids_callback = lambda ids: attempt.this_attempts().update(remote_ids=ids)
+            attempt.this_attempts().update(final_config=recorded_config(trainer))
+            logging.getLogger("training").info("Run %s: training on backend %s in %s (attempt %s)",
+                                               run.pk, trainer.train_engine_name, run_path, run.attempts)
+        except BaseException:
+            close_unused(sinks)
+            raise
         attempt.train(trainer)
     return attempt.status
+
+
+def close_unused(sinks: list[Any]) -> None:
+    """Close the sinks of a trainer that was never built (their flush threads would outlive the attempt)."""
+    for sink in sinks:
+        try:
+            sink.close()
+        except Exception:  # noqa: BLE001 - the attempt's own error is the one to report
+            logging.getLogger("training").warning("Closing %s failed.", type(sink).__name__, exc_info=True)
 
 
 def recorded_config(trainer: Any) -> dict[str, Any] | None:

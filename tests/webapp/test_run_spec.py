@@ -6,6 +6,7 @@ the registry's arguments hidden; a clone starts from it."""
 from __future__ import annotations
 
 import html
+import threading
 
 import pytest
 from django.core.files.base import ContentFile
@@ -208,3 +209,18 @@ def test_a_run_created_over_the_api_stores_the_spec_its_check_validated(owner, a
     assert run.spec["trainer"]["config"]["trainer.total_training_steps"] == 2
     assert response.json()["spec"] == api_client(owner).get(f"/api/runs/{run.pk}/").json()["spec"]
     assert response.json()["spec"]["config"]["data.max_response_length"] == 4  # the agent's default, resolved
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trainer_that_cannot_be_built_leaves_no_writer_thread_behind(make_run, registry, settings, tmp_path):
+    """The sinks are made before the trainer, which closes them when it trains: one never built must
+    not leave the metric store's flush thread running in the worker."""
+    settings.RUNS_DIR = tmp_path
+    run = queued_with_spec(make_run)
+    run.spec["trainer"]["config"]["trainer.total_training_steps"] = "many"
+    run.save(update_fields=["spec"])
+    claim(run.pk, "test-worker")
+    assert train_run(run.pk) == Run.Status.FAILED
+    run.refresh_from_db()
+    assert "trainer.total_training_steps" in run.error, run.error
+    assert f"run-{run.pk}-dashboard" not in {thread.name for thread in threading.enumerate() if thread.is_alive()}
