@@ -285,6 +285,11 @@ class TrainerProcessor(ABC):
             self._unpublished.pop(0)
         return done
 
+    def held_back(self) -> list[Path]:
+        """Checkpoints this attempt saved whole but could not publish yet (the database away), oldest
+        first: ``publish_checkpoint`` publishes them with the next one."""
+        return list(self._unpublished)
+
     def _rotate_published(self) -> None:
         keep = int(getattr(getattr(getattr(self, "config", None), "trainer", None), "max_checkpoints", 0) or 0)
         folder = self.checkpoint_dir()
