@@ -18,7 +18,9 @@ Every write of the attempt is fenced by its attempt number (``Fence``): the repo
 under a lock of the run's row (``lock_for_attempt``), row changes in their filtered update,
 checkpoints and the final model written in the attempt's own folder (``<run>/attempts/<n>``) and
 published into the run's by a rename under that lock (``Fence.holding``), uploads after
-``may_write``, the end itself by ``Run.finish``'s filtered update.
+``may_write``, the end itself by ``Run.finish``'s filtered update. The attempt's own folder names its
+training process as its writer; once the attempt has ended and nothing of that process runs, each
+worker's housekeeping removes the folder (``remove_ended_attempt_folders``).
 """
 
 from __future__ import annotations
@@ -243,8 +245,12 @@ class Attempt:
         self.run_path = str(run.folder())
         self.fence = Fence(run, self.on_lost)
         # Its own folder names this process's session: once none of it runs, the folder is removed
-        # (remove_ended_attempt_folders), and not before.
-        record_writer(attempt_folder(self.run_path, run.attempts))
+        # (remove_ended_attempt_folders), and not before; a folder without it is kept.
+        try:
+            record_writer(attempt_folder(self.run_path, run.attempts))
+        except OSError as exc:  # a full disk, say: the run goes on, its folder stays after it
+            logger.warning("Run %s: attempt %s could not record its writer (%s); its folder will be kept.",
+                           run.pk, run.attempts, exc)
         # Reports are spooled in the run's folder until stored: what a killed attempt reported but did
         # not store, this one writes first, so a step logged before a checkpoint is never lost.
         self.recorder = self.fence.guard(with_database(
