@@ -1,12 +1,16 @@
 """Each worker's housekeeping thread, and its graceful stop.
 
 The thread (started when the worker is ready, in every mode: ``manage.py platform`` starts a worker
-too) does two things:
+too) does three things:
 
 * the **dispatcher** sends queued platform runs whose ``dispatch_at`` is due to their backend's
   queue, once a second. The web side only records runs (the outbox); a run created while the broker
   was down is sent when it is back, and one sent but never claimed is sent again after
   ``RUN_REDISPATCH_SECONDS``. Every worker dispatches; a filtered update decides which one sends.
+* the **attempt folders' sweep** (every ``ATTEMPT_FOLDERS_SWEEP_SECONDS``, with the liveness sweep)
+  removes the own folders (``<run>/attempts/<n>``) of attempts that ended (their run ended, or a
+  later attempt took it) once no process of their writer can run any more on this machine
+  (``workers.lifecycle.remove_ended_attempt_folders``);
 * the **liveness sweep** finds running runs nobody heartbeats for any more (``Run.objects.lost()``)
   every ``RUN_SWEEP_SECONDS`` and re-queues them (they resume from their last checkpoint) or fails
   them once their backend's ``max_attempts`` are used. It only judges after this process has
@@ -42,6 +46,7 @@ from webapp.fleet.models import WorkerState
 from webapp.integrations import alerts
 from webapp.runs.models import Run
 from workers.execute import EXECUTE_RUN
+from workers.lifecycle import remove_ended_attempt_folders
 from workers.playground import dispatch_due_requests
 from workers.processes import kill_session_of
 from workers.releases import release_in_background, retry_remote_releases
@@ -51,6 +56,8 @@ logger = logging.getLogger(__name__)
 DISPATCH_POLL_SECONDS = 1.0
 # After a failed send (broker down) the run is tried again this much later.
 BROKER_RETRY_SECONDS = 2.0
+# How often this machine's run folders are looked through for ended attempts' folders to remove.
+ATTEMPT_FOLDERS_SWEEP_SECONDS = 30.0
 
 
 def dispatch_due_runs(limit: int = 100) -> int:
@@ -109,6 +116,7 @@ class Housekeeper:
         self._thread = threading.Thread(target=self._loop, name="housekeeping", daemon=True)
         self._database_since: float | None = None  # since when this process reaches the database
         self._last_sweep = 0.0
+        self._last_folder_sweep = 0.0
         self._last_tick: float | None = None
         self._worker = worker
         self._last_seen = 0.0
@@ -141,6 +149,9 @@ class Housekeeper:
                 self._last_sweep = now
                 recover_lost_runs()  # before dispatching: a run re-queued now is sent in this tick
                 retry_remote_releases()  # lost runs' paid resources a deletion left (refused, or cut short)
+                if now - self._last_folder_sweep >= ATTEMPT_FOLDERS_SWEEP_SECONDS:
+                    self._last_folder_sweep = now
+                    remove_ended_attempt_folders()  # ended attempts' own folders, once nothing of them runs
                 alerts.tick()  # runs gone quiet, alerts due for (re)delivery; never raises
             dispatch_due_runs()
             dispatch_due_requests()  # questions to runs' trained models (webapp.playground), the same outbox way

@@ -18,13 +18,16 @@ Every write of the attempt is fenced by its attempt number (``Fence``): the repo
 under a lock of the run's row (``lock_for_attempt``), row changes in their filtered update,
 checkpoints and the final model written in the attempt's own folder (``<run>/attempts/<n>``) and
 published into the run's by a rename under that lock (``Fence.holding``), uploads after
-``may_write``, the end itself by ``Run.finish``'s filtered update.
+``may_write``, the end itself by ``Run.finish``'s filtered update. The attempt's own folder names its
+training process as its writer; once the attempt has ended and nothing of that process runs, each
+worker's housekeeping removes the folder (``remove_ended_attempt_folders``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -36,12 +39,15 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models.functions import Now
 
+from training.backends.processor import attempt_folder
 from training.platform.artifacts import ArtifactStoreError, RunUploader
 from training.errors import OwnerUnknown, RunSuperseded
 from webapp.policy.checks import redact
 from webapp.runs import artifacts
+from webapp.runs.artifacts import RUN_FOLDER
 from webapp.runs.models import AttemptSuperseded, Checkpoint, Run, lock_for_attempt
 from webapp.runs.recording import RunLogHandler, RunRecorder
+from workers.processes import record_writer, writer_gone
 
 logger = logging.getLogger(__name__)
 training_logger = logging.getLogger("training")
@@ -238,6 +244,13 @@ class Attempt:
         self.run = run
         self.run_path = str(run.folder())
         self.fence = Fence(run, self.on_lost)
+        # Its own folder names this process's session: once none of it runs, the folder is removed
+        # (remove_ended_attempt_folders), and not before; a folder without it is kept.
+        try:
+            record_writer(attempt_folder(self.run_path, run.attempts))
+        except OSError as exc:  # a full disk, say: the run goes on, its folder stays after it
+            logger.warning("Run %s: attempt %s could not record its writer (%s); its folder will be kept.",
+                           run.pk, run.attempts, exc)
         # Reports are spooled in the run's folder until stored: what a killed attempt reported but did
         # not store, this one writes first, so a step logged before a checkpoint is never lost.
         self.recorder = self.fence.guard(with_database(
@@ -405,6 +418,54 @@ def record_end(run: Run, cancelled: bool, steps: int, metrics: dict, checkpoint:
     if not run.finish(status, **fields):
         return Run.objects.get(pk=run.pk).status
     return status
+
+
+def remove_ended_attempt_folders(runs_dir: str | Path | None = None) -> list[Path]:
+    """Remove the folders (``<run>/attempts/<n>``) of ended attempts whose writer is gone, under
+    ``runs_dir`` (default RUNS_DIR, this machine's run folders). An attempt has ended when its run
+    has (succeeded, failed, cancelled, pruned) or a later attempt was claimed (it was superseded, or
+    re-queued); its writer is gone when ``workers.processes.writer_gone`` says that no process of
+    its session can run any more: a writer on another machine, or still alive (frozen), keeps its
+    folder until a worker of its own machine finds it gone. What such a folder holds was never
+    published (what was is in the run's folder, hard-linked, untouched by this), or is a copy of
+    what was: an unpublished or superseded checkpoint, a staging folder, verl's metrics file and
+    rollout dumps. A folder that the run's row names (its ``checkpoint``, a checkpoint row) is
+    kept. Returns the folders removed. Called by each worker's housekeeping thread."""
+    root = Path(runs_dir if runs_dir is not None else settings.RUNS_DIR)
+    found: dict[int, tuple[str, Path]] = {}
+    try:
+        for attempts in root.glob("*/attempts"):
+            match = RUN_FOLDER.match(attempts.parent.name)
+            if match and attempts.is_dir():
+                found[int(match[1])] = (match[2], attempts)
+    except OSError:
+        return []
+    if not found:
+        return []
+    named: dict[int, list[str]] = {}
+    for run_id, path in Checkpoint.objects.filter(run_id__in=found).values_list("run_id", "path"):
+        named.setdefault(run_id, []).append(path)
+    removed = []
+    for run_id, uid, status, current, checkpoint in Run.objects.filter(pk__in=found).values_list(
+            "pk", "uid", "status", "attempts", "checkpoint"):
+        uid_hex, attempts = found[run_id]
+        if uid.hex != uid_hex:
+            continue
+        names = [Path(path).resolve() for path in [checkpoint, *named.get(run_id, [])] if path]
+        for folder in sorted(attempts.iterdir()):
+            if not folder.name.isdigit() or not (status in Run.FINAL or int(folder.name) < current):
+                continue
+            if any(name.is_relative_to(folder.resolve()) for name in names) or not writer_gone(folder):
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            if not folder.exists():
+                removed.append(folder)
+                logger.info("Run %s: removed the folder of its ended attempt %s (%s).", run_id, folder.name, folder)
+        try:
+            attempts.rmdir()  # once the last is gone
+        except OSError:
+            pass
+    return removed
 
 
 def database_unreachable(exc: BaseException | None) -> bool:

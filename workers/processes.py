@@ -8,13 +8,15 @@ environment, the database it uses and the GPU of its slot.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 from urllib.parse import quote
 
 import psutil
@@ -84,6 +86,58 @@ def _session_of(pid: int) -> int | None:
         return os.getsid(pid)
     except (ProcessLookupError, PermissionError, psutil.Error):
         return None
+
+
+def session_alive(session: int) -> bool:
+    """Whether a process of session ``session`` (not a zombie) is alive on this machine. Its number
+    stays the session's while any process of it lives: the kernel gives it to no other."""
+    return any(_session_of(pid) == session for pid in psutil.pids())
+
+
+# -- who writes an attempt's folder ---------------------------------------------------------------
+# An attempt's training process records itself in its folder (``record_writer``), so that a worker
+# on the same machine can tell, later, that nothing of it runs any more (``writer_gone``): only then
+# is what it left there removed (``workers.lifecycle.remove_ended_attempt_folders``).
+WRITER_FILE = "writer.json"
+
+
+def this_machine() -> dict[str, Any]:
+    """This machine as a writer records it: its host name, when it booted, its process namespace
+    (a container restarted on the same host is a new one: nothing of the old one runs)."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = None
+    return {"host": socket.gethostname(), "boot": psutil.boot_time(), "namespace": namespace}
+
+
+def record_writer(folder: str | Path) -> Path:
+    """Record this process's session (a training process leads its own: ``start_child``) and its
+    machine as the writer of ``folder``, an attempt's own folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = folder / f".{WRITER_FILE}.{os.getpid()}"
+    written.write_text(json.dumps({**this_machine(), "session": os.getsid(0), "pid": os.getpid()}))
+    os.replace(written, folder / WRITER_FILE)
+    return folder / WRITER_FILE
+
+
+def writer_gone(folder: str | Path) -> bool:
+    """True when nothing of the session recorded as ``folder``'s writer can run any more: it ran on
+    this machine, and the machine (or its container) started again since, or no process of that
+    session is alive. False when it may still run, or cannot be told here (another machine's writer,
+    whose own workers judge it; no record)."""
+    try:
+        writer = json.loads((Path(folder) / WRITER_FILE).read_text())
+        session = int(writer["session"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    here = this_machine()
+    if writer.get("host") != here["host"]:
+        return False
+    if (writer.get("boot"), writer.get("namespace")) != (here["boot"], here["namespace"]):
+        return True
+    return not session_alive(session)
 
 
 def terminate_session(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:

@@ -7,12 +7,14 @@ over a real tiny torch model. The SDK's TrainerJobManager, DeploymentManager, We
 DeploymentSampler and FiretitanTrainingClient, and all of our code, are real.
 """
 
+import hashlib
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,8 +22,11 @@ import pytest
 import torch
 
 from standins.fireworks_service import FireworksStandIn
+from standins.ownership import Ownership
 from task_rewards import PROMPTS, starts_a_to_m
 from training import AgentTrainer
+from training.backends.tinker_protocol.fireworks import LEDGER_FILE, ResourceLedger
+from training.errors import RunSuperseded
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +75,7 @@ def test_reward_rises_weights_hotload_each_step_and_nothing_is_left_running(plat
     assert platform.running() == []
     job, deployment = ids[-1]["fireworks_trainer_job"], ids[-1]["fireworks_deployment"]
     assert sorted(platform.deleted) == sorted([f"job:{job}", f"deployment:{deployment}"])
-    record = json.loads((tmp_path / "checkpoints" / "step-10" / "checkpoint.json").read_text())
+    record = json.loads((tmp_path / "checkpoints" / "checkpoint-10" / "checkpoint.json").read_text())
     assert record["remote_ids"] == ids[-1] and record["state_path"] in trainer_side.snapshots
 
 
@@ -138,6 +143,67 @@ def test_what_a_killed_attempt_left_running_is_deleted_by_the_next(platform, tmp
     assert set(left) <= set(platform.deleted)
     assert platform.running() == []
     assert json.loads((tmp_path / "fireworks_resources.json").read_text()) == []
+
+
+def test_attempts_publish_their_records_into_the_run_and_a_stale_one_changes_nothing(platform, tmp_path):
+    """Per-attempt folders on fireworks, as on tinker and trl: records in ``attempts/<n>/checkpoints``,
+    published into the run's ``checkpoints`` while the attempt owns the run; the next attempt resumes
+    from the newest published; a stale attempt (its write check answered before the takeover)
+    publishes nothing, is stopped, and still deletes its job and deployment. The fence is
+    ``standins.ownership`` (the platform's: tests/workers/test_publish_fence.py)."""
+    ownership = Ownership(1)
+
+    def train(attempt: int, steps: int, may_write=None):
+        return trainer(platform, tmp_path, steps, attempt=attempt, write_fence=ownership.fence(attempt),
+                       may_write=may_write or ownership.may_write(attempt), extra={"trainer.save_freq": 1}).train()
+
+    assert train(1, 2).steps == 2
+    assert names(tmp_path / "checkpoints") == ["checkpoint-1", "checkpoint-2"]
+    assert names(tmp_path / "attempts" / "1" / "checkpoints") == ["checkpoint-2"]
+    ownership.holder = 2
+    assert train(2, 3).steps == 3
+    assert platform.trainer.counts["load_weights"] == 1 and platform.trainer.counts["forward_backward"] == 3
+    finished = published(tmp_path)
+
+    with pytest.raises(RunSuperseded, match="Not publishing the checkpoint of step 4"):
+        train(1, 5, may_write=lambda: True)
+    stale = json.loads((tmp_path / "attempts" / "1" / "checkpoints" / "checkpoint-4" / "checkpoint.json").read_text())
+    assert stale["step"] == 4 and stale["state_path"] in platform.trainer.snapshots  # saved, in its own folder only
+    assert published(tmp_path) == finished
+    assert platform.running() == [] and len(platform.deleted) == 6  # each attempt's job and deployment
+    assert json.loads((tmp_path / "fireworks_resources.json").read_text()) == []
+
+
+def test_two_attempts_writing_the_resource_ledger_at_once_lose_no_entry(tmp_path):
+    """The ledger is the one run file every attempt writes, a superseded one too (what it provisioned
+    must be deleted): concurrent changes are serialized by a file lock, none is lost."""
+    path = tmp_path / LEDGER_FILE
+    start = threading.Barrier(2)
+
+    def attempt(name: str) -> None:
+        ledger = ResourceLedger(path)  # each its own, as two processes have
+        start.wait()
+        for i in range(40):
+            ledger.add("job", f"{name}-{i}")
+            if i % 2:
+                ledger.remove("job", f"{name}-{i}")
+
+    threads = [threading.Thread(target=attempt, args=(name,)) for name in ("first", "second")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(e["id"] for e in ResourceLedger(path).entries()) == sorted(
+        f"{name}-{i}" for name in ("first", "second") for i in range(0, 40, 2))
+
+
+def names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("checkpoint-*"))
+
+
+def published(run: Path) -> dict[str, str]:
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((run / "checkpoints").rglob("*")) if p.is_file()}
 
 
 def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):

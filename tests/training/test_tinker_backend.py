@@ -6,13 +6,16 @@ results) over a real tiny torch model. Everything on our side of the wire is rea
 ServiceClient/TrainingClient/SamplingClient, our rollout engine, datums, losses and checkpoints.
 """
 
+import hashlib
 import json
 import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from standins.ownership import Ownership
 from standins.tinker_service import TinkerStandIn
 from task_rewards import PROMPTS, starts_a_to_m
 from training import AgentTrainer
@@ -70,14 +73,14 @@ def test_reward_rises_and_the_service_weights_change(service, tmp_path, sink):
         assert name in sink.metrics[-1], name
     assert abs(sink.metrics[0]["kl"]) < 1e-3  # the sampler served the weights the trainer scored
     assert list(service.sessions.values())[0]["finished"] == "success"
-    record = json.loads((tmp_path / "checkpoints" / "step-10" / "checkpoint.json").read_text())
+    record = json.loads((tmp_path / "checkpoints" / "checkpoint-10" / "checkpoint.json").read_text())
     assert record["state_path"].startswith("tinker://") and record["state_path"] in service.snapshots
 
 
 def test_resume_loads_the_recorded_service_checkpoint(service, tmp_path):
     first = trainer(service, tmp_path, 2, extra={"trainer.save_freq": 1}).train()
     assert first.steps == 2
-    state = json.loads((tmp_path / "checkpoints" / "step-2" / "checkpoint.json").read_text())["state_path"]
+    state = json.loads((tmp_path / "checkpoints" / "checkpoint-2" / "checkpoint.json").read_text())["state_path"]
 
     resumed = trainer(service, tmp_path, 3).train()
     assert resumed.steps == 3
@@ -97,7 +100,7 @@ def test_cancel_stops_after_the_step_and_ends_the_session(service, tmp_path, sin
     result = trainer(service, tmp_path, 20, sink, should_stop=lambda: len(sink.metrics) >= 2).train()
     assert result.stopped and result.steps == 2
     assert list(service.sessions.values())[0]["finished"] == "interrupted"
-    assert (tmp_path / "checkpoints" / "step-2" / "checkpoint.json").is_file()  # kept for a resume
+    assert (tmp_path / "checkpoints" / "checkpoint-2" / "checkpoint.json").is_file()  # kept for a resume
 
 
 def test_rllm_tinker_names_are_accepted(service, tmp_path):
@@ -221,11 +224,12 @@ def test_rllm_lora_layer_names_reach_the_service(service, tmp_path):
 
 
 def test_a_superseded_run_writes_no_checkpoint_record_and_publishes_no_final_weights(service, tmp_path, sink):
-    """``may_write`` (a platform's fencing token) is asked before each checkpoint record and before
-    the final weights are published: once it says no, nothing more of the run is written."""
-    (tmp_path / "checkpoints" / "step-2").mkdir(parents=True)
+    """Without an attempt (the library alone) records are written in the run's folder: ``may_write``
+    (a platform's fencing token) is asked before each checkpoint record and before the final weights
+    are published; once it says no, nothing more of the run is written."""
+    (tmp_path / "checkpoints" / "checkpoint-2").mkdir(parents=True)
     successor = b'{"written": "by the attempt that owns the run now"}'
-    (tmp_path / "checkpoints" / "step-2" / "checkpoint.json").write_bytes(successor)
+    (tmp_path / "checkpoints" / "checkpoint-2" / "checkpoint.json").write_bytes(successor)
     asked = []
 
     def may_write():
@@ -234,11 +238,66 @@ def test_a_superseded_run_writes_no_checkpoint_record_and_publishes_no_final_wei
 
     with pytest.raises(RunSuperseded, match="Not writing the checkpoint of step 2"):
         trainer(service, tmp_path, 4, sink, may_write=may_write, extra={"trainer.save_freq": 1, "trainer.resume_mode": "disable"}).train()
-    assert asked == [1, 2]  # the checkpoints of steps 1 and 2
-    assert (tmp_path / "checkpoints" / "step-2" / "checkpoint.json").read_bytes() == successor
+    assert asked == [1, 1, 2]  # step 1's record (written, then its rotation), step 2's record
+    assert (tmp_path / "checkpoints" / "checkpoint-2" / "checkpoint.json").read_bytes() == successor
     assert service.counts["save_weights"] == 1  # step 1's state only
     assert list(service.sessions.values())[0]["finished"] == "errored"
 
     with pytest.raises(RunSuperseded, match=r"Not writing the final weights \(step 2\)"):
         trainer(service, tmp_path / "two", 2, may_write=lambda: False).train()
     assert service.counts["save_weights_for_sampler"] == 3 + 2  # the first run: start, steps 1-2; this one: start, step 1
+
+
+def test_attempts_publish_their_records_into_the_run_and_a_stale_one_changes_nothing(service, tmp_path):
+    """Per-attempt folders on tinker, as on trl (test_attempt_checkpoints.py): each attempt records its
+    checkpoints in ``attempts/<n>/checkpoints`` and publishes them into the run's ``checkpoints`` while
+    it owns the run; the next attempt resumes from the newest published; a stale attempt (its write
+    check answered before the takeover) saves in its own folder only, publishes nothing and is stopped.
+    The service is the stand-in; the fence is ``standins.ownership`` (the platform's is
+    tests/workers/test_publish_fence.py)."""
+    ownership = Ownership(1)
+
+    def train(attempt: int, steps: int, may_write=None):
+        return trainer(service, tmp_path, steps, attempt=attempt, write_fence=ownership.fence(attempt),
+                       may_write=may_write or ownership.may_write(attempt),
+                       extra={"trainer.save_freq": 1, "trainer.max_checkpoints": 2}).train()
+
+    first = train(1, 2)
+    assert first.steps == 2
+    assert checkpoint_names(tmp_path / "checkpoints") == ["checkpoint-1", "checkpoint-2"]
+    assert checkpoint_names(tmp_path / "attempts" / "1" / "checkpoints") == ["checkpoint-2"]  # its newest only
+    assert not list(tmp_path.glob("checkpoints/step-*"))
+
+    ownership.holder = 2  # the next attempt: it resumes from the state attempt 1 published
+    state = json.loads((tmp_path / "checkpoints" / "checkpoint-2" / "checkpoint.json").read_text())["state_path"]
+    second = train(2, 4)
+    assert second.steps == 4 and service.counts["load_weights"] == 1 and state in service.snapshots
+    assert service.counts["forward_backward"] == 4  # 2 + 2: nothing trained twice
+    assert checkpoint_names(tmp_path / "checkpoints") == ["checkpoint-3", "checkpoint-4"]  # rotated by the owner
+    finished = published(tmp_path)
+    saved = service.counts["save_weights"]
+
+    # Attempt 1 again, stale: its lease check answered before the takeover, so it trains step 5 and
+    # saves the state on the service; recording it in the run is refused, which stops it.
+    with pytest.raises(RunSuperseded, match="Not publishing the checkpoint of step 5"):
+        train(1, 6, may_write=lambda: True)
+    assert service.counts["save_weights"] == saved + 1
+    stale = json.loads((tmp_path / "attempts" / "1" / "checkpoints" / "checkpoint-5" / "checkpoint.json").read_text())
+    assert stale["step"] == 5 and stale["state_path"] in service.snapshots  # in its own folder only
+    assert published(tmp_path) == finished  # not listed, nothing rotated out, no resume would read it
+    assert not (tmp_path / "attempts" / "1" / "publishing" / "checkpoint-5").exists()
+
+    ownership.holder = 3  # a later attempt resumes from what attempt 2 published, never the stale record
+    third = train(3, 5)
+    assert third.steps == 5 and service.counts["forward_backward"] == 4 + 1 + 1
+    assert json.loads((tmp_path / "checkpoints" / "checkpoint-5" / "checkpoint.json").read_text())["state_path"] != stale["state_path"]
+
+
+def checkpoint_names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("checkpoint-*"))
+
+
+def published(run: Path) -> dict[str, str]:
+    """Every file of the run's published checkpoints, with its content's hash."""
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((run / "checkpoints").rglob("*")) if p.is_file()}

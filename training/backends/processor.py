@@ -46,6 +46,11 @@ def free_space(folder: str | Path) -> str:
     return f"{free / 2**20:.1f} MB" if free < 2**30 else f"{free / 2**30:.1f} GB"
 
 
+def attempt_folder(run_path: str | Path, attempt: int) -> Path:
+    """The folder of a run's attempt ``attempt``: ``<run path>/attempts/<attempt>``."""
+    return Path(run_path) / "attempts" / str(attempt)
+
+
 class TrainerProcessor(ABC):
     """A training backend. ``AgentTrainer`` calls, in this order: ``check_agent``,
     ``check_dataset``, ``check_reward``, ``check_config``, then ``mark_initialized`` and ``train``.
@@ -189,7 +194,7 @@ class TrainerProcessor(ABC):
     def attempt_dir(self) -> Path:
         """This attempt's own folder (``<run path>/attempts/<n>``): what it writes before publishing.
         Without an attempt, the run's folder."""
-        return self.path / "attempts" / str(self.attempt) if self.attempt is not None else self.path
+        return attempt_folder(self.path, self.attempt) if self.attempt is not None else self.path
 
     def attempt_checkpoint_dir(self) -> Path:
         """Where this attempt's trainer saves its checkpoints (and rotates them): its own folder's
@@ -284,6 +289,11 @@ class TrainerProcessor(ABC):
                 self.sinks.log_checkpoint(step, target)
             self._unpublished.pop(0)
         return done
+
+    def held_back(self) -> list[Path]:
+        """Checkpoints this attempt saved whole but could not publish yet (the database away), oldest
+        first: ``publish_checkpoint`` publishes them with the next one."""
+        return list(self._unpublished)
 
     def _rotate_published(self) -> None:
         keep = int(getattr(getattr(getattr(self, "config", None), "trainer", None), "max_checkpoints", 0) or 0)

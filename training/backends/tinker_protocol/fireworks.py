@@ -21,9 +21,11 @@ The training step is the tinker backend's (``training.backends.tinker_protocol.s
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,12 @@ LEDGER_FILE = "fireworks_resources.json"
 
 class ResourceLedger:
     """The paid resources of a run not yet seen deleted (``[{"kind": "job"|"deployment", "id": ...}]``),
-    kept in the run's folder so that they outlive the process that created them."""
+    kept in the run's folder so that they outlive the process that created them.
+
+    The one file of the run that every attempt writes, a superseded one too: what it provisioned
+    must be listed to be deleted, whoever holds the run. Each change is a read and a rewrite under
+    an exclusive lock of ``<ledger>.lock``, so an attempt and the one that took it over never drop
+    each other's entries."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -55,14 +62,22 @@ class ResourceLedger:
             return []
 
     def add(self, kind: str, resource_id: str) -> None:
-        self._write([*self.entries(), {"kind": kind, "id": resource_id}])
+        with self._locked():
+            self._write([*self.entries(), {"kind": kind, "id": resource_id}])
 
     def remove(self, kind: str, resource_id: str) -> None:
-        self._write([e for e in self.entries() if (e["kind"], e["id"]) != (kind, resource_id)])
+        with self._locked():
+            self._write([e for e in self.entries() if (e["kind"], e["id"]) != (kind, resource_id)])
+
+    @contextmanager
+    def _locked(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or its process dies
+            yield
 
     def _write(self, entries: list[dict[str, str]]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(".tmp")
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         temporary.write_text(json.dumps(entries))
         temporary.replace(self.path)  # never half-written, even if the process dies here
 

@@ -19,8 +19,10 @@ The step is the same on both services, and is written once here (``RemoteTrainin
    dataset is scored through the same sampler (``trainer.test_freq``, ``val_before_train``, with
    ``rollout.val_kwargs``; greedy is temperature 0), metrics ``val/<data_source>/...`` as on trl;
 5. every ``trainer.save_freq`` steps (and at the end) the training state is saved on the service
-   and its path recorded in ``<run>/checkpoints/step-N/checkpoint.json``, from which a re-run
-   resumes (``trainer.resume_mode=auto``).
+   and its path recorded in ``checkpoint-N/checkpoint.json``, written in the attempt's own folder
+   (``<run>/attempts/<n>/checkpoints``, on a platform) and published into the run's
+   ``<run>/checkpoints`` (``TrainerProcessor.publish_checkpoint``: by a rename, only while the
+   attempt owns the run), from which a re-run resumes (``trainer.resume_mode=auto``).
 
 What differs between the services lives in a ``ServiceSession`` (how the session is opened, how
 the sampler follows new weights, what is provisioned and torn down) in ``tinker_backend.py`` and
@@ -157,16 +159,20 @@ class CheckpointRecord:
     service: str
     remote_ids: dict[str, str] = field(default_factory=dict)
 
-    def write(self, directory: Path) -> Path:
-        target = directory / f"step-{self.step}"
+    def write(self, target: Path) -> Path:
+        """The record as ``target/checkpoint.json``, never half-written (a process may die here)."""
         target.mkdir(parents=True, exist_ok=True)
-        (target / CHECKPOINT_FILE).write_text(json.dumps(self.__dict__, indent=1))
+        written = target / f".{CHECKPOINT_FILE}.{os.getpid()}"
+        written.write_text(json.dumps(self.__dict__, indent=1))
+        os.replace(written, target / CHECKPOINT_FILE)
         return target
 
     @staticmethod
     def latest(directory: Path) -> "CheckpointRecord | None":
+        """The newest readable record in ``directory``: ``checkpoint-N``, or ``step-N`` as runs
+        recorded them before (a run re-queued across an upgrade resumes from those)."""
         records = []
-        for path in directory.glob(f"step-*/{CHECKPOINT_FILE}"):
+        for path in [*directory.glob(f"checkpoint-*/{CHECKPOINT_FILE}"), *directory.glob(f"step-*/{CHECKPOINT_FILE}")]:
             try:
                 records.append(CheckpointRecord(**json.loads(path.read_text())))
             except (OSError, ValueError, TypeError) as exc:
@@ -335,8 +341,8 @@ class RemoteTrainingLoop:
 
             torch.set_num_threads(cfg.trainer.cpu_threads)
         tokenizer = processor.load_tokenizer()
-        checkpoints = processor.checkpoint_dir()
-        resume = CheckpointRecord.latest(checkpoints) if cfg.trainer.resume_mode == "auto" else None
+        # The run's published records: an earlier attempt's newest (never a superseded one's).
+        resume = CheckpointRecord.latest(processor.checkpoint_dir()) if cfg.trainer.resume_mode == "auto" else None
         if resume is not None:
             logger.info("resuming from step %d: %s", resume.step, resume.state_path)
         start = resume.step if resume else 0
@@ -367,13 +373,14 @@ class RemoteTrainingLoop:
                     break
                 sampler_path = self.train_step(step, session, tokenizer)
                 if self._save_due(step, total):
-                    self.save(step, session, sampler_path, checkpoints)
+                    self.save(step, session, sampler_path)
                     saved = step
                 if processor.should_stop():
                     stopped = step < total
                     break
             if stopped and step > saved:  # a cancelled run keeps what it trained: a re-run resumes here
-                self.save(step, session, sampler_path, checkpoints)
+                self.save(step, session, sampler_path)
+            processor.publish_checkpoint(None)  # any a database outage held back
             self.outcomes.check_finished(step, stopped)
             outcome = "interrupted" if stopped else "success"
         except (KeyboardInterrupt, Terminated):
@@ -543,18 +550,28 @@ class RemoteTrainingLoop:
         freq = self.config.trainer.save_freq
         return step == total or (freq > 0 and step % freq == 0)
 
-    def save(self, step: int, session: ServiceSession, sampler_path: str, directory: Path) -> None:
-        # The record (and the rotation below) could replace what a later attempt of the run wrote.
-        self.processor.check_may_write(f"the checkpoint of step {step}")
-        state_path = remote_call(self.service, f"save_state at step {step}", lambda: session.save_state(f"state-{step:06d}"))
-        record = CheckpointRecord(step=step, state_path=state_path, sampler_path=sampler_path, service=self.service, remote_ids=dict(session.remote_ids))
-        record.write(directory)
-        logger.info("checkpoint of step %d: %s", step, state_path)
-        keep = self.config.trainer.max_checkpoints
-        if keep:
-            steps = sorted(int(p.parent.name.split("-", 1)[1]) for p in directory.glob(f"step-*/{CHECKPOINT_FILE}"))
-            for old in steps[:-keep]:
-                shutil.rmtree(directory / f"step-{old}", ignore_errors=True)
+    def save(self, step: int, session: ServiceSession, sampler_path: str) -> None:
+        """Save the training state on the service, record it in this attempt's own folder and publish
+        the record into the run's (``TrainerProcessor.publish_checkpoint``: only while the attempt
+        owns the run; the run's ``trainer.max_checkpoints`` rotation is done there too). A record a
+        database outage held back is published with the next one; a superseded attempt's stays in
+        its own folder, never read by a resume."""
+        processor = self.processor
+        written = processor.attempt_checkpoint_dir() / f"checkpoint-{step}"
+
+        def save_and_record() -> None:  # after ``may_write`` (write_files): the state is paid for
+            state_path = remote_call(self.service, f"save_state at step {step}", lambda: session.save_state(f"state-{step:06d}"))
+            CheckpointRecord(step=step, state_path=state_path, sampler_path=sampler_path, service=self.service,
+                             remote_ids=dict(session.remote_ids)).write(written)
+            logger.info("checkpoint of step %d: %s", step, state_path)
+
+        processor.write_files(f"the checkpoint of step {step}", written, save_and_record)
+        processor.publish_checkpoint(written)
+        if processor.attempt is not None:  # the attempt's own folder keeps its newest, and those not published yet
+            keep = {written, *processor.held_back()}
+            for older in processor.attempt_checkpoint_dir().glob("checkpoint-*"):
+                if older not in keep:
+                    shutil.rmtree(older, ignore_errors=True)
 
 
 def lr_schedule(config: Config) -> Callable[[int], float]:
