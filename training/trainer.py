@@ -23,7 +23,7 @@ from training.backends.processor import (
 from training.tracking.sinks import MetricSink
 from training.rewards import reward_in_file
 from training.utils import cuda_device_count, import_object, is_verl_available
-from training.errors import ConfigError, Problems
+from training.errors import ConfigError, Problems, RunSuperseded
 
 
 def choose_backend(name: str | None) -> str:
@@ -192,8 +192,15 @@ class AgentTrainer:
             raise ValueError("The training processor is not initialized; construction must finish before train().")
         try:
             result = self.train_processor.train()
+        except RunSuperseded:
+            raise
+        except BaseException:
+            self._publish_records_quietly()  # a failed or interrupted run's records up to its end
+            raise
         finally:
             _close_episode_loop()
+        if hasattr(self.train_processor, "publish_run_files"):  # a processor of the user's own may lack it
+            self.train_processor.publish_run_files(wait=True)  # the records of an attempt: published at its end
         if hasattr(result, "ignored_keys"):  # the settings said at construction to change nothing here
             result.ignored_keys = dict(getattr(self.train_processor, "ignored_keys", {}))
         if getattr(result, "stopped", False):  # stopped on request, or to be resumed: not judged
@@ -204,6 +211,14 @@ class AgentTrainer:
         if hasattr(result, "warnings"):  # a processor registered by a user may return a type of its own
             result.warnings = warnings
         return result
+
+    def _publish_records_quietly(self) -> None:
+        if not hasattr(self.train_processor, "publish_run_files"):
+            return
+        try:
+            self.train_processor.publish_run_files(wait=False)
+        except Exception as exc:  # noqa: BLE001 - the run's own error is the one raised
+            logger.warning("The run's records were not published: %s", exc)
 
     async def inference(self, dataset: Any = None) -> Any:
         """The agent on ``dataset`` (default: the test dataset), as AWorld's ``await trainer.inference()``.

@@ -8,6 +8,7 @@ Ownership is a value the test changes (a takeover); each attempt's fence asks it
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,10 @@ def starts_with_a(task, response):
 
 
 def train(run_path: Path, attempt: int, ownership: Ownership, steps: int, sink=None, may_write=None):
+    return trainer(run_path, attempt, ownership, steps, sink, may_write).train()
+
+
+def trainer(run_path: Path, attempt: int, ownership: Ownership, steps: int, sink=None, may_write=None) -> AgentTrainer:
     config = {"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 2, "data.train_batch_size": 1,
               "data.max_response_length": 2, "trainer.total_training_steps": steps, "trainer.save_freq": 2,
               "trainer.max_checkpoints": 2, "trainer.logger": ["jsonl"]}
@@ -31,12 +36,17 @@ def train(run_path: Path, attempt: int, ownership: Ownership, steps: int, sink=N
         train_dataset=[{"prompt": "x="}], reward_func=starts_with_a, backend="trl", run_path=str(run_path), config=config,
         sinks=[sink] if sink is not None else [], attempt=attempt, write_fence=ownership.fence(attempt),
         may_write=may_write or (lambda: ownership.holder == attempt),
-    ).train()
+    )
 
 
 def files(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for part in ("checkpoints", "final_model") for p in sorted((folder / part).rglob("*")) if p.is_file()}
+            for part in ("checkpoints", "final_model", "config.yaml", "metrics.jsonl")
+            for p in ([folder / part] if (folder / part).is_file() else sorted((folder / part).rglob("*"))) if p.is_file()}
+
+
+def logged_steps(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
 
 
 def names(folder: Path) -> list[str]:
@@ -55,12 +65,18 @@ def test_attempts_publish_their_checkpoints_resume_from_the_newest_and_a_stale_o
     second = train(tmp_path, 2, ownership, 6, sink=sink)
     assert second.steps == 6 and [m["step"] for m in sink.metrics] == [5, 6]
     assert names(tmp_path / "checkpoints") == ["checkpoint-4", "checkpoint-6"]  # trainer.max_checkpoints, rotated by the owner
-    finished = files(tmp_path)
+    assert logged_steps(tmp_path / "metrics.jsonl") == [1, 2, 3, 4, 5, 6]  # each attempt's records, published
 
-    # Attempt 1 again, stale: its lease check answered before the takeover (may_write says yes), so it
-    # trains and saves, in its own folder; publishing is refused and stops it.
+    # A third attempt, built while it held the run, then frozen past a takeover: its lease check
+    # answered before the takeover (may_write says yes), so it trains, logs and saves in its own
+    # folder; publishing is refused and stops it.
+    ownership.holder = 3
+    stale = trainer(tmp_path, 3, ownership, 8, may_write=lambda: True)
+    finished = files(tmp_path)
+    ownership.holder = 4
     with pytest.raises(RunSuperseded, match="checkpoint of step 8"):
-        train(tmp_path, 1, ownership, 8, may_write=lambda: True)
-    assert (tmp_path / "attempts" / "1" / "checkpoints" / "checkpoint-8" / "trainer_state.json").is_file()
-    assert files(tmp_path) == finished  # not listed, nothing rotated out, the final model untouched
-    assert not (tmp_path / "attempts" / "1" / "publishing" / "checkpoint-8").exists()
+        stale.train()
+    assert (tmp_path / "attempts" / "3" / "checkpoints" / "checkpoint-8" / "trainer_state.json").is_file()
+    assert logged_steps(tmp_path / "attempts" / "3" / "metrics.jsonl")[-2:] == [7, 8]
+    assert files(tmp_path) == finished  # not listed, nothing rotated out, no step logged, the final model untouched
+    assert not (tmp_path / "attempts" / "3" / "publishing" / "checkpoint-8").exists()

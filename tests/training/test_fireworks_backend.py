@@ -153,9 +153,12 @@ def test_attempts_publish_their_records_into_the_run_and_a_stale_one_changes_not
     ``standins.ownership`` (the platform's: tests/workers/test_publish_fence.py)."""
     ownership = Ownership(1)
 
-    def train(attempt: int, steps: int, may_write=None):
+    def build(attempt: int, steps: int, may_write=None):
         return trainer(platform, tmp_path, steps, attempt=attempt, write_fence=ownership.fence(attempt),
-                       may_write=may_write or ownership.may_write(attempt), extra={"trainer.save_freq": 1}).train()
+                       may_write=may_write or ownership.may_write(attempt), extra={"trainer.save_freq": 1})
+
+    def train(attempt: int, steps: int, may_write=None):
+        return build(attempt, steps, may_write).train()
 
     assert train(1, 2).steps == 2
     assert names(tmp_path / "checkpoints") == ["checkpoint-1", "checkpoint-2"]
@@ -163,10 +166,13 @@ def test_attempts_publish_their_records_into_the_run_and_a_stale_one_changes_not
     ownership.holder = 2
     assert train(2, 3).steps == 3
     assert platform.trainer.counts["load_weights"] == 1 and platform.trainer.counts["forward_backward"] == 3
-    finished = published(tmp_path)
 
+    ownership.holder = 1  # attempt 1 again, built while it held the run (its config published then), stale since
+    stale_trainer = build(1, 5, may_write=lambda: True)
+    ownership.holder = 2
+    finished = published(tmp_path)
     with pytest.raises(RunSuperseded, match="Not publishing the checkpoint of step 4"):
-        train(1, 5, may_write=lambda: True)
+        stale_trainer.train()
     stale = json.loads((tmp_path / "attempts" / "1" / "checkpoints" / "checkpoint-4" / "checkpoint.json").read_text())
     assert stale["step"] == 4 and stale["state_path"] in platform.trainer.snapshots  # saved, in its own folder only
     assert published(tmp_path) == finished

@@ -322,12 +322,15 @@ def test_attempts_publish_into_the_run_and_a_stale_one_changes_nothing(tmp_path)
 
     ownership = Ownership(1)
 
-    def train(attempt: int, steps: int, may_write=None):
+    def build(attempt: int, steps: int, may_write=None):
         return AgentTrainer(
             train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
             config=config(steps, **{"trainer.save_freq": 2, "trainer.max_checkpoints": 2}), attempt=attempt,
             write_fence=ownership.fence(attempt), may_write=may_write or (lambda: ownership.holder == attempt),
-        ).train()
+        )
+
+    def train(attempt: int, steps: int, may_write=None):
+        return build(attempt, steps, may_write).train()
 
     def published() -> dict[str, str]:
         return {str(p.relative_to(tmp_path)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -343,9 +346,12 @@ def test_attempts_publish_into_the_run_and_a_stale_one_changes_nothing(tmp_path)
     second = train(2, 4)
     assert second.steps == 4 and names(tmp_path / "checkpoints") == ["checkpoint-2", "checkpoint-4"]
     assert json.loads((tmp_path / "swift" / "job.json").read_text())["swift_args"]["resume_from_checkpoint"] == first.checkpoint
-    finished = published()
 
+    ownership.holder = 1  # attempt 1 again, built while it held the run (its config published then), stale since
+    stale = build(1, 6, may_write=lambda: True)
+    ownership.holder = 2
+    finished = published()
     with pytest.raises(RunSuperseded, match="checkpoint of step 6"):
-        train(1, 6, may_write=lambda: True)
+        stale.train()
     assert (tmp_path / "attempts" / "1" / "checkpoints" / "checkpoint-6").is_dir()
     assert published() == finished  # not listed, nothing rotated out

@@ -257,10 +257,13 @@ def test_attempts_publish_their_records_into_the_run_and_a_stale_one_changes_not
     tests/workers/test_publish_fence.py)."""
     ownership = Ownership(1)
 
-    def train(attempt: int, steps: int, may_write=None):
+    def build(attempt: int, steps: int, may_write=None):
         return trainer(service, tmp_path, steps, attempt=attempt, write_fence=ownership.fence(attempt),
                        may_write=may_write or ownership.may_write(attempt),
-                       extra={"trainer.save_freq": 1, "trainer.max_checkpoints": 2}).train()
+                       extra={"trainer.save_freq": 1, "trainer.max_checkpoints": 2})
+
+    def train(attempt: int, steps: int, may_write=None):
+        return build(attempt, steps, may_write).train()
 
     first = train(1, 2)
     assert first.steps == 2
@@ -274,13 +277,17 @@ def test_attempts_publish_their_records_into_the_run_and_a_stale_one_changes_not
     assert second.steps == 4 and service.counts["load_weights"] == 1 and state in service.snapshots
     assert service.counts["forward_backward"] == 4  # 2 + 2: nothing trained twice
     assert checkpoint_names(tmp_path / "checkpoints") == ["checkpoint-3", "checkpoint-4"]  # rotated by the owner
-    finished = published(tmp_path)
     saved = service.counts["save_weights"]
 
-    # Attempt 1 again, stale: its lease check answered before the takeover, so it trains step 5 and
-    # saves the state on the service; recording it in the run is refused, which stops it.
+    # Attempt 1 again, built while it held the run (its config published then), stale since: its lease
+    # check answered before the takeover, so it trains step 5 and saves the state on the service;
+    # recording it in the run is refused, which stops it.
+    ownership.holder = 1
+    stale_trainer = build(1, 6, may_write=lambda: True)
+    ownership.holder = 2
+    finished = published(tmp_path)
     with pytest.raises(RunSuperseded, match="Not publishing the checkpoint of step 5"):
-        train(1, 6, may_write=lambda: True)
+        stale_trainer.train()
     assert service.counts["save_weights"] == saved + 1
     stale = json.loads((tmp_path / "attempts" / "1" / "checkpoints" / "checkpoint-5" / "checkpoint.json").read_text())
     assert stale["step"] == 5 and stale["state_path"] in service.snapshots  # in its own folder only

@@ -219,8 +219,8 @@ class BuiltinProcessor(TrainerProcessor):
         names = self.config.trainer.logger
         if "console" in names:
             self.sinks.add(ConsoleSink(self.config.trainer.total_training_steps))
-        if "jsonl" in names or "file" in names:
-            self.sinks.add(JsonlSink(self.run_path))
+        if "jsonl" in names or "file" in names:  # in the attempt's folder, published with each checkpoint
+            self.sinks.add(JsonlSink(self.seed_run_files()))
         # The run folder keeps every episode, unless the caller's sinks keep them elsewhere (the platform's store).
         if self.config.trainer.log_episodes and not self.sinks.stores_episodes:
             self.sinks.add(ParquetEpisodeSink(self.run_path))
@@ -239,9 +239,11 @@ class BuiltinProcessor(TrainerProcessor):
             "ignored_keys": self.ignored_keys,
             **self.config.to_dict(),
         }
-        target = self.path / "config.yaml"
+        target = self.attempt_dir() / "config.yaml"
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(yaml.safe_dump(document, sort_keys=False))
-        return target
+        self.publish_run_files(("config.yaml",))
+        return self.path / "config.yaml"
 
     def _probe_agent_and_env(self, task: dict) -> None:
         """Build one agent and one environment from the first row and play one turn, as the rollouts

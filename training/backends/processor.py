@@ -19,6 +19,10 @@ from training.errors import DiskFull, OwnerUnknown, RunSuperseded
 
 T = TypeVar("T")
 
+# The run's record files: an attempt writes them in its own folder and publishes them into the run's
+# (its config at construction, the appended ones with each checkpoint and at the end).
+RUN_RECORDS = ("config.yaml", "verl_config.yaml", "metrics.jsonl", "episodes.jsonl")
+
 
 def disk_full(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or what caused it) is a full disk: ENOSPC, or the libraries' words for it
@@ -255,6 +259,52 @@ class TrainerProcessor(ABC):
             self._refused(what)
         return target
 
+    def publish_run_files(self, names: tuple[str, ...] = RUN_RECORDS, wait: bool = False) -> bool:
+        """Publish the run's record files this attempt writes in its own folder (``RUN_RECORDS``: its
+        config, ``metrics.jsonl``, ``episodes.jsonl``) into the run's, as ``publish`` does a checkpoint:
+        copied (never linked: the attempt goes on appending to its own), then renamed into place while
+        the attempt owns the run. False when ownership cannot be told now (published the next time);
+        ``RunSuperseded`` when another process owns the run. Without an attempt they are in place."""
+        staged = self._stage_run_files(names)
+        if not staged:
+            return True
+        try:
+            published = self._while_owner(lambda: _put_in_place(staged), wait)
+        except OwnerUnknown:
+            _discard(staged)
+            return False
+        if not published:
+            _discard(staged)
+            self._refused("the run's records")
+        return True
+
+    def _stage_run_files(self, names: tuple[str, ...] = RUN_RECORDS) -> list[tuple[Path, Path]]:
+        if self.attempt is None:
+            return []
+        folder = self.attempt_dir() / "publishing"
+        staged = []
+        for name in names:
+            source = self.attempt_dir() / name
+            if source.is_file():
+                folder.mkdir(parents=True, exist_ok=True)
+                copy = folder / f"{name}.{os.getpid()}"
+                shutil.copyfile(source, copy)
+                staged.append((copy, self.path / name))
+        return staged
+
+    def seed_run_files(self, names: tuple[str, ...] = ("metrics.jsonl", "episodes.jsonl")) -> Path:
+        """The folder the run's appended records go to: this attempt's own, starting from what the
+        run has published (the earlier attempts' records up to their last published checkpoint),
+        or, without an attempt, the run's."""
+        folder = self.attempt_dir()
+        if self.attempt is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in names:
+                published, own = self.path / name, folder / name
+                if published.is_file() and not own.exists():
+                    shutil.copyfile(published, own)
+        return folder
+
     def _refused(self, what: str) -> None:
         self._stop.set()
         raise RunSuperseded(f"Not publishing {what}: another process owns this run now.")
@@ -275,8 +325,11 @@ class TrainerProcessor(ABC):
             if source.is_dir() and step is not None:
                 target = self.checkpoint_dir() / source.name
 
-                def then(target: Path = target) -> None:
+                records = self._stage_run_files()  # the records up to this checkpoint, published with it
+
+                def then(target: Path = target, records: list = records) -> None:
                     self._rotate_published()
+                    _put_in_place(records)
                     if after is not None:
                         after(target)
 
@@ -285,6 +338,8 @@ class TrainerProcessor(ABC):
                 except OwnerUnknown as exc:
                     logger.warning("checkpoint %s: not published yet (%s); published with the next one", source.name, exc)
                     return done
+                finally:
+                    _discard(records)
                 done.append((step, target))
                 self.sinks.log_checkpoint(step, target)
             self._unpublished.pop(0)
@@ -316,6 +371,16 @@ class TrainerProcessor(ABC):
         if not self._stop.is_set() and any(check() for check in self._stop_checks):
             self._stop.set()
         return self._stop.is_set()
+
+
+def _put_in_place(staged: list[tuple[Path, Path]]) -> None:
+    for copy, target in staged:
+        os.replace(copy, target)
+
+
+def _discard(staged: list[tuple[Path, Path]]) -> None:
+    for copy, _ in staged:
+        copy.unlink(missing_ok=True)
 
 
 def _link_or_copy(source: str, target: str) -> None:

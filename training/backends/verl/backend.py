@@ -755,9 +755,11 @@ class VerlProcessor(BuiltinProcessor):
     def write_verl_config(self) -> Path:
         from omegaconf import OmegaConf
 
-        target = self.path / "verl_config.yaml"
+        target = self.attempt_dir() / "verl_config.yaml"
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(OmegaConf.to_yaml(self.verl_config))
-        return target
+        self.publish_run_files(("verl_config.yaml",))
+        return self.path / "verl_config.yaml"
 
     def train(self) -> TrainResult:
         from omegaconf import OmegaConf
