@@ -104,6 +104,12 @@ def test_a_checkpoint_folder_is_the_parents_own_never_a_link_out_of_it(api_clien
     os.symlink(elsewhere, parent.folder() / "checkpoints" / "checkpoint-3")
     answer = fork(api_client(owner), parent, step=3)
     assert answer.status_code == 400 and "no stored checkpoint of step 3" in str(answer.json()["step"])
+    # Nor a link inside a checkpoint (its run's own process wrote the folder).
+    weights = parent.folder() / "checkpoints" / "checkpoint-2" / "model.safetensors"
+    weights.unlink()
+    os.symlink(elsewhere / "model.safetensors", weights)
+    answer = fork(api_client(owner), parent, step=2)
+    assert answer.status_code == 400 and "holds links to files outside it" in str(answer.json()["model"]), answer.json()
     assert Run.objects.count() == 1
 
 
@@ -229,3 +235,11 @@ def test_the_command_line_forks_a_run(live_server, owner, parent, token_of, no_q
     assert cli(["--url", live_server.url, "--token", token_of(owner), "fork", str(parent.pk), "--step", "3"]) == 1
     err = capsys.readouterr().err
     assert "no stored checkpoint of step 3" in err and "{" not in err
+
+
+def test_the_playground_offers_the_checkpoints_to_fork_from(page_client, owner, viewer, project, parent):
+    Run.objects.filter(pk=parent.pk).update(project=project, visibility=Run.Visibility.TEAM)
+    for person in (owner, viewer):  # a viewer asks no model, but may fork the run into a personal run
+        page = page_client(person).get(f"/runs/{parent.pk}/playground/").content.decode()
+        assert 'id="playground-fork"' in page and f'name="fork" value="{parent.pk}"' in page
+        assert '<option value="2">2</option>' in page and '<option value="4" selected>4</option>' in page

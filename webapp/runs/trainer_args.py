@@ -70,6 +70,10 @@ def checkpoint_config(choice: str, run: Run, step: int) -> dict[str, Any]:
         raise ValueError(f"model {choice!r}: {problem}")
     folder = forks.checkpoint_folder(run, step)
     if not artifacts.shared():  # a shared store's copy is fetched by the worker; locally the folder is there to read
+        if any(path.is_symlink() for path in folder.rglob("*")):
+            # Written by the run's own process: a link would load another run's (or person's) files as the fork's weights.
+            raise ValueError(f"model {choice!r}: run {run.pk}'s checkpoint of step {step} holds links to files "
+                             "outside it; a fork loads only the files a checkpoint holds.")
         if not is_saved_model(folder):
             raise ValueError(f"model {choice!r}: run {run.pk}'s checkpoint of step {step} holds no weights in the "
                              "Hugging Face format a fork loads (config.json or a LoRA adapter); its backend saves "
