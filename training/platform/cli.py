@@ -4,6 +4,7 @@ terminal, over its REST API.
     agent-trainer-platform login --url http://127.0.0.1:8000      # asks username and password, stores a token
     agent-trainer-platform create --agent copy-task --dataset copy --reward char-accuracy \\
         --backend trl --model tiny-char --set trainer.total_training_steps=3 --follow
+    agent-trainer-platform fork 12 --step 40 --set actor_rollout_ref.actor.optim.lr=1e-6 --follow
     agent-trainer-platform list --status running
     agent-trainer-platform follow 12                                 # one line per step until it ends
     agent-trainer-platform cancel 12
@@ -66,6 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--notes", default="")
     create.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     create.add_argument("--follow", action="store_true", help="then stream its metrics and log until it ends")
+
+    fork = commands.add_parser("fork", help="start a new run from a stored checkpoint of a run you may see")
+    fork.add_argument("run", type=int)
+    fork.add_argument("--step", type=int, required=True, help="the step of the run's checkpoint to start from")
+    for name in ("agent", "dataset", "reward"):
+        fork.add_argument(f"--{name}", default="", help=f"{name} name (default: the run's)")
+    fork.add_argument("--name", default="")
+    where = fork.add_mutually_exclusive_group()
+    where.add_argument("--project", type=int, help="project id (default: the run's project)")
+    where.add_argument("--personal", action="store_true", help="a personal run, in no project")
+    fork.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config key changed from the run's (repeatable)")
+    fork.add_argument("--follow", action="store_true", help="then stream its metrics and log until it ends")
 
     listing = commands.add_parser("list", help="runs you may see, newest first")
     listing.add_argument("--status")
@@ -153,19 +166,26 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             log_in(args.url, args.username, args.password_stdin, out)
             return 0
         client = PlatformClient(args.url, args.token)
-        if args.command == "create":
+        if args.command in ("create", "fork"):
             overrides = {}
             for item in args.set:
                 key, sep, value = item.partition("=")
                 if not sep:
                     raise ValueError(f"--set {item!r}: write KEY=VALUE.")
                 overrides[key.strip()] = _value(value.strip())
-            run = client.create_run(
-                kind="platform", name=args.name, project=args.project, visibility=args.visibility,
-                agent=args.agent, dataset=args.dataset, reward=args.reward, backend=args.backend, model=args.model,
-                overrides=overrides, tags=args.tags, notes=args.notes,
-            )
+            if args.command == "create":
+                run = client.create_run(
+                    kind="platform", name=args.name, project=args.project, visibility=args.visibility,
+                    agent=args.agent, dataset=args.dataset, reward=args.reward, backend=args.backend, model=args.model,
+                    overrides=overrides, tags=args.tags, notes=args.notes,
+                )
+            else:
+                where = {"project": None} if args.personal else {"project": args.project} if args.project else {}
+                run = client.fork_run(args.run, args.step, name=args.name, agent=args.agent, dataset=args.dataset,
+                                      reward=args.reward, overrides=overrides, **where)
             print(f"run {run['id']} {run['status']}: {client.url}{run['url']}", file=out)
+            if run.get("fork_note"):
+                print(run["fork_note"], file=out)
             if args.follow:
                 return 0 if follow_run(client, run["id"], out) == "succeeded" else 1
         elif args.command == "list":

@@ -135,6 +135,11 @@ class PlatformClient:
         """``kind="platform"`` (queued on the platform's workers) or ``kind="external"``; see the API docs."""
         return self.request("POST", "runs/", fields)
 
+    def fork_run(self, run_id: int, step: int, **fields: Any) -> dict:
+        """A new run from run ``run_id``'s stored checkpoint of ``step``, its choices and config changed
+        where ``fields`` say (``overrides``, ``agent``, ``dataset``, ``reward``, ``project``, ...)."""
+        return self.request("POST", f"runs/{run_id}/fork/", {"step": step, **fields})
+
     def list_runs(self, **filters: Any) -> list[dict]:
         return self.request("GET", "runs/", params={"limit": 100, **filters})["results"]
 

@@ -14,6 +14,7 @@ from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunctio
 from webapp.policy import limits
 from webapp.runs import table
 from webapp.runs.models import MAX_STEP, Run, RunLog
+from webapp.runs.forks import optimizer_note
 from webapp.runs.trainer_args import shown_spec
 from webapp.teams.models import Project
 
@@ -92,6 +93,10 @@ class RunSerializer(serializers.ModelSerializer):
                   "arguments of the agent, environment or workflow are hidden. Null: a run from before specs, "
                   "or an external run, until its first attempt.",
     )
+    fork_note = serializers.SerializerMethodField(
+        help_text="A fork: what it started from and what it carried over (its weights; whether its optimizer "
+                  "state came too); empty for a run that is no fork.",
+    )
     waiting = serializers.SerializerMethodField(
         help_text="A queued run: what it waits for (its place in its queue and the runs ahead, or that no worker "
                   "serves its queue); empty otherwise.",
@@ -101,7 +106,7 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = [
             "id", "url", "name", "owner", "project", "visibility", "kind", "status", "tags", "notes",
-            "agent", "dataset", "reward", "backend", "model", "config_overrides", "spec",
+            "agent", "dataset", "reward", "backend", "model", "config_overrides", "spec", "parent", "parent_step", "fork_note",
             "created_at", "started_at", "heartbeat_at", "finished_at", "cancel_requested_at",
             "worker", "steps", "error", "traceback", "warnings", "waiting", "final_metrics", "value_ranges", "remote_ids",
         ]
@@ -109,6 +114,9 @@ class RunSerializer(serializers.ModelSerializer):
 
     def get_spec(self, run: Run) -> dict | None:
         return shown_spec(run.spec)
+
+    def get_fork_note(self, run: Run) -> str:
+        return optimizer_note(run)
 
     def get_waiting(self, run: Run) -> str:
         if run.status != Run.Status.QUEUED:
@@ -164,6 +172,33 @@ class RunCreateSerializer(serializers.Serializer):
         return value
 
 
+class RunForkSerializer(serializers.Serializer):
+    """A fork of a run from one of its stored checkpoints: the parent's choices and config, each
+    changed where given."""
+
+    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP, help_text="The step of the parent's checkpoint to start from.")
+    overrides = serializers.DictField(
+        required=False, default=dict,
+        help_text='Config keys changed from the parent\'s, flat dotted keys or nested: {"actor_rollout_ref.actor.optim.lr": 1e-6}.',
+    )
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="", help_text="Default: '<parent> fork @<step>'.")
+    project = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=2**62,
+        help_text="Project id of the fork; null: a personal run; left out: the parent's project.",
+    )
+    visibility = serializers.ChoiceField(choices=Run.Visibility.choices, required=False,
+                                         help_text="Default: the parent's in its project, else private.")
+    agent = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="Agent name or id; default: the parent's.")
+    dataset = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="Dataset name or id; default: the parent's.")
+    reward = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="Reward function name; default: the parent's.")
+    notes = serializers.CharField(max_length=limits.MAX_NOTES_CHARS, required=False, allow_blank=True, default="")
+
+    def validate_overrides(self, value: dict) -> dict:
+        _no_nul(value, "overrides")
+        limits.check_json_overrides(value)
+        return value
+
+
 class MetricStepSerializer(serializers.Serializer):
     step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
     metrics = serializers.DictField(child=serializers.FloatField(allow_null=True), allow_empty=False)
@@ -211,6 +246,7 @@ class RunListQuerySerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=Run.Status.choices, required=False)
     kind = serializers.ChoiceField(choices=Run.Kind.choices, required=False)
     project = serializers.IntegerField(required=False, min_value=1, max_value=2**62)
+    parent = serializers.IntegerField(required=False, min_value=1, max_value=2**62, help_text="Only the forks of this run.")
     tag = serializers.CharField(required=False, max_length=100)
     q = serializers.CharField(required=False, max_length=200)
     ordering = serializers.CharField(

@@ -1,4 +1,4 @@
-"""The REST API: registry (read), projects, runs (create, list, filter, cancel, edit, delete),
+"""The REST API: registry (read), projects, runs (create, fork, list, filter, cancel, edit, delete),
 metrics (downsampled series, raw points) and logs, and the endpoints an external run reports
 through. Every run endpoint asks ``webapp.runs.access`` (a run the user may not see is a 404)."""
 
@@ -22,7 +22,7 @@ from webapp.api import ingest
 from webapp.api.serializers import (
     AfterQuerySerializer, AgentSerializer, BackendSerializer, DatasetSerializer, EpisodeQuerySerializer, FinishSerializer,
     HeartbeatSerializer, LedgerQuerySerializer, LogLineSerializer, LogsIngestSerializer, MetricsIngestSerializer, ProjectSerializer,
-    ModelSerializer, RewardFunctionSerializer, RunCreateSerializer, RunListQuerySerializer, RunSerializer, RunUpdateSerializer,
+    ModelSerializer, RewardFunctionSerializer, RunCreateSerializer, RunForkSerializer, RunListQuerySerializer, RunSerializer, RunUpdateSerializer,
     SeriesQuerySerializer,
 )
 from webapp.dashboard import episodes as episode_store
@@ -32,9 +32,11 @@ from webapp.dashboard.models import StoredEpisode
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs import table
 from webapp.runs.access import can, get_run_for_user, usable_entries
+from webapp.runs.forks import fork_choice, step_problem
 from webapp.runs.forms import RunForm, overrides_text
 from webapp.runs.models import Run, last_step_of
 from webapp.runs.submission import QuotaExceeded
+from webapp.runs.trainer_args import clone_overrides
 from webapp.teams.access import can_in_project, projects_for
 
 
@@ -104,6 +106,7 @@ def _with_query(request, **changes) -> str:
 # The access action each endpoint needs on its run.
 _ACTION_OF = {
     "retrieve": "view", "partial_update": "edit", "destroy": "delete", "cancel": "cancel",
+    "fork": "view",  # whoever may see a run may fork it (logged in: a share link does not); the project decides the rest
     "series": "view", "metrics": "view", "logs": "view", "episodes": "view", "episode": "view", "ledger": "view",
     "ingest_metrics": "edit", "ingest_logs": "edit", "heartbeat": "edit", "finish": "edit",
 }
@@ -143,6 +146,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
                 runs = runs.filter(**{field: filters[field]})
         if "project" in filters:
             runs = runs.filter(project_id=filters["project"])
+        if "parent" in filters:
+            runs = runs.filter(parent_id=filters["parent"])
         if filters.get("tag"):
             runs = runs.with_tag(filters["tag"])
         if filters.get("q"):
@@ -165,6 +170,23 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
             run = _create_external(request.user, data)
         else:
             run = _create_platform(request.user, data)
+        return Response(RunSerializer(run, context=self.get_serializer_context()).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=RunForkSerializer, responses={201: RunSerializer})
+    @action(detail=True, methods=["post"])
+    def fork(self, request, pk=None):
+        """Start a new run from the weights of this run's stored checkpoint of ``step``, its choices and
+        config changed where given (``overrides`` over its config keys; ``agent``, ``dataset``,
+        ``reward``, ``project``). Validated and queued like ``POST /api/runs/``; the fork records
+        ``parent`` and ``parent_step``. A step without a stored checkpoint is a 400, nothing queued."""
+        parent = self.get_object()
+        payload = RunForkSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        problem = step_problem(parent, data["step"])
+        if problem:
+            raise ValidationError({"step": [problem]})
+        run = _create_platform(request.user, _fork_data(parent, data))
         return Response(RunSerializer(run, context=self.get_serializer_context()).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, run: Run) -> None:
@@ -368,6 +390,26 @@ def _create_platform(user, data: dict) -> Run:
         return form.save(owner=user)
     except QuotaExceeded as exc:
         raise QuotaFull(str(exc)) from None
+
+
+def _fork_data(parent: Run, data: dict) -> dict:
+    """What ``_create_platform`` takes for a fork of ``parent`` (``RunForkSerializer``'s ``data``): the
+    parent's choices and the config it was validated with (``clone_overrides``), each changed where
+    given; its model the parent's checkpoint of the step."""
+    project = data["project"] if "project" in data else parent.project_id
+    same_project = project is not None and project == parent.project_id
+    return {
+        "name": data["name"] or f"{parent.name or f'run {parent.pk}'} fork @{data['step']}",
+        "project": project,
+        "visibility": data.get("visibility") or (parent.visibility if same_project else Run.Visibility.PRIVATE),
+        "agent": data["agent"] or (str(parent.agent_id) if parent.agent_id else ""),
+        "dataset": data["dataset"] or (str(parent.dataset_id) if parent.dataset_id else ""),
+        "reward": data["reward"] or (parent.reward.name if parent.reward_id else ""),
+        "backend": parent.backend.name if parent.backend_id else "",
+        "model": fork_choice(parent.pk, data["step"]),
+        "overrides": {**clone_overrides(parent), **flatten(data["overrides"])},
+        "tags": list(parent.tags or []), "notes": data["notes"],
+    }
 
 
 def _entry_pk(model, value: str, user, project: int | None) -> str:

@@ -1,5 +1,6 @@
 """The compare page's parameter view: the config keys on which the selected runs differ (and only
-those), and each run's final metrics, for a scatter of a metric against one hyperparameter."""
+those), and each run's final metrics, for a scatter of a metric against one hyperparameter; and
+where its forks are drawn: from the step of their parent they started at."""
 
 from __future__ import annotations
 
@@ -44,3 +45,32 @@ def parameter_context(runs: list) -> dict[str, Any]:
     """The compare page's template context for ``dashboard/compare_params.html``."""
     rows = differing_config(runs) if len(runs) > 1 else []
     return {"param_rows": rows, "param_points": parameter_points(runs, rows)}
+
+
+def fork_offsets(links: dict[int, tuple[int | None, int | None]]) -> dict[int, int]:
+    """How far each compared fork's steps move (``links``: each compared run's parent and parent step)
+    so that it is drawn from the step of its parent it started at: a fork's step k at
+    ``parent_step + k``, a fork of a fork further on by its parent's own offset, as far up as the
+    compared runs go. Runs whose parent is not compared keep their steps (left out)."""
+    offsets: dict[int, int] = {}
+
+    def offset(pk: int, seen: frozenset = frozenset()) -> int:
+        parent, step = links[pk]
+        if parent not in links or step is None or pk in seen:
+            return 0
+        if pk not in offsets:
+            offsets[pk] = step + offset(parent, seen | {pk})
+        return offsets[pk]
+
+    for pk in links:
+        offset(pk)
+    return {pk: value for pk, value in offsets.items() if value}
+
+
+def lineage_context(runs: list, aligned: bool) -> dict[str, Any]:
+    """The compare page's note on its forks: each fork whose parent is compared too, and by how much
+    its steps are moved (``aligned``) or that they are not."""
+    offsets = fork_offsets({run.pk: (run.parent_id, run.parent_step) for run in runs})
+    by_pk = {run.pk: run for run in runs}
+    forks = [{"run": run, "parent": by_pk[run.parent_id], "offset": offsets[run.pk]} for run in runs if run.pk in offsets]
+    return {"compared_forks": forks, "align": "fork" if aligned else "steps"}

@@ -20,11 +20,11 @@ from webapp.dashboard import ledger, series
 from webapp.dashboard.models import StoredEpisode
 from webapp.dashboard.views import login_or_share_link_required
 from webapp.fleet.queues import QueueBoard
-from webapp.runs import downloads, table
+from webapp.runs import downloads, forks, table
 from webapp.runs.access import can, get_run_for_user
 from webapp.runs.config_fields import config_fields
 from webapp.runs.forms import RunEditForm, RunForm
-from webapp.runs.models import Run, RunTableView
+from webapp.runs.models import MAX_STEP, Run, RunTableView
 from webapp.runs.submission import QuotaExceeded
 from webapp.teams.models import ShareLink
 
@@ -33,6 +33,8 @@ from webapp.teams.models import ShareLink
 PAGE_SIZE = 100
 # Steps of the ledger the run page shows (the newest first); the API gives a window of up to 500.
 LEDGER_PAGE_STEPS = 20
+# The forks of a run its page lists (newest steps last); the API lists them all.
+MAX_FORKS_LISTED = 50
 
 
 @login_required
@@ -188,7 +190,8 @@ def run_table_columns(request):
 
 @login_required
 def run_create(request):
-    """``?clone=<id>`` starts from a copy of that run's choices and config."""
+    """``?clone=<id>`` starts from a copy of that run's choices and config; ``?fork=<id>&step=<n>``
+    from that too, its model the weights of the run's checkpoint of step n (``webapp.runs.forks``)."""
     if request.method == "POST":
         form = RunForm(request.POST, user=request.user)
         if form.is_valid():
@@ -200,8 +203,18 @@ def run_create(request):
                 messages.success(request, f"Run {run.pk} is queued on the '{run.backend.queue}' queue.")
                 return redirect(run)
     else:
-        clone = _int(request.GET.get("clone"))
-        initial = RunForm.initial_from(get_run_for_user(request.user, clone, "run")) if clone else _chosen(request.GET)
+        clone, fork, step = (_bounded(request.GET.get(name)) for name in ("clone", "fork", "step"))
+        if fork is not None:  # whoever may see a run may fork it, into a project where they may start runs
+            parent = get_run_for_user(request.user, fork, "view")
+            problem = forks.step_problem(parent, step) if step is not None else "Choose the checkpoint's step to fork from."
+            if problem:
+                messages.error(request, problem)
+                return redirect(parent)
+            initial = RunForm.initial_for_fork(parent, step)
+        elif clone:
+            initial = RunForm.initial_from(get_run_for_user(request.user, clone, "run"))
+        else:
+            initial = _chosen(request.GET)
         form = RunForm(initial=initial, user=request.user)
     return render(request, "runs/run_form.html", {
         "form": form, "config_fields": config_fields(), "agent_needs": _agent_needs(form),
@@ -275,6 +288,10 @@ def run_detail(request, pk: int):
         "archives": downloads.archives(run),
         "stored_files": downloads.stored_files(run),
         "may": {action: can(request.user, run, action) for action in ("edit", "run", "cancel", "delete")},
+        "checkpoint_steps": forks.checkpoint_steps(run) if run.kind == Run.Kind.PLATFORM else [],
+        "fork_note": forks.optimizer_note(run),
+        "parent_visible": run.parent_id is not None and Run.objects.visible_to(request.user).filter(pk=run.parent_id).exists(),
+        "children": Run.objects.visible_to(request.user).filter(parent=run).order_by("parent_step", "pk")[:MAX_FORKS_LISTED],
         "edit_form": RunEditForm(instance=run),
         "share_links": run.share_links.active(),
     })
@@ -357,6 +374,13 @@ def run_waiting(request, pk: int):
     run = get_run_for_user(request.user, pk, "view")
     waiting = QueueBoard.load().run_waiting(run, request.user) if run.status == Run.Status.QUEUED else ""
     return JsonResponse({"status": run.status, "waiting": waiting})
+
+
+def _bounded(value: str | None) -> int | None:
+    """A run id or step from a query: None when it is none, or past ``MAX_STEP`` (no run id or step
+    is that large, and a number past the database's integers is never asked about)."""
+    number = _int(value, -1) if value and len(value) <= 12 else -1
+    return number if 0 <= number <= MAX_STEP else None
 
 
 def _int(value: str | None, default: int = 0) -> int:

@@ -22,7 +22,7 @@ from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET
 
 from webapp.dashboard import consumers, series
-from webapp.dashboard.compare import parameter_context
+from webapp.dashboard.compare import fork_offsets, lineage_context, parameter_context
 from webapp.dashboard.models import EpisodeSample
 from webapp.runs.access import get_run_for_user
 from webapp.runs.models import MAX_STEP, Run, last_step_of
@@ -185,6 +185,7 @@ def compare(request: HttpRequest):
         "chosen_count": len(chosen), "cap": cap, "rest_pages": rest,
         "compare_keys": [key for key in COMPARE_KEYS if key in keys],
         **parameter_context(runs),  # the config keys that differ, a metric against one of them
+        **lineage_context(runs, _aligned(request)),  # forks drawn from their parent's step
     })
 
 
@@ -199,7 +200,7 @@ def compare_series(request: HttpRequest) -> JsonResponse:
     return HttpResponse(orjson.dumps({
         "key": key,
         "runs": [{"id": pk, "name": runs[pk]["name"] or f"run {pk}", "status": runs[pk]["status"],
-                  **series.as_lists(by_run[pk])} for pk in sorted(runs)],
+                  "offset": runs[pk]["offset"], **series.as_lists(by_run[pk])} for pk in sorted(runs)],
     }), content_type="application/json")
 
 
@@ -223,6 +224,7 @@ def compare_series_packed(request: HttpRequest) -> HttpResponse:
     x_type = "int32" if not len(steps) or (steps.min() >= -2**31 and steps.max() < 2**31) else "float64"
     header = orjson.dumps({"key": key, "x_type": x_type, "runs": [
         {"id": pk, "name": runs[pk]["name"] or f"run {pk}", "status": runs[pk]["status"], "points": len(by_run[pk]["x"]),
+         "offset": runs[pk]["offset"],
          **{field: by_run[pk][field] for field in ("raw", "count", "last_step")}} for pk in ids]})
     padding = -(4 + len(header)) % 8
     body = b"".join([np.uint32(len(header)).astype("<u4").tobytes(), header, bytes(padding),
@@ -236,11 +238,35 @@ def _compare_query(request: HttpRequest) -> tuple[str, dict[int, dict], dict[int
     key = request.GET.get("key") or "reward"
     ids = _ints(",".join(request.GET.getlist("runs")))[:settings.COMPARE_MAX_RUNS]
     runs = {r["pk"]: r for r in Run.objects.visible_to(request.user).filter(pk__in=ids)
-            .values("pk", "uid", "name", "status", "metrics_at")}
+            .values("pk", "uid", "name", "status", "metrics_at", "parent_id", "parent_step")}
     query = _range_query(request)
     start, end, points = query["start"], query["end"], query["points"] or COMPARE_POINTS
-    by_run = series.downsample_ended([runs[pk] for pk in sorted(runs)], key, start, end, points) if runs else {}
+    offsets = fork_offsets({pk: (r["parent_id"], r["parent_step"]) for pk, r in runs.items()}) if _aligned(request) else {}
+    for pk, run in runs.items():
+        run["offset"] = offsets.get(pk, 0)
+    by_run = {}
+    for offset in sorted({offsets.get(pk, 0) for pk in runs}):
+        group = [runs[pk] for pk in sorted(runs) if offsets.get(pk, 0) == offset]
+        # The window in these runs' own steps (a window ending before a fork's first step: none of its points).
+        shifted = series.downsample_ended(group, key, None if start is None else max(start - offset, 0),
+                                          None if end is None else max(end - offset, 0), points)
+        by_run.update({pk: _shifted(found, offset) for pk, found in shifted.items()})
     return key, runs, by_run
+
+
+def _aligned(request: HttpRequest) -> bool:
+    """Whether forks are drawn from the step of their parent they started at (``?align=fork``, the
+    default) rather than at their own steps (``?align=steps``)."""
+    return request.GET.get("align", "fork") != "steps"
+
+
+def _shifted(found: dict, offset: int) -> dict:
+    """A downsampled series (``series.downsample_many(..., arrays=True)``) with its steps moved by ``offset``:
+    a copy, the cached one is left as it is."""
+    if not offset:
+        return found
+    last = found.get("last_step")
+    return {**found, "x": found["x"] + offset, **({"last_step": last + offset} if isinstance(last, int) and last >= 0 else {})}
 
 
 @login_required

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 from webapp.fleet.queues import QueueBoard
 from webapp.playground.forms import AskForm, model_choices, playground_queue
 from webapp.playground.models import PlaygroundRequest
+from webapp.runs import forks
 from webapp.runs.access import can, get_run_for_user
 from webapp.policy.limits import capped
 
@@ -29,6 +30,7 @@ def playground(request, pk: int):
     return render(request, "playground/playground.html", {
         "run": run, "form": AskForm(run=run), "models": model_choices(run), "may_ask": can(request.user, run, "run"),
         "rows": run.kind == run.Kind.PLATFORM and run.agent_id is not None,
+        "checkpoint_steps": forks.checkpoint_steps(run) if run.kind == run.Kind.PLATFORM else [],  # to fork a new run from
         "queue": playground_queue(run), "own_queue": bool(settings.PLAYGROUND_QUEUE),
         "limits": {"queue_seconds": settings.PLAYGROUND_QUEUE_SECONDS, "reply_seconds": settings.PLAYGROUND_REPLY_SECONDS,
                    "max_new_tokens": settings.PLAYGROUND_MAX_NEW_TOKENS},

@@ -14,7 +14,9 @@ MODEL_KEY = "actor_rollout_ref.model.path"
 TRUST_KEY = "actor_rollout_ref.model.trust_remote_code"
 CHECKPOINT_DIR_KEY = "trainer.default_local_dir"
 PYTHON_KEY = "trainer.python"
-RUN_MODEL = re.compile(r"^run:(\d{1,18})$")  # a run's model choice naming another run's trained model
+# A run's model choice naming another run's trained model (``run:<id>``) or the weights of one of
+# its published checkpoints (``run:<id>@<step>``: a fork, ``webapp.runs.forks``).
+RUN_MODEL = re.compile(r"^run:(\d{1,18})(?:@(\d{1,10}))?$")
 
 # Keys a run's overrides never set, with why. The platform sets each itself (from the chosen Model
 # entry, the Backend an admin configured, and the run's own folder): a path reaches other people's

@@ -346,17 +346,22 @@ def fetch_folder(run, key: str) -> Path | None:
 
 
 def fetch_trained_model(model_choice: str) -> Path | None:
-    """For a run that starts from another run's model (``run:<id>``) with a shared store: that run's
-    final model, fetched into this machine's folder for it (where ``model_config`` points). None
-    for any other model."""
+    """For a run that starts from another run's model (``run:<id>``) or from one of its checkpoints
+    (``run:<id>@<step>``, a fork) with a shared store: that run's final model or checkpoint, fetched
+    into this machine's folder for it (where ``model_config`` points). None for any other model."""
     match = RUN_MODEL.match((model_choice or "").strip())
     if not shared() or not match:
         return None
     source = Run.objects.filter(pk=int(match.group(1))).first()
-    key = final_model_key(source) if source is not None else None
+    if match.group(2) is not None:
+        what = f"run {match.group(1)}'s checkpoint of step {match.group(2)}"
+        key = dict(run_checkpoints(source)).get(int(match.group(2))) if source is not None else None
+    else:
+        what = f"run {match.group(1)}'s final model"
+        key = final_model_key(source) if source is not None else None
     if key is None:
-        raise ArtifactStoreError(f"run {match.group(1)}'s final model is not in the artifact store")
-    return _retrying(lambda: fetch_folder(source, key), f"fetch run {source.pk}'s final model")
+        raise ArtifactStoreError(f"{what} is not in the artifact store")
+    return _retrying(lambda: fetch_folder(source, key), f"fetch {what}")
 
 
 def read_json(run, name: str) -> dict:

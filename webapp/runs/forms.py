@@ -18,6 +18,7 @@ from webapp.policy.keys import permitted_overrides, refused_overrides
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs.access import entry_problem, usable_entries
 from webapp.runs.config_fields import config_fields
+from webapp.runs.forks import fork_choice, lineage
 from webapp.runs.models import Run
 from webapp.runs.submission import quota_problem, submit
 from webapp.runs.trainer_args import clone_overrides, field_for_error, model_config, model_defaults, run_spec, trainer_kwargs
@@ -216,6 +217,11 @@ class RunForm(forms.Form):
                 self.fields[name].queryset = usable_entries(user, model)
             self.fields["project"].queryset = projects_for(user, "run")
         self.fields["model"].widget.choices = self._model_choices(user)
+        chosen = str((self.data.get("model") if self.is_bound else self.initial.get("model")) or "").strip()
+        found = lineage(chosen)
+        if found:  # a fork's checkpoint is offered where it was chosen (the run page's Fork), not among every run's
+            self.fields["model"].widget.choices.append(
+                (chosen, f"run {found['parent_id']}: its checkpoint of step {found['parent_step']} (a fork)"))
         self.fields["backend"].find_unusable()
 
     @staticmethod
@@ -260,6 +266,13 @@ class RunForm(forms.Form):
             "model": run.model, **common, "overrides": overrides_text(overrides), "tags": ", ".join(run.tags),
             "notes": run.notes,
         }
+
+    @staticmethod
+    def initial_for_fork(parent: Run, step: int) -> dict[str, Any]:
+        """A fork of ``parent`` from its checkpoint of ``step``: the parent's choices and config
+        (``initial_from``), its model the checkpoint's weights."""
+        return {**RunForm.initial_from(parent), "name": f"{parent.name or f'run {parent.pk}'} fork @{step}",
+                "model": fork_choice(parent.pk, step)}
 
     def clean_visibility(self) -> str:
         return self.cleaned_data.get("visibility") or Run.Visibility.PRIVATE
@@ -333,13 +346,14 @@ class RunForm(forms.Form):
 
     def save(self, owner) -> Run:
         """Create the validated run for ``owner`` and queue it (``submission.submit``: within the
-        quota, which may have filled since ``clean``; ``QuotaExceeded`` then, nothing created)."""
+        quota, which may have filled since ``clean``; ``QuotaExceeded`` then, nothing created). A fork
+        (its model a run's checkpoint, ``run:<id>@<step>``) records its parent and step."""
         data = self.cleaned_data
         return submit(
             owner=owner, name=data["name"], project=data.get("project"), visibility=data["visibility"],
             agent=data["agent"], dataset=data["dataset"], reward=data["reward"], backend=data["backend"],
             model=data["model"], config_overrides=data["overrides"], tags=data["tags"], notes=data["notes"],
-            spec=self.spec,
+            spec=self.spec, **lineage(data["model"]),
         )
 
     def _validate_with_trainer(self, cleaned: dict[str, Any]) -> None:

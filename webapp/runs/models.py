@@ -121,6 +121,12 @@ class Run(models.Model):
     backend = models.ForeignKey(Backend, on_delete=models.PROTECT, related_name="runs", null=True, blank=True)
     model = models.CharField(max_length=500, blank=True, help_text="Hub id or path of the policy model; empty: the backend's default.")
     config_overrides = models.JSONField(default=dict, blank=True, help_text="Flat dotted keys, as the owner entered them.")
+    # A fork: the run it started from and the step of that run's checkpoint whose weights it
+    # started from (its model choice is ``run:<parent>@<step>``, ``webapp.runs.forks``). Kept when
+    # the parent is deleted as the step; the link then goes.
+    parent = models.ForeignKey("self", on_delete=models.SET_NULL, related_name="forks", null=True, blank=True,
+                               help_text="The run this one was forked from.")
+    parent_step = models.PositiveIntegerField(null=True, blank=True, help_text="The parent's checkpoint step it started from.")
     # What the run trains, resolved once when it was submitted and checked in the sandbox
     # (``trainer_args.run_spec``): every attempt builds its trainer from this, never from the
     # registry rows as they are later. Null: a run from before specs (resolved at its next attempt).

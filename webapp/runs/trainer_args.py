@@ -22,7 +22,7 @@ from webapp.policy.keys import (
     remote_ray_refusal,
 )
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction, local_path, path_under_model_roots
-from webapp.runs import artifacts
+from webapp.runs import artifacts, forks
 from webapp.runs.access import can
 from webapp.runs.models import Run
 
@@ -36,6 +36,8 @@ def model_config(choice: str, user=None) -> dict[str, Any]:
         run = Run.objects.filter(pk=int(match.group(1))).first()
         if run is None or user is None or not can(user, run, "view"):
             raise ValueError(f"model {choice!r}: there is no run {match.group(1)} that you may see.")
+        if match.group(2) is not None:  # a fork: the weights of one of its published checkpoints
+            return checkpoint_config(choice, run, int(match.group(2)))
         if artifacts.shared():  # on the store: the worker fetches it into its own folder for that run
             stored = run.status == Run.Status.SUCCEEDED and artifacts.final_model_key(run)
             trained = artifacts.scratch_folder(run) / "final_model" if stored else None
@@ -60,6 +62,28 @@ def model_config(choice: str, user=None) -> dict[str, Any]:
     return entry.trainer_config()
 
 
+def checkpoint_config(choice: str, run: Run, step: int) -> dict[str, Any]:
+    """The model keys of a fork of ``run`` from its checkpoint of ``step`` (``choice``: ``run:<id>@<step>``),
+    found among the checkpoints it published, never at a path anyone gives. ValueError saying why not."""
+    problem = forks.step_problem(run, step)
+    if problem:
+        raise ValueError(f"model {choice!r}: {problem}")
+    folder = forks.checkpoint_folder(run, step)
+    if not artifacts.shared():  # a shared store's copy is fetched by the worker; locally the folder is there to read
+        if any(path.is_symlink() for path in folder.rglob("*")):
+            # Written by the run's own process: a link would load another run's (or person's) files as the fork's weights.
+            raise ValueError(f"model {choice!r}: run {run.pk}'s checkpoint of step {step} holds links to files "
+                             "outside it; a fork loads only the files a checkpoint holds.")
+        if not is_saved_model(folder):
+            raise ValueError(f"model {choice!r}: run {run.pk}'s checkpoint of step {step} holds no weights in the "
+                             "Hugging Face format a fork loads (config.json or a LoRA adapter); its backend saves "
+                             "checkpoints only it can resume from.")
+        problem = adapter_base_problem(run, adapter_base(folder)) if is_adapter(folder) else None
+        if problem:
+            raise ValueError(f"model {choice!r}: {problem}")
+    return {MODEL_KEY: str(folder), "actor_rollout_ref.model.tokenizer_path": None, TRUST_KEY: False}
+
+
 def adapter_base_problem(run: Run, base: str) -> str | None:
     """Why the base model that ``run``'s LoRA adapter names may not be loaded, or None. The name is in a
     file the run's own process wrote: only the run's own base (inside its folder), a model under
@@ -78,7 +102,8 @@ def adapter_base_problem(run: Run, base: str) -> str | None:
 
 def model_defaults(choice: str) -> dict[str, Any]:
     """The config a run of the model ``choice`` gets under its own overrides: the registered entry's
-    ``default_config``; for ``run:<id>``, that of the model the run trained from (the settings it learns with)."""
+    ``default_config``; for ``run:<id>`` (or a fork's ``run:<id>@<step>``), that of the model the run trained
+    from (the settings it learns with)."""
     match = RUN_MODEL.match(choice.strip())
     if match:
         choice = Run.objects.filter(pk=int(match.group(1))).values_list("model", flat=True).first() or ""

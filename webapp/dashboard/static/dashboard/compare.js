@@ -44,7 +44,8 @@
     return Plotly.react(chart.div, traces, layout, Dash.config);
   }
 
-  function label(run) { return "#" + run.id + " " + run.name; }
+  // A fork drawn from its parent's step (the server moved its steps: views.fork_offsets) says so in its name.
+  function label(run) { return "#" + run.id + " " + run.name + (run.offset ? " (from step " + run.offset + ")" : ""); }
 
   // Past a few dozen runs: WebGL, and one trace per colour of the palette holding every run of that
   // colour, each run's line ended by a gap (null). Plotly pays per trace (a thousand WebGL traces took
