@@ -48,7 +48,8 @@ class EvaluationCreateSerializer(serializers.Serializer):
     max_tasks = serializers.IntegerField(min_value=1, max_value=10**9, required=False)
 
     def validate(self, data):
-        if ("alias" in data) == ("run" in data or "step" in data) or ("alias" not in data and not ("run" in data and "step" in data)):
+        by_alias, by_step = "alias" in data, "run" in data and "step" in data
+        if by_alias == by_step or (by_alias and ("run" in data or "step" in data)):
             raise serializers.ValidationError("Give the checkpoint as run and step, or as alias (not both).")
         return data
 
