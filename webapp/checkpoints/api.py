@@ -1,6 +1,6 @@
 """The checkpoints' REST API: a run's stored checkpoints with their metrics and aliases, a
 project's aliases (list, set or move, delete) and evaluations (start one, read the table). Every
-endpoint asks the runs' and projects' access helpers (``webapp.checkpoints.logic``): a run or
+endpoint asks the runs' and projects' access checks (``webapp.checkpoints.logic``): a run or
 project the caller may not see is a 404, a viewer's write a 403."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the checkpoint pages and API do, as plain functions: list a run's stored checkpoints with
 their metrics, set and resolve a project's aliases, submit an evaluation and read the evaluation
-table. Access is checked here, through the runs' and projects' one helpers, so every view asks the same."""
+table. Access is checked here, through the runs' and projects' own access functions, so every view asks the same."""
 
 from __future__ import annotations
 
