@@ -17,6 +17,7 @@ from webapp.checkpoints.models import CheckpointAlias, Evaluation, EvaluationSco
 from webapp.dashboard.series import arrays_after
 from webapp.playground.forms import playground_queue
 from webapp.registry.models import Dataset
+from webapp.runs import artifacts
 from webapp.runs.access import can
 from webapp.runs.downloads import published_checkpoints
 from webapp.runs.models import Run
@@ -63,8 +64,10 @@ def project_for_user(user, pk: int, action: str = "view") -> Project:
 # -- a run's stored checkpoints --------------------------------------------------------------
 
 def stored_steps(run: Run) -> list[int]:
-    """The steps of the checkpoints ``run`` keeps (its published folders, rotated ones gone)."""
-    return [step for step, _ in published_checkpoints(run)][-MAX_LISTED_CHECKPOINTS:]
+    """The steps of the checkpoints ``run`` keeps (its published folders, rotated ones gone; with a
+    shared artifact store, those stored there)."""
+    found = artifacts.run_checkpoints(run) if artifacts.shared() else published_checkpoints(run)
+    return sorted(step for step, _ in found)[-MAX_LISTED_CHECKPOINTS:]
 
 
 def metrics_at(run: Run, step: int) -> dict[str, float | None]:
