@@ -139,6 +139,7 @@ INSTALLED_APPS = [
     "webapp.integrations",
     "webapp.sweeps",
     "webapp.playground",
+    "webapp.checkpoints",
 ]
 
 MIDDLEWARE = [
@@ -359,6 +360,10 @@ PLAYGROUND_CPU_THREADS = envint("PLAYGROUND_CPU_THREADS", "1", minimum=1)
 # while runs train (`manage.py platform` starts one and sets this); empty: the run backend's queue,
 # where a question waits behind the runs that hold its slots.
 PLAYGROUND_QUEUE = os.environ.get("PLAYGROUND_QUEUE", "").strip()
+# Evaluations of checkpoints (webapp.checkpoints): the most rows of a dataset one scores, and how long
+# its worker's process may take before it is stopped.
+EVALUATION_MAX_TASKS = envint("EVALUATION_MAX_TASKS", "500", minimum=1)
+EVALUATION_SECONDS = envint("EVALUATION_SECONDS", "3600", minimum=10)
 
 # Alerts (webapp/integrations): the outbox's retries, the sender's queue, links in messages.
 ALERT_MAX_ATTEMPTS = envint("ALERT_MAX_ATTEMPTS", "8", minimum=1)

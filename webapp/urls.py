@@ -14,6 +14,7 @@ urlpatterns = [
     path("login/", LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("dashboard/", include("webapp.dashboard.urls")),
+    path("", include("webapp.checkpoints.urls")),  # before the API's router: its run and project paths go deeper
     path("api/", include("webapp.api.urls")),
     path("fleet/", include("webapp.fleet.urls")),
     path("", include("webapp.teams.urls")),

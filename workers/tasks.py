@@ -5,6 +5,7 @@ name, and ``workers.celery_app`` includes it by name."""
 from celery import shared_task
 
 from webapp.integrations.alerts import deliver_due, next_due_in
+from workers.evaluation import EVALUATE_CHECKPOINT, run_evaluation
 from workers.execute import EXECUTE_RUN, execute_run
 from workers.playground import ANSWER_REQUEST, answer_request
 
@@ -29,3 +30,9 @@ def deliver_alerts_task(self) -> dict:
 def playground_answer_task(self, request_id: int) -> str:
     """Answer one playground request on this worker's slot (``workers.playground``)."""
     return answer_request(request_id, worker_name=self.request.hostname or "worker")
+
+
+@shared_task(name=EVALUATE_CHECKPOINT, bind=True)
+def evaluate_checkpoint_task(self, evaluation_id: int) -> str:
+    """Score one checkpoint on a dataset on this worker's slot (``workers.evaluation``)."""
+    return run_evaluation(evaluation_id, worker_name=self.request.hostname or "worker")

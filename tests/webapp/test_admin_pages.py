@@ -5,7 +5,7 @@ import pytest
 from webapp.registry.models import Backend
 
 MODELS = ["registry/agent", "registry/tool", "registry/dataset", "registry/model", "registry/rewardfunction", "registry/backend",
-          "runs/run", "runs/runlog", "runs/checkpoint"]
+          "runs/run", "runs/runlog", "runs/checkpoint", "checkpoints/checkpointalias", "checkpoints/evaluation"]
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -253,6 +253,12 @@ KEY_EFFECTS: dict[str, dict[str, Effect]] = {
     "trainer.python": row(no_effect("the interpreter of the swift backend's training process"), swift=APPLIED),
     "trainer.cpu_threads": row(verl=no_effect("verl's Ray workers set their own threads")),
     "trainer.max_checkpoints": row(),
+    "trainer.metric_for_best_model": row(
+        refused("the best checkpoints by a metric are kept on the trl backend only; remove it or use the trl backend",
+                unless=(None,)),
+        trl=applied("the checkpoints it keeps survive trainer.max_checkpoints' rotation of the published ones")),
+    "trainer.greater_is_better": row(no_effect(ONLY_WITH.format("trainer.metric_for_best_model")), trl=APPLIED),
+    "trainer.keep_best_checkpoints": row(no_effect(ONLY_WITH.format("trainer.metric_for_best_model")), trl=APPLIED),
     "trainer.max_episode_error_rate": row(),
     **{key: row(no_effect("the episode store is filled by the trl backend today; this backend sends its sample episodes only"),
                 trl=APPLIED)

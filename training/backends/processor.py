@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import json
+import math
 import os
 import shutil
 import threading
@@ -77,6 +79,9 @@ class TrainerProcessor(ABC):
         # Sees every step's reward whatever the backend, for ``learning_warnings``.
         self.reward_trace = RewardTrace()
         self.sinks.add(self.reward_trace)
+        # Keeps the value of trainer.metric_for_best_model at each step, to rank the published checkpoints.
+        self.best_metric = BestMetricTrace(self)
+        self.sinks.add(self.best_metric)
         self._initialized = False
         self._stop = threading.Event()
         self._stop_checks: list[Callable[[], bool]] = []
@@ -351,14 +356,29 @@ class TrainerProcessor(ABC):
         return list(self._unpublished)
 
     def _rotate_published(self) -> None:
-        keep = int(getattr(getattr(getattr(self, "config", None), "trainer", None), "max_checkpoints", 0) or 0)
+        """Remove the run's published checkpoints past the newest ``trainer.max_checkpoints``, except
+        the best ``trainer.keep_best_checkpoints`` by ``trainer.metric_for_best_model`` (ranked by the
+        metric's value at each checkpoint's own step; the values are kept beside the checkpoints in
+        ``BEST_METRIC_FILE``, so a later attempt ranks those of earlier ones too)."""
+        trainer = getattr(getattr(self, "config", None), "trainer", None)
+        keep = int(getattr(trainer, "max_checkpoints", 0) or 0)
         folder = self.checkpoint_dir()
         if keep <= 0 or not folder.is_dir():
             return
         found = sorted((step, path) for path in folder.iterdir()
                        if path.is_dir() and (step := checkpoint_step(path.name)) is not None)
-        for _, path in found[:-keep]:
-            shutil.rmtree(path, ignore_errors=True)
+        kept = {step for step, _ in found[-keep:]}
+        metric = getattr(trainer, "metric_for_best_model", None)
+        if metric:
+            values = {**read_best_metric(folder, metric), **self.best_metric.values}
+            present = {step for step, _ in found}
+            values = {step: value for step, value in values.items() if step in present}
+            kept |= set(best_steps(values, trainer.keep_best_checkpoints, greater_is_better(trainer)))
+            (folder / BEST_METRIC_FILE).write_text(json.dumps(
+                {"metric": metric, "values": {str(step): values[step] for step in sorted(values) if step in kept}}))
+        for step, path in found:
+            if step not in kept:
+                shutil.rmtree(path, ignore_errors=True)
 
     @classmethod
     def environment_status(cls, config: Any = None) -> dict[str, str | None]:
@@ -381,6 +401,55 @@ def _put_in_place(staged: list[tuple[Path, Path]]) -> None:
 def _discard(staged: list[tuple[Path, Path]]) -> None:
     for copy, _ in staged:
         copy.unlink(missing_ok=True)
+
+
+# Beside the published checkpoints: the value of trainer.metric_for_best_model at each kept one's step.
+BEST_METRIC_FILE = "best_metric.json"
+
+
+class BestMetricTrace:
+    """A ``MetricSink`` that keeps the value of ``trainer.metric_for_best_model`` at each step it is
+    logged (the processor's config, read when each step is logged: it is built after the sinks)."""
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+        self.values: dict[int, float] = {}
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        trainer = getattr(getattr(self.processor, "config", None), "trainer", None)
+        metric = getattr(trainer, "metric_for_best_model", None)
+        value = metrics.get(metric) if metric else None
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            self.values[int(step)] = float(value)
+
+    def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def greater_is_better(trainer: Any) -> bool:
+    """``trainer.greater_is_better``, or HF's rule when unset: larger is better unless the metric is a loss."""
+    given = getattr(trainer, "greater_is_better", None)
+    return bool(given) if given is not None else not str(trainer.metric_for_best_model).endswith("loss")
+
+
+def best_steps(values: dict[int, float], count: int, greater: bool) -> list[int]:
+    """The ``count`` steps with the best values, best first (on a tie, the newer step)."""
+    ranked = sorted(values.items(), key=lambda item: (-item[1] if greater else item[1], -item[0]))
+    return [step for step, _ in ranked[:count]]
+
+
+def read_best_metric(folder: Path, metric: str) -> dict[int, float]:
+    """The values ``BEST_METRIC_FILE`` in ``folder`` keeps for ``metric`` (empty: none, or another metric's)."""
+    try:
+        kept = json.loads((folder / BEST_METRIC_FILE).read_text())
+        if kept.get("metric") != metric:
+            return {}
+        return {int(step): float(value) for step, value in kept.get("values", {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
 
 
 def _link_or_copy(source: str, target: str) -> None:

@@ -298,6 +298,19 @@ class TrainerConfig:
     device: str = _doc("auto, cpu or cuda.", "auto")
     ray_address: str | None = _doc("Join this Ray cluster (verl); None starts a local one.", None, location=True)
     max_checkpoints: int = _doc("Keep at most this many checkpoints (0: keep all).", 2)
+    metric_for_best_model: str | None = _doc(
+        "Keep the best checkpoints by this metric (its name as logged, e.g. val/default/pass@1 or "
+        "reward/mean, HF's metric_for_best_model) besides the newest trainer.max_checkpoints: they are "
+        "never rotated out. A checkpoint is ranked by the metric's value logged at its own step. None: newest only.",
+        None,
+    )
+    greater_is_better: bool | None = _doc(
+        "Whether a larger trainer.metric_for_best_model is better; None: true unless the metric's name "
+        "ends in 'loss' (HF's rule).", None,
+    )
+    keep_best_checkpoints: int = _doc(
+        "How many of the best checkpoints by trainer.metric_for_best_model are kept (used only with it).", 1,
+    )
     python: str | None = _doc(
         "Interpreter of the training process, for backends that train in an environment of their own "
         "(swift); None: the backend's default.",
@@ -331,6 +344,10 @@ class TrainerConfig:
         _check(self.log_freq >= 1, "trainer.log_freq", "must be at least 1.")
         _check(self.save_freq == -1 or self.save_freq >= 1, "trainer.save_freq", "must be -1 or at least 1.")
         _check(self.test_freq >= -1, "trainer.test_freq", "must be -1 or 0 (never) or a number of steps.")
+        _check(self.keep_best_checkpoints >= 1, "trainer.keep_best_checkpoints",
+               "must be at least 1 (leave trainer.metric_for_best_model out to keep the newest only).")
+        _check(self.metric_for_best_model is None or bool(str(self.metric_for_best_model).strip()),
+               "trainer.metric_for_best_model", "must name a logged metric (e.g. reward/mean), or be null.")
         _check(self.resume_mode in ("auto", "disable"), "trainer.resume_mode", "must be 'auto' or 'disable'.")
         _check(self.device in ("auto", "cpu", "cuda"), "trainer.device", "must be auto, cpu or cuda.")
         _check(self.cpu_threads >= 0, "trainer.cpu_threads", "must be 0 (torch's default) or more.")

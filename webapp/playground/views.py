@@ -29,6 +29,7 @@ def playground(request, pk: int):
     run = get_run_for_user(request.user, pk, "view")
     return render(request, "playground/playground.html", {
         "run": run, "form": AskForm(run=run), "models": model_choices(run), "may_ask": can(request.user, run, "run"),
+        "chosen": request.GET.get("model", "")[:100],  # a link to one saved model (a checkpoint's alias) preselects it
         "rows": run.kind == run.Kind.PLATFORM and run.agent_id is not None,
         "checkpoint_steps": forks.checkpoint_steps(run) if run.kind == run.Kind.PLATFORM else [],  # to fork a new run from
         "queue": playground_queue(run), "own_queue": bool(settings.PLAYGROUND_QUEUE),

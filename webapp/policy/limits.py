@@ -86,6 +86,7 @@ PLATFORM_LIMITS: dict[str, float] = {
     "trainer.nnodes": 1,
     "trainer.n_gpus_per_node": 8,
     "trainer.max_checkpoints": 20,
+    "trainer.keep_best_checkpoints": 20,
     "trainer.cpu_threads": 16,
     "trainer.max_episode_error_rate": 1,
     "trainer.log_episodes_fraction": 1,

@@ -25,6 +25,7 @@ from django.views.decorators.http import require_GET
 from training.platform.artifacts import STORED_MARKER, iter_chunks
 from training.config import TrainerConfig
 from training.rollouts.models import ADAPTER_CONFIG, adapter_base, is_adapter
+from training.utils import checkpoint_step
 from webapp.runs import artifacts
 from webapp.runs.access import get_run_for_user
 from webapp.runs.models import Run
@@ -68,8 +69,8 @@ def archives(run: Run) -> list[dict]:
         if artifacts.final_model_key(run):
             found.append({"label": "final model", "name": "final_model", "step": None})
         return found
-    found = [{"label": f"checkpoint at step {c.step}", "name": f"checkpoint-{c.step}", "step": c.step}
-             for c in run.checkpoints.all() if _inside_run(run, c.path)]
+    found = [{"label": f"checkpoint at step {step}", "name": f"checkpoint-{step}", "step": step}
+             for step, _ in published_checkpoints(run)]
     if _inside_run(run, Path(run.run_path or "") / "final_model"):
         found.append({"label": "final model", "name": "final_model", "step": None})
     return found
@@ -85,9 +86,29 @@ def model_folder(run: Run, name: str) -> Path | None:
     if name == "final_model":
         return _inside_run(run, Path(run.run_path or "") / "final_model")
     if name.startswith("checkpoint-") and name.removeprefix("checkpoint-").isdigit():
-        checkpoint = run.checkpoints.filter(step=int(name.removeprefix("checkpoint-"))).first()
-        return _inside_run(run, checkpoint.path) if checkpoint else None
+        step = int(name.removeprefix("checkpoint-"))
+        return next((folder for s, folder in published_checkpoints(run) if s == step), None)
     return None
+
+
+def published_checkpoints(run: Run) -> list[tuple[int, Path]]:
+    """(step, folder) of each checkpoint the run keeps in its own directory, by step: those its
+    attempts published into its checkpoint folder (``<run>/checkpoints``, or its
+    ``trainer.default_local_dir`` inside the run's directory; rotated ones are gone from there) and
+    those recorded as rows (a run's last checkpoint)."""
+    found: dict[int, Path] = {}
+    final = run.final_config if isinstance(run.final_config, dict) else {}
+    configured = (final.get("trainer") or {}).get("default_local_dir") if isinstance(final.get("trainer"), dict) else None
+    folder = _inside_run(run, configured or Path(run.run_path or "") / "checkpoints") if run.run_path else None
+    if folder is not None:
+        for path in folder.iterdir():
+            step = checkpoint_step(path.name)
+            if step is not None and (inside := _inside_run(run, path)) is not None:
+                found[step] = inside
+    for checkpoint in run.checkpoints.all():
+        if checkpoint.step not in found and (inside := _inside_run(run, checkpoint.path)) is not None:
+            found[checkpoint.step] = inside
+    return sorted(found.items())
 
 
 def _run_dir(run: Run) -> Path | None:
@@ -119,7 +140,11 @@ def config_download(request, pk: int) -> HttpResponse:
 @require_GET
 def model_archive(request, pk: int, name: str) -> StreamingHttpResponse:
     """``final_model`` or ``checkpoint-<step>`` as a .tar.gz (built in a temporary file, then sent)."""
-    run = get_run_for_user(request.user, pk, "view")
+    return archive_response(get_run_for_user(request.user, pk, "view"), name)
+
+
+def archive_response(run: Run, name: str) -> StreamingHttpResponse:
+    """The run's saved model ``name`` as a .tar.gz download (the caller has checked access)."""
     if artifacts.shared():
         return _stored_archive(run, name)
     folder = model_folder(run, name)

@@ -191,8 +191,10 @@ class _TRLRun:
             save_strategy="no" if save_freq == -1 else "steps",
             save_steps=max(save_freq, 1),
             # An attempt's own folder needs its newest only (hard links of what it published); the run's
-            # published checkpoints keep trainer.max_checkpoints (TrainerProcessor.publish_checkpoint).
-            save_total_limit=1 if self.processor.attempt is not None else cfg.trainer.max_checkpoints or None,
+            # published checkpoints keep trainer.max_checkpoints (TrainerProcessor.publish_checkpoint), and
+            # the best by trainer.metric_for_best_model, which TRL's own rotation would remove.
+            save_total_limit=1 if self.processor.attempt is not None
+            else None if cfg.trainer.metric_for_best_model else cfg.trainer.max_checkpoints or None,
             seed=cfg.trainer.seed,
             shuffle_dataset=cfg.data.shuffle,
             remove_unused_columns=False,
