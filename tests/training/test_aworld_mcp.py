@@ -16,6 +16,8 @@ reward are real.
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -201,3 +203,46 @@ def test_servers_mcp_servers_does_not_name_and_disabled_ones_are_not_used():
     agent = Agent(name="a", mcp_servers=["on", "off"], mcp_config=config)
     assert [entry.name for entry in agent.mcp.entries] == ["on"]
     assert not Agent(name="b", mcp_config=config).mcp  # as in AWorld: no mcp_servers, no server
+
+
+@pytest.fixture(params=["sse", "streamable-http"])
+def calculator_server(request):
+    """AWorld's calculator example's server, over HTTP on a loopback port (a child process)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, str(FIXTURES / "mcp_calculator_server.py"), request.param, str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None, process.stderr.read().decode()
+                time.sleep(0.1)
+        path = "/calculator/sse" if request.param == "sse" else "/mcp"
+        yield request.param, port, f"http://127.0.0.1:{port}{path}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_a_url_server_an_administrator_allowed_is_reached_through_the_guard(calculator_server, monkeypatch):
+    kind, port, url = calculator_server
+    entry = {"type": kind, "url": url, "timeout": 5, "sse_read_timeout": 300}
+    agent = Agent(name="search_agent", mcp_servers=["simple-calculator"], mcp_config={"mcpServers": {"simple-calculator": entry}})
+    with pytest.raises(MCPServerError, match="refused by the egress guard: 127.0.0.1 is a loopback address"):
+        agent.start_servers()  # not allowed: refused
+    monkeypatch.setenv("EGRESS_ALLOWED_HOSTS", f"127.0.0.1:{port}")
+    connections = []
+    judged = egress.Guard.connect
+    monkeypatch.setattr(egress.Guard, "connect", lambda self, host, port: connections.append((host, port)) or judged(self, host, port))
+    agent.start_servers()
+    try:
+        tools = {tool.name: tool for tool in agent.all_tools}
+        assert sorted(tools) == ["simple-calculator__add", "simple-calculator__divide"]
+        assert tools["simple-calculator__divide"].call({"a": 30000, "b": 1.2}) == '{\n  "result": 25000.0\n}'
+    finally:
+        agent.stop_servers()
+    assert connections and set(connections) == {("127.0.0.1", port)}  # every connection made by the guard's proxy

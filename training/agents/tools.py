@@ -206,7 +206,14 @@ def load_tools(specs: list[Any]) -> list[Tool]:
     tools: list[Tool] = []
     for spec in specs:
         group = _TOOLS.get(spec) if isinstance(spec, str) else None
-        tools.extend(group.expand() if hasattr(group, "expand") else [load_tool(spec)])
+        # AWorld's rule: a name also selects the async tool class registered as async_<name> (ToolFactory's asyn=True)
+        prefixed = _TOOLS.get(f"async_{spec}") if isinstance(spec, str) else None
+        if hasattr(group, "expand"):
+            tools.extend(group.expand())
+        elif group is not None or not hasattr(prefixed, "expand"):
+            tools.append(load_tool(spec))
+        if hasattr(prefixed, "expand"):
+            tools.extend(prefixed.expand())
     seen: dict[str, str] = {}
     for tool in tools:
         if tool.name in seen:

@@ -189,9 +189,7 @@ class ToolsManager:
             registered = ("async_" if asyn else "") + name
             group = _ClassTool(registered, name, desc, supported_action, cls)
             self._tools[registered] = group
-            register_tool_group(registered, group)
-            if registered != name:  # AWorld's agents name an async tool without its prefix too
-                register_tool_group(name, group)
+            register_tool_group(registered, group)  # an agent's tool_names may leave out the async_ prefix: load_tools
             return cls
 
         return decorator
