@@ -246,3 +246,21 @@ def test_a_url_server_an_administrator_allowed_is_reached_through_the_guard(calc
     finally:
         agent.stop_servers()
     assert connections and set(connections) == {("127.0.0.1", port)}  # every connection made by the guard's proxy
+
+
+def test_on_verl_an_agent_with_mcp_servers_is_refused_before_any_server_starts(in_the_examples_folder, tmp_path):
+    agent = bfcl.build_agent()
+    with pytest.raises(ValueError, match=r"^agent 'file_sys_agent': mcp_servers: on the verl backend the agent's episodes "
+                                         r"run in other processes, .* Train it on trl"):
+        AgentTrainer(agent=agent, train_dataset=[TASK] * 2, reward_func="exact_match", run_path=str(tmp_path), train_engine_name="verl")
+    assert agent.all_tools == [] and not agent.mcp.running
+
+
+def test_where_new_programs_are_refused_the_run_check_builds_the_trainer_without_starting_servers(in_the_examples_folder, tmp_path, monkeypatch):
+    import training.compat.aworld.agents as agents
+
+    monkeypatch.setattr(agents, "refusing_programs", lambda: True)  # as in the platform's check of a run (a seccomp filter there)
+    trainer = AgentTrainer(agent=bfcl.build_agent(), train_dataset=[TASK] * 2, reward_func="exact_match",
+                           run_path=str(tmp_path), train_engine_name="trl", config=CONFIG)
+    agent = trainer.train_processor.chat_agent
+    assert not agent.mcp.running and agent.all_tools == []  # the run starts them
