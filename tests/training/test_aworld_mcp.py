@@ -264,3 +264,23 @@ def test_where_new_programs_are_refused_the_run_check_builds_the_trainer_without
                            run_path=str(tmp_path), train_engine_name="trl", config=CONFIG)
     agent = trainer.train_processor.chat_agent
     assert not agent.mcp.running and agent.all_tools == []  # the run starts them
+
+
+def test_what_is_recorded_of_a_server_holds_no_key_or_token():
+    config = {"mcpServers": {
+        "search": {"command": "python", "args": ["-m", "search_server"], "env": {"SEARCH_API_KEY": "sk-live-123456"}},
+        "gaia_server": {"type": "streamable-http", "url": "https://user:pw@playground.example.com/environments/mcp?token=tok-987",
+                        "headers": {"Authorization": "Bearer invitation-555"}, "timeout": 600, "client_session_timeout_seconds": 600},
+    }}
+    described = Agent(name="gaia_agent", mcp_servers=["search", "gaia_server"], mcp_config=config).describe()["mcp_servers"]
+    assert described == {
+        "search": {"type": "stdio", "command": "python", "args": ["-m", "search_server"], "env": ["SEARCH_API_KEY"]},
+        "gaia_server": {"type": "streamable-http", "url": "https://playground.example.com/environments/mcp", "headers": ["Authorization"]},
+    }
+    assert not any(secret in str(described) for secret in ("sk-live", "tok-987", "invitation-555", "pw@"))
+
+
+def test_a_server_whose_arguments_name_the_root_folder_is_not_started():
+    agent = escape_agent(args=[str(FIXTURES / "mcp_escape_server.py"), "/"])
+    with pytest.raises(MCPServerError, match=r"failed to start: ValueError: a jailed server is never shown the machine's root folder"):
+        agent.start_servers()

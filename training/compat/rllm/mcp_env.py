@@ -285,6 +285,8 @@ class MCPConnectionManager:
                 read_only.append(path)
                 arg = os.path.abspath(path)
             args.append(arg)
+        if "/" in {os.path.realpath(path) for path in read_only}:  # the whole machine is never what a server is given
+            raise ValueError("a jailed server is never shown the machine's root folder ('/'): name the folders it needs")
         self._workdir = workdir = tempfile.mkdtemp(prefix="mcp-server-")
         env = {"PATH": f"{os.path.dirname(interpreter())}:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
                "LANG": "C.UTF-8", **(self.mcp_server_env or {})}
