@@ -149,8 +149,12 @@ class AgentTrainer:
             raise ValueError(f"on_full_disk must be 'fail' or 'pause', not {on_full_disk!r}.")
         self.train_processor.on_full_disk = on_full_disk  # a checkpoint that does not fit: see TrainerProcessor.write_files
 
-        self._check_inputs()
-        self.final_config = self.train_processor.check_config(self.config)
+        try:
+            self._check_inputs()
+            self.final_config = self.train_processor.check_config(self.config)
+        except BaseException:
+            self._stop_servers()  # an AWorld agent's MCP servers, started by check_agent
+            raise
         # A processor registered by a user (AWorld's contract) may return its own config type.
         named = getattr(getattr(self.final_config, "rllm", None), "backend", None)
         if named is not None and named != self.train_engine_name:
@@ -191,6 +195,7 @@ class AgentTrainer:
         if not self.train_processor.initialized:
             raise ValueError("The training processor is not initialized; construction must finish before train().")
         try:
+            self._start_servers()
             result = self.train_processor.train()
         except RunSuperseded:
             raise
@@ -199,6 +204,7 @@ class AgentTrainer:
             raise
         finally:
             _close_episode_loop()
+            self._stop_servers()
         if hasattr(self.train_processor, "publish_run_files"):  # a processor of the user's own may lack it
             self.train_processor.publish_run_files(wait=True)  # the records of an attempt: published at its end
         if hasattr(result, "ignored_keys"):  # the settings said at construction to change nothing here
@@ -236,9 +242,11 @@ class AgentTrainer:
 
     def _inference_in_thread(self, dataset: Any) -> Any:
         try:
+            self._start_servers()
             return self.train_processor.inference(dataset)
         finally:
             _close_episode_loop()  # the pool thread's episode loop, not left open behind it
+            self._stop_servers()
 
     def evaluate(self, dataset: Any = None) -> Any:
         """``inference()`` for code that is not async."""
@@ -246,9 +254,26 @@ class AgentTrainer:
         if inspect.iscoroutinefunction(self.train_processor.inference):
             return asyncio.run(self.train_processor.inference(dataset))
         try:
+            self._start_servers()
             return self.train_processor.inference(dataset)
         finally:
             _close_episode_loop()
+            self._stop_servers()
+
+    def _chat_agent(self) -> Any:
+        return getattr(self.train_processor, "chat_agent", None)
+
+    def _start_servers(self) -> None:
+        """An AWorld agent's MCP servers: started at construction, again for a later train or inference."""
+        agent = self._chat_agent()
+        if agent is not None and hasattr(agent, "start_servers"):
+            agent.start_servers()
+
+    def _stop_servers(self) -> None:
+        """Stop an AWorld agent's MCP servers (at the end of training or inference, or of a failed construction)."""
+        agent = self._chat_agent()
+        if agent is not None and hasattr(agent, "stop_servers"):
+            agent.stop_servers()
 
     def _require_initialized(self) -> None:
         if not self.train_processor.initialized:

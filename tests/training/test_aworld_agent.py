@@ -216,12 +216,12 @@ def undocumented(a: int) -> int:
 
 @pytest.mark.parametrize("fields, message", [
     ({"tool_name": ["examples.arithmetic.add"]}, "agent 'calculator': unknown field(s) 'tool_name' (did you mean 'tool_names'?)"),
-    ({"mcp_servers": ["gaia_server"]}, "agent 'calculator': mcp_servers: this chat agent does not run MCP servers"),
+    ({"mcp_servers": ["gaia_server"]}, "agent 'calculator': mcp_servers names ['gaia_server'] but there is no mcp_config"),
     ({"tool_names": ["examples.arithmetic.subtract"]}, "agent 'calculator': Cannot load tool 'examples.arithmetic.subtract': module has no attribute 'subtract'"),
     ({"tool_names": [f"{__name__}.undocumented"]}, f"agent 'calculator': tool '{__name__}.undocumented': Cannot generate JSON schema"),
     ({"tool_names": "examples.arithmetic.add"}, "agent 'calculator': tool_names must be a list of tools"),
     ({"llm_config": {"llm_temprature": 0.5}}, "agent 'calculator': llm_config: unknown field(s) 'llm_temprature' (did you mean 'llm_temperature'?)"),
-    ({"llm_config": {"llm_temperature": 0}}, "agent 'calculator': llm_config.llm_temperature must be a number greater than 0"),
+    ({"llm_config": {"llm_temperature": -1}}, "agent 'calculator': llm_config.llm_temperature must be a number of at least 0"),
     ({"config": {"top_kk": 80}}, "agent 'calculator': agent config: unknown field(s) 'top_kk' (did you mean 'top_k'?)"),
     ({"config": {"max_steps": 0}}, "agent 'calculator': agent config max_steps must be a whole number of at least 1"),
     ({"system_prompt": ["a", "b"]}, "agent 'calculator': system_prompt must be text"),

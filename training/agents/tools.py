@@ -86,6 +86,15 @@ def register_tool_object(tool: "Tool") -> "Tool":
     return tool
 
 
+def register_tool_group(name: str, group: Any) -> None:
+    """Register under ``name`` an object whose ``expand()`` gives the tools that name stands for
+    (AWorld's class-based tools: one tool per action), or raises ValueError saying why it cannot."""
+    known = _TOOLS.get(name)
+    if known is not None and known is not group and not getattr(known, "expand", None):
+        raise ValueError(f"a tool named {name!r} is already registered ({known!r}); choose another name.")
+    _TOOLS[name] = group
+
+
 def registered_tools() -> list[str]:
     return sorted(_TOOLS)
 
@@ -194,7 +203,17 @@ def load_tool(spec: str | Callable[..., Any]) -> Tool:
 
 def load_tools(specs: list[Any]) -> list[Tool]:
     """Tools in order, refusing two with the same name (the model could not tell them apart)."""
-    tools = [load_tool(spec) for spec in specs]
+    tools: list[Tool] = []
+    for spec in specs:
+        group = _TOOLS.get(spec) if isinstance(spec, str) else None
+        # AWorld's rule: a name also selects the async tool class registered as async_<name> (ToolFactory's asyn=True)
+        prefixed = _TOOLS.get(f"async_{spec}") if isinstance(spec, str) else None
+        if hasattr(group, "expand"):
+            tools.extend(group.expand())
+        elif group is not None or not hasattr(prefixed, "expand"):
+            tools.append(load_tool(spec))
+        if hasattr(prefixed, "expand"):
+            tools.extend(prefixed.expand())
     seen: dict[str, str] = {}
     for tool in tools:
         if tool.name in seen:

@@ -81,8 +81,18 @@ class BuiltinProcessor(TrainerProcessor):
         self.ignored_keys: dict[str, dict[str, Any]] = {}
 
     # -- the four checks -------------------------------------------------------------------
+    # Whether a chat agent's tools run in this process (its MCP servers' connections live here).
+    tools_in_process = True
+
     def check_agent(self, agent: Any) -> None:
         self.chat_agent = chat_agent_from(agent)
+        if self.chat_agent is not None and self.chat_agent.mcp:
+            if not self.tools_in_process:
+                raise ValueError(
+                    f"agent {self.chat_agent.name!r}: mcp_servers: on the {self.name} backend the agent's episodes run in "
+                    "other processes, which cannot reach MCP servers started by this one. Train it on trl, or give the "
+                    "tools as Python functions (tool_names).")
+            self.chat_agent.start_servers()  # their tools' schemas are part of the prompt: listed now
         spec = self.chat_agent.to_spec() if self.chat_agent is not None else AgentSpec.coerce(agent)
         self.agent_spec = spec.validate()
 

@@ -652,6 +652,7 @@ class VerlProcessor(BuiltinProcessor):
     """
 
     name = "verl"
+    tools_in_process = False  # the agent loop runs in Ray workers
 
     def __init__(self, run_path: str) -> None:
         super().__init__(run_path)

@@ -37,7 +37,9 @@ import yaml
 from training.agents.base import BaseAgent, BaseEnv
 
 from training.agents.spec import AgentSpec
+from training.isolation.jail import refusing_programs
 from training.log import logger
+from training.compat.aworld.mcp import MCPServers, parse_mcp_config
 from training.agents.tools import Tool, ToolArgumentsError, ToolCall, load_tools, parse_tool_calls, tools_prompt
 from training.types import Action, Step, Trajectory
 
@@ -63,19 +65,8 @@ AGENT_RUNTIME_FIELDS = {
     "ptc_tools", "concurrent_batch_size", "meta_learning_config", "self_evolve_config", "ext",
     "llm_compression_config", "optimization_config",
 }
-# AWorld's MCP servers are not run by this chat agent (docs/aworld.md says why); what to do instead.
-_MCP_REFUSED = (
-    "this chat agent does not run MCP servers. Give the tools as Python functions instead (tool_names: "
-    "import paths, or functions registered with @be_tool from training.tools), or train with rLLM's MCP "
-    "environment, which starts stdio servers (command, args, env: the entries of mcp_config['mcpServers']) "
-    "as processes of the run: AgentTrainer(agent_class=MCPToolAgent, env_class=MCPEnvironment, "
-    "env_args={'mcp_servers': {name: {'command': ..., 'args': [...], 'env': {...}}}}) (docs/rllm.md). "
-    "Servers reached by URL (sse, streamable-http) are not supported"
-)
 # Agent arguments this trainer cannot honour, with why (refused when set).
 AGENT_REFUSED = {
-    "mcp_servers": _MCP_REFUSED,
-    "mcp_config": _MCP_REFUSED,
     "agent_names": "handing off to other agents is not supported; train one agent",
     "black_tool_actions": "tool blacklists are not supported; list only the tools the agent may call",
     "sandbox": "sandboxes are not supported; tools run in the training process",
@@ -123,9 +114,20 @@ class ModelConfig(_Coercible):
         name, temperature = fields.get("llm_model_name"), fields.get("llm_temperature")
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise ValueError(f"llm_config.llm_model_name must be a model id or directory, got {name!r}.")
-        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature <= 0):
-            raise ValueError(f"llm_config.llm_temperature must be a number greater than 0, got {temperature!r}.")
+        if isinstance(temperature, str):  # from an environment variable, as AWorld's examples read it (pydantic's coercion)
+            try:
+                temperature = fields["llm_temperature"] = float(temperature)
+            except ValueError:
+                pass
+        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0):
+            raise ValueError(f"llm_config.llm_temperature must be a number of at least 0, got {temperature!r}.")
         self.fields = dict(fields)
+        if temperature == 0:
+            # AWorld's examples ask for greedy answers (BFCL: LLM_TEMPERATURE 0.0); training samples, or every
+            # episode of a group would be the same and none would teach anything.
+            logger.info("llm_config.llm_temperature=0 (greedy) has no effect on training: episodes are sampled at "
+                        "actor_rollout_ref.rollout.temperature; greedy is the validation's default (val_kwargs)")
+            del self.fields["llm_temperature"]
         self.llm_model_name: str | None = name
         self.llm_temperature: float = float(temperature) if temperature is not None else 1.0
 
@@ -182,6 +184,8 @@ class Agent:
         tool_names: list[Any] | None = None,
         tools: list[Any] | None = None,
         llm_config: ModelConfig | dict | None = None,
+        mcp_servers: Any = None,
+        mcp_config: dict | None = None,
         **kwargs: Any,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -201,6 +205,7 @@ class Agent:
             self.tool_specs = _as_list(tool_names, "tool_names") + _as_list(tools, "tools")
             self.tools: list[Tool] = load_tools(self.tool_specs)
             _check_arguments(kwargs)
+            self.mcp = MCPServers(parse_mcp_config(mcp_servers, mcp_config), agent=name)
         except ValueError as exc:
             raise ValueError(f"agent {name!r}: {exc}") from exc
 
@@ -208,12 +213,40 @@ class Agent:
         """Training config keys this agent sets (defaults under the run's config)."""
         return self.conf.training_keys()
 
+    @property
+    def all_tools(self) -> list[Tool]:
+        """Its tools: the Python ones, then its MCP servers' (``<server>__<tool>``), once they were started."""
+        return [*self.tools, *self.mcp.tools]
+
+    def start_servers(self) -> None:
+        """Start its MCP servers (``training.compat.aworld.mcp``) and list their tools, unless they run.
+        Where this process refuses new programs (the platform's check of a run) they are not started:
+        the run starts them. ``MCPServerError`` names a server that cannot be started."""
+        if not self.mcp or self.mcp.running:
+            return
+        if refusing_programs():
+            logger.info("agent %r: its MCP servers (%s) start when the run starts, not while it is checked",
+                        self.name, ", ".join(e.name for e in self.mcp.entries))
+            return
+        self.mcp.start()
+        names = [tool.name for tool in self.all_tools]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            self.mcp.stop()
+            raise ValueError(f"agent {self.name!r}: tool name(s) {twice} are offered twice; the model could not tell them apart.")
+
+    def stop_servers(self) -> None:
+        """Stop its MCP servers (started again by ``start_servers``)."""
+        if self.mcp:
+            self.mcp.stop()
+
     def to_spec(self, reward_fn: Any = None, prompt_key: str = "prompt") -> AgentSpec:
         """The agent-plus-environment pair that the rollout engine runs."""
+        tools = self.all_tools
         return AgentSpec(
             agent_class=ToolChatAgent,
-            env_class=ToolEnvironment.bind(self.tools, reward_fn, prompt_key),
-            agent_args={"name": self.name, "system_prompt": self.system_prompt, "tool_schemas": [t.schema for t in self.tools]},
+            env_class=ToolEnvironment.bind(tools, reward_fn, prompt_key),
+            agent_args={"name": self.name, "system_prompt": self.system_prompt, "tool_schemas": [t.schema for t in tools]},
         )
 
     def describe(self) -> dict[str, Any]:
@@ -222,9 +255,10 @@ class Agent:
             "kind": "chat",
             "name": self.name,
             "system_prompt": self.system_prompt,
-            "tool_names": [t.source for t in self.tools],
+            "tool_names": list(dict.fromkeys(t.source for t in self.tools)),
             "llm_config": {k: v for k, v in self.conf.llm_config.fields.items() if k != "llm_api_key"},
             **({"max_steps": self.conf.max_steps} if self.conf.max_steps is not None else {}),
+            **({"mcp_servers": self.mcp.describe()} if self.mcp else {}),
         }
 
     def __repr__(self) -> str:
@@ -247,7 +281,7 @@ def _check_arguments(kwargs: dict[str, Any]) -> None:
         elif key == "feedback_tool_result" and value is False:
             raise ValueError("feedback_tool_result: tool results always go back to the model here; leave it true.")
         elif key not in AGENT_RUNTIME_ARGS:
-            known = {"name", "conf", "desc", "agent_id", "system_prompt", "tool_names", "tools", "llm_config"}
+            known = {"name", "conf", "desc", "agent_id", "system_prompt", "tool_names", "tools", "llm_config", "mcp_servers", "mcp_config"}
             raise ValueError(_unknown(None, [key], known | set(AGENT_REFUSED) | AGENT_RUNTIME_ARGS))
 
 

@@ -27,23 +27,31 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import json
+import os
 import shlex
+import shutil
 import tempfile
 import threading
 import weakref
+from urllib.parse import urlsplit, urlunsplit
 from dataclasses import dataclass, field
 from typing import Any
 
 try:
+    import httpx2
     from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
+    from mcp.client.sse import sse_client
+    from mcp.client.streamable_http import streamable_http_client
     from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, PaginatedRequestParams, TextContent
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("training.mcp_env needs the MCP SDK: pip install 'agent-trainer[mcp]' (or pip install mcp).") from exc
 
 from training.agents.base import split_settings
-from training.isolation.jail import refusing_programs
-from training.errors import MCPServerError, MCPToolError, ProgramsRefused
+from training.isolation.egress import EgressProxy, Guard
+from training.isolation.jail import Jail, interpreter, refusing_programs
+from training.errors import EgressRefused, MCPServerError, MCPToolError, ProgramsRefused
 from training.compat.rllm.tool_env import ToolEnvironment
 from training.log import logger
 from training.rewards import load_reward, search_reward_fn
@@ -52,6 +60,10 @@ from training.compat.rllm.tools import Tool, ToolOutput
 # rLLM waits 30 s for a server to start and for each call; so do we, by default.
 DEFAULT_STARTUP_TIMEOUT_S = 30.0
 DEFAULT_CALL_TIMEOUT_S = 30.0
+# A URL server's HTTP requests, and how long an SSE stream may stay silent (the SDK's defaults).
+DEFAULT_HTTP_TIMEOUT_S = 30.0
+DEFAULT_SSE_READ_TIMEOUT_S = 300.0
+TRANSPORTS = ("stdio", "sse", "streamable-http")
 # The SDK's shutdown: stdin closed, 2 s to exit, SIGTERM to the process group, 2 s, SIGKILL.
 _STOP_TIMEOUT_S = 10.0
 _STDERR_TAIL_LINES = 15
@@ -66,18 +78,56 @@ class MCPConnectionManager:
     does, since models write ``tavily_search`` for ``tavily-search``). ``stop()`` ends the session and
     the server process (the SDK closes its stdin, then terminates its process group); it is also
     used as a context manager, and managers still running when the interpreter exits are stopped then.
+
+    Two more ways to reach a server, for servers whose configuration is not the process's own code
+    (AWorld's ``mcp_config``, ``training.compat.aworld.mcp``):
+
+    - ``jailed=True``: the stdio server runs in the platform's jail (``training.isolation.jail``: a
+      mount namespace as an unprivileged user, no network, only the environment given). It sees the
+      system's programs, the interpreter and its packages, and what the command line names: the
+      command's file, each argument naming an existing file or folder (relative to ``cwd``, made
+      absolute) and ``cwd`` itself, all read-only; and a fresh writable folder of its own, its
+      ``HOME`` and ``TMPDIR`` (removed when it stops). ``python`` (``python3``) is this interpreter.
+    - ``url=...`` with ``transport="sse"`` or ``"streamable-http"``: a server reached over HTTP,
+      only through the egress guard (``training.isolation.egress``): its URL is judged before the
+      first connection (an internal address is refused, named) and every connection goes through an
+      ``EgressProxy`` that connects only to addresses it judged, so no redirect or DNS answer reaches
+      one either. ``headers`` are sent with each request; ``http_timeout`` and ``sse_read_timeout``
+      (seconds) bound them.
     """
 
     def __init__(
         self,
-        mcp_server_command: str,
+        mcp_server_command: str | None = None,
         mcp_server_args: list[str] | None = None,
         mcp_server_env: dict[str, str] | None = None,
         *,
         cwd: str | None = None,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
         call_timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        jailed: bool = False,
+        url: str | None = None,
+        transport: str = "stdio",
+        headers: dict[str, str] | None = None,
+        http_timeout: float | None = None,
+        sse_read_timeout: float | None = None,
     ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}.")
+        if (transport == "stdio") != (url is None):
+            raise ValueError("an MCP server is a command (transport='stdio') or a url (transport='sse' or 'streamable-http').")
+        if url is not None and (not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname):
+            raise ValueError(f"url must be an http(s) URL with a host, got {_shown_url(str(url))!r}.")
+        if headers is not None and not (isinstance(headers, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
+            raise ValueError("headers must map header names to strings.")
+        self.url, self.transport, self.headers = url, transport, dict(headers or {})
+        self.http_timeout = http_timeout if http_timeout is not None else DEFAULT_HTTP_TIMEOUT_S
+        self.sse_read_timeout = sse_read_timeout if sse_read_timeout is not None else DEFAULT_SSE_READ_TIMEOUT_S
+        self.jailed = jailed
+        self._workdir: str | None = None  # a jailed server's own folder
+        self._proxy: EgressProxy | None = None  # a URL server's egress proxy
+        if url is not None:
+            mcp_server_command = mcp_server_command or "-"
         if not isinstance(mcp_server_command, str) or not mcp_server_command.strip():
             raise ValueError(f"mcp_server_command must be the server's executable, got {mcp_server_command!r}.")
         if mcp_server_args is not None and not (isinstance(mcp_server_args, (list, tuple)) and all(isinstance(a, str) for a in mcp_server_args)):
@@ -103,7 +153,9 @@ class MCPConnectionManager:
 
     @property
     def server(self) -> str:
-        """The server's command line, as messages name it."""
+        """The server's command line (a URL server: its URL without credentials or query), as messages name it."""
+        if self.url is not None:
+            return _shown_url(self.url)
         return shlex.join([self.mcp_server_command, *self.mcp_server_args])
 
     @property
@@ -147,7 +199,10 @@ class MCPConnectionManager:
                                      f"{self.startup_timeout:g} s{tail}") from None
             except Exception as exc:
                 tail = self._stderr_tail()
+                refused = _refusal(exc, self._proxy)
                 self._shutdown()
+                if refused:
+                    raise MCPServerError(f"MCP server `{self.server}` was not reached: {refused}") from exc
                 raise MCPServerError(f"MCP server `{self.server}` failed to start: {_describe(exc)}{tail}") from exc
             _started.add(self)
             logger.info("MCP server `%s` started; tools: %s", self.server, ", ".join(self.tool_map) or "none")
@@ -163,10 +218,8 @@ class MCPConnectionManager:
         list the tools, report ready, wait for ``stop``, close."""
         self._serve_task = asyncio.current_task()
         self._stop_requested = asyncio.Event()
-        parameters = StdioServerParameters(command=self.mcp_server_command, args=self.mcp_server_args,
-                                           env=self.mcp_server_env, cwd=self.cwd)
         try:
-            async with stdio_client(parameters, errlog=self._stderr) as (read, write), ClientSession(read, write) as session:
+            async with self._transport() as (read, write), ClientSession(read, write) as session:
                 await session.initialize()
                 self.tool_map = self._tools_by_name(await _list_all_tools(session))
                 self._session = session
@@ -178,6 +231,69 @@ class MCPConnectionManager:
             raise
         finally:
             self._session = None
+
+    @contextlib.asynccontextmanager
+    async def _transport(self):
+        """The streams to the server: a process's stdin and stdout (in the jail when ``jailed``), or
+        an HTTP connection through the egress guard."""
+        if self.url is None:
+            parameters = (self._jailed_parameters() if self.jailed else
+                          StdioServerParameters(command=self.mcp_server_command, args=self.mcp_server_args,
+                                                env=self.mcp_server_env, cwd=self.cwd))
+            async with stdio_client(parameters, errlog=self._stderr) as streams:
+                yield streams
+            return
+        guard = Guard()
+        guard.check_url(self.url)  # a clear refusal before anything is sent; the proxy judges every connection again
+        self._proxy = proxy = EgressProxy(guard)
+
+        def client(headers: dict[str, str] | None = None, timeout: Any = None, auth: Any = None) -> "httpx2.AsyncClient":
+            # every request through the guard's proxy, whatever the environment says (trust_env=False)
+            return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, proxy=proxy.url, trust_env=False)
+
+        try:
+            if self.transport == "sse":
+                async with sse_client(self.url, headers=self.headers, timeout=self.http_timeout,
+                                      sse_read_timeout=self.sse_read_timeout, httpx_client_factory=client) as streams:
+                    yield streams
+            else:
+                timeout = httpx2.Timeout(self.http_timeout, read=self.sse_read_timeout)
+                async with client(headers=self.headers, timeout=timeout) as http, \
+                        streamable_http_client(self.url, http_client=http) as streams:
+                    yield streams
+        finally:
+            proxy.close()
+
+    def _jailed_parameters(self) -> StdioServerParameters:
+        """The stdio parameters that start the server in the jail (see the class doc)."""
+        base = os.path.abspath(self.cwd or os.getcwd())
+        command = self.mcp_server_command
+        if command in ("python", "python3"):
+            command = interpreter()
+        elif os.sep not in command:
+            found = shutil.which(command)
+            if found is None:
+                raise FileNotFoundError(f"the command {command!r} is not on this machine's PATH")
+            command = found
+        else:
+            command = os.path.join(base, command)
+        read_only = [command] + ([base] if self.cwd else [])
+        args = []
+        for arg in self.mcp_server_args:
+            path = os.path.join(base, arg) if arg and not arg.startswith("-") else None
+            if path is not None and os.path.exists(path):
+                read_only.append(path)
+                arg = os.path.abspath(path)
+            args.append(arg)
+        if "/" in {os.path.realpath(path) for path in read_only}:  # the whole machine is never what a server is given
+            raise ValueError("a jailed server is never shown the machine's root folder ('/'): name the folders it needs")
+        self._workdir = workdir = tempfile.mkdtemp(prefix="mcp-server-")
+        env = {"PATH": f"{os.path.dirname(interpreter())}:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
+               "LANG": "C.UTF-8", **(self.mcp_server_env or {})}
+        # The jail dies with the manager's thread, which lives as long as the connection.
+        jail = Jail(workdir=base if self.cwd else workdir, read_only=tuple(read_only), writable=(workdir,), env=env)
+        argv = jail.command([command, *args])
+        return StdioServerParameters(command=argv[0], args=argv[1:], env={})
 
     def _tools_by_name(self, tools: list[Any]) -> dict[str, MCPTool]:
         by_name: dict[str, MCPTool] = {}
@@ -205,7 +321,10 @@ class MCPConnectionManager:
             loop.close()
         if self._stderr is not None:
             self._stderr.close()
-        self._loop = self._thread = self._serving = self._serve_task = self._stderr = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+        self._loop = self._thread = self._serving = self._serve_task = self._stderr = self._workdir = None
+        self._proxy = None
         self._session = None
 
     def _end_serving(self) -> None:
@@ -529,6 +648,32 @@ def _content_text(content: list[Any], structured: Any) -> str:
     if not parts and structured is not None:
         return json.dumps(structured)
     return "\n".join(parts)
+
+
+def _shown_url(url: str) -> str:
+    """A URL as messages name it: no credentials, query or fragment (where tokens are put)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if _port(parts) else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _port(parts: Any) -> int | None:
+    try:
+        return parts.port
+    except ValueError:
+        return None
+
+
+def _refusal(exc: BaseException, proxy: EgressProxy | None) -> str | None:
+    """The egress guard's refusal behind a failed start, in its words, if that is what it was."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, EgressRefused):
+        return str(exc)
+    if proxy is not None and proxy.refusals:
+        return proxy.refusals[-1]
+    return None
 
 
 def _arguments(arguments: Any) -> Any:
