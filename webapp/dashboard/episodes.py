@@ -7,7 +7,8 @@ attempt: the step's bodies go to the run's artifact store as one Parquet file
 layout the library writes in a run folder of its own), and one ``StoredEpisode`` row per episode
 indexes it. A step written again (a retried batch, a resumed attempt replaying it) replaces its rows.
 
-Reads: ``filtered`` (the API's filters, on indexed columns), ``bodies`` (records read back from
+Reads: ``filtered`` (the API's filters, on indexed columns), ``reward_histogram`` (one step's rewards
+in bins), ``bodies`` (records read back from
 Parquet, each file opened once), and ``jsonl_stream`` / ``parquet_stream`` (a whole filtered set,
 a file at a time, in bounded memory).
 """
@@ -19,6 +20,9 @@ import json
 import math
 from typing import Any, Iterable, Iterator
 
+from django.db.models import Count, F, Func, IntegerField, Max, Min, Value
+from django.db.models.functions import Least
+
 from training.tracking.episodes import read_records, search_text, step_file_name, to_parquet, to_table
 from webapp.dashboard.models import StoredEpisode
 from webapp.runs import artifacts
@@ -28,10 +32,12 @@ from webapp.runs.models import Run
 EXPORT_CHUNK = 500
 # The fields of a listed episode (the API's pages).
 LIST_FIELDS = ("id", "split", "step", "position", "group", "group_position", "data_source", "row_index", "reward",
-               "advantage", "is_correct", "termination_reason", "num_turns", "prompt_length", "response_length", "error")
+               "advantage", "is_correct", "termination_reason", "num_turns", "prompt_length", "response_length", "error",
+               "retokenization_drift", "drift_position")
 # A record's fields the index keeps too; the rest (bodies) only the Parquet file.
 _INDEXED = ("split", "step", "position", "group", "group_position", "data_source", "row_index", "reward", "advantage",
-            "is_correct", "termination_reason", "num_turns", "prompt_length", "response_length")
+            "is_correct", "termination_reason", "num_turns", "prompt_length", "response_length", "retokenization_drift",
+            "drift_position")
 
 
 def episodes_prefix(run: Run) -> str:
@@ -72,6 +78,7 @@ def _index_row(run_id: int, step: int, attempt: int | None, record: dict[str, An
         is_correct=bool(record.get("is_correct")), termination_reason=str(record.get("termination_reason") or "")[:40],
         num_turns=record.get("num_turns") or 0, prompt_length=record.get("prompt_length") or 0,
         response_length=record.get("response_length") or 0, error=str(record.get("error") or "")[:500],
+        retokenization_drift=record.get("retokenization_drift"), drift_position=record.get("drift_position"),
         text=search_text(record).replace("\x00", ""), body_key=key, body_row=number,
     )
 
@@ -92,9 +99,51 @@ def filtered(run: Run, filters: dict[str, Any]):
     for name in ("termination", "data_source", "group"):
         if filters.get(name):
             rows = rows.filter(**{"termination_reason" if name == "termination" else name: filters[name]})
+    if filters.get("row_index") is not None:
+        rows = rows.filter(row_index=filters["row_index"])
+    if filters.get("drift") is not None:
+        rows = rows.filter(retokenization_drift=filters["drift"])
     if filters.get("q"):
         rows = rows.filter(text__icontains=filters["q"])
     return rows.order_by("step", "split", "position")
+
+
+def reward_histogram(run: Run, split: str, step: int | None, bins: int) -> dict[str, Any]:
+    """The rewards of one step's ``split`` episodes (default: the last step stored) in ``bins`` equal
+    bins from their least to their greatest, counted by the database (two aggregates over the step's
+    rows of the unique index). Each bin also says the least and greatest reward in it: the listing's
+    ``reward_min`` and ``reward_max`` set to those open exactly its episodes, where the bin's edges,
+    shared with its neighbours, might open one of theirs too."""
+    rows = StoredEpisode.objects.filter(run=run, split=split).order_by()  # no join for the model's ordering
+    span = rows.aggregate(first=Min("step"), last=Max("step"))
+    if step is None:
+        step = span["last"]
+    result = {"split": split, "step": step, "first_step": span["first"], "last_step": span["last"],
+              "count": 0, "no_reward": 0, "bins": []}
+    if step is None:
+        return result
+    of_step = rows.filter(step=step)
+    totals = of_step.aggregate(count=Count("id"), scored=Count("reward"), low=Min("reward"), high=Max("reward"))
+    result.update(count=totals["count"], no_reward=totals["count"] - totals["scored"])
+    low, high = totals["low"], totals["high"]
+    if low is None:
+        return result
+    width = (high - low) / bins
+    if width <= 0 or not math.isfinite(width):
+        bins, width = 1, 0.0
+        bucket = Value(1)
+    else:  # width_bucket puts the greatest reward past the last bin: it belongs in the last one
+        bucket = Least(Func(F("reward"), Value(low), Value(high), Value(bins), function="width_bucket",
+                            output_field=IntegerField()), Value(bins))
+    counted = {b["bucket"]: b for b in of_step.exclude(reward=None).annotate(bucket=bucket).values("bucket").annotate(
+        count=Count("id"), reward_min=Min("reward"), reward_max=Max("reward"))}
+    for number in range(1, bins + 1):
+        found = counted.get(number, {})
+        result["bins"].append({
+            "low": low + (number - 1) * width, "high": high if number == bins else low + number * width,
+            "count": found.get("count", 0), "reward_min": found.get("reward_min"), "reward_max": found.get("reward_max"),
+        })
+    return result
 
 
 def listed(row: StoredEpisode) -> dict[str, Any]:
