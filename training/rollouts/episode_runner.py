@@ -230,18 +230,24 @@ class EpisodeRunner:
         """Whether rendering the finished conversation again (its last model call's messages and reply)
         gives back the ids generated: ``{"drift": bool, "position": first differing position or None}``
         (``training.rendering.retokenization_drift``); None where it was not checked (no response, no
-        conversation recorded, a template that fails on it). One render and one encoding per episode."""
+        conversation recorded, no chat template for a conversation, a template that fails on it).
+        One render and one encoding per episode."""
         trained = [t for t in episode.trajectories if any(step.response_ids for step in t.steps)]
         steps = (trained[0] if trained else episode.trajectories[-1]).steps if episode.trajectories else []
         if not episode.response_ids or not steps or not steps[-1].chat_completions:
             return None
         last = steps[-1]
-        reply = {"role": "assistant", "content": last.model_response}
         prompt = task.get(self.config.data.prompt_key) if isinstance(task, dict) else None
         plain = self.spec.kind == "single_turn" and isinstance(prompt, str)  # as the prompt went to the model
+        if not plain and not getattr(self.tokenizer, "chat_template", None):
+            return None  # no template to render the conversation with
+        messages = list(last.chat_completions)
+        # An agent's step may hold its reply already (rLLM's agents append it before the step is made).
+        if not (messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant"):
+            messages.append({"role": "assistant", "content": last.model_response})
         try:
-            position = retokenization_drift(self.tokenizer, [*last.chat_completions, reply],
-                                            episode.prompt_ids + episode.response_ids, template=not plain)
+            position = retokenization_drift(self.tokenizer, messages, episode.prompt_ids + episode.response_ids,
+                                            template=not plain)
         except Exception as exc:  # noqa: BLE001 (a model's chat template is its own code; the check is advisory)
             logger.debug("retokenization check skipped: %s", _one_line(exc))
             return None
