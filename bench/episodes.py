@@ -133,32 +133,49 @@ def bench_listing(user, tmp: Path) -> dict:
 
 
 def bench_histogram(user, tmp: Path) -> dict:
-    from rest_framework.test import APIClient
-
     run = new_run(user, tmp)
     insert_synthetic(run.pk, LISTING_EPISODES)
     for _ in range(OTHER_RUNS):
         insert_synthetic(new_run(user, tmp).pk, OTHER_EPISODES)
+    return measure_histogram(user, run)
+
+
+def measure_histogram(user, run) -> dict:
+    """Over ``run``'s LISTING_EPISODES stored episodes, interleaved so they share the machine's load:
+    one step's histogram through the API view, ``reward_histogram`` alone (the database's part), the
+    listing of one whole step (the plainest listing, a baseline), and the listing a bar opens."""
+    from rest_framework.test import APIClient
+
+    from webapp.dashboard.episodes import reward_histogram
+
     client = APIClient()
     client.force_authenticate(user)
     rng = random.Random(2)
     steps = LISTING_EPISODES // 100
-    times, opened, counts = [], [], []
+    times: dict[str, list[float]] = {"histogram": [], "reward_histogram alone": [], "listing of one step": [],
+                                     "bar opened": []}
+    counts = []
+
+    def timed(name, call):
+        began = time.perf_counter()
+        value = call()
+        times[name].append(time.perf_counter() - began)
+        return value
+
     for _ in range(LISTING_REQUESTS):
         step = rng.randrange(1, steps + 1)
-        began = time.perf_counter()
-        response = client.get(f"/api/runs/{run.pk}/episodes/histogram/", {"step": step, "bins": 20})
-        times.append(time.perf_counter() - began)
+        response = timed("histogram", lambda: client.get(f"/api/runs/{run.pk}/episodes/histogram/", {"step": step, "bins": 20}))
         assert response.status_code == 200 and response.json()["count"] == 100, response.content
+        timed("reward_histogram alone", lambda: reward_histogram(run, "train", step, 20))
+        timed("listing of one step", lambda: client.get(f"/api/runs/{run.pk}/episodes/", {"step_min": step, "step_max": step}))
         bar = rng.choice([b for b in response.json()["bins"] if b["count"]])
-        began = time.perf_counter()
-        listed = client.get(f"/api/runs/{run.pk}/episodes/", {"split": "train", "step_min": step, "step_max": step,
-                                                                "reward_min": bar["reward_min"], "reward_max": bar["reward_max"]})
-        opened.append(time.perf_counter() - began)
+        listed = timed("bar opened", lambda: client.get(f"/api/runs/{run.pk}/episodes/", {
+            "split": "train", "step_min": step, "step_max": step, "reward_min": bar["reward_min"], "reward_max": bar["reward_max"]}))
         assert len(listed.json()["results"]) == bar["count"]
         counts.append(bar["count"])
-    result = {"episodes_in_run": LISTING_EPISODES, "episodes_per_step": 100, "bins": 20, **percentiles(times),
-              "bar_opened": {**percentiles(opened), "mean_results": round(statistics.mean(counts), 1)}}
+    result = {"episodes_in_run": LISTING_EPISODES, "episodes_per_step": 100, "bins": 20,
+              **{name: percentiles(samples) for name, samples in times.items()},
+              "bar_mean_results": round(statistics.mean(counts), 1)}
     print(f"histogram: {result}", flush=True)
     return result
 

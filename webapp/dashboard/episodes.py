@@ -20,8 +20,7 @@ import json
 import math
 from typing import Any, Iterable, Iterator
 
-from django.db.models import Count, F, Func, IntegerField, Max, Min, Value
-from django.db.models.functions import Least
+from django.db import connection
 
 from training.tracking.episodes import read_records, search_text, step_file_name, to_parquet, to_table
 from webapp.dashboard.models import StoredEpisode
@@ -108,41 +107,49 @@ def filtered(run: Run, filters: dict[str, Any]):
     return rows.order_by("step", "split", "position")
 
 
+# One round trip: the split's first and last steps, the step's totals and its bins (each bin's count,
+# least and greatest reward), all read from the unique (run, step, split, position) index.
+_HISTOGRAM_SQL = """
+    with span as (
+        select (select min(step) from dashboard_storedepisode where run_id = %(run)s and split = %(split)s) as first,
+               (select max(step) from dashboard_storedepisode where run_id = %(run)s and split = %(split)s) as last),
+    chosen as (select coalesce(%(step)s, span.last) as step from span),
+    rows as (select reward from dashboard_storedepisode, chosen
+             where run_id = %(run)s and split = %(split)s and dashboard_storedepisode.step = chosen.step),
+    totals as (select count(*) as count, count(reward) as scored, min(reward) as low, max(reward) as high from rows)
+    select span.first, span.last, chosen.step, totals.count, totals.scored, totals.low, totals.high,
+           least(width_bucket(rows.reward, totals.low, totals.high, %(bins)s), %(bins)s), count(rows.reward),
+           min(rows.reward), max(rows.reward)
+    from span cross join chosen cross join totals
+         left join rows on rows.reward is not null and totals.high > totals.low
+    group by 1, 2, 3, 4, 5, 6, 7, 8
+"""
+
+
 def reward_histogram(run: Run, split: str, step: int | None, bins: int) -> dict[str, Any]:
     """The rewards of one step's ``split`` episodes (default: the last step stored) in ``bins`` equal
-    bins from their least to their greatest, counted by the database (two aggregates over the step's
-    rows of the unique index). Each bin also says the least and greatest reward in it: the listing's
-    ``reward_min`` and ``reward_max`` set to those open exactly its episodes, where the bin's edges,
-    shared with its neighbours, might open one of theirs too."""
-    rows = StoredEpisode.objects.filter(run=run, split=split).order_by()  # no join for the model's ordering
-    span = rows.aggregate(first=Min("step"), last=Max("step"))
-    if step is None:
-        step = span["last"]
-    result = {"split": split, "step": step, "first_step": span["first"], "last_step": span["last"],
-              "count": 0, "no_reward": 0, "bins": []}
-    if step is None:
-        return result
-    of_step = rows.filter(step=step)
-    totals = of_step.aggregate(count=Count("id"), scored=Count("reward"), low=Min("reward"), high=Max("reward"))
-    result.update(count=totals["count"], no_reward=totals["count"] - totals["scored"])
-    low, high = totals["low"], totals["high"]
+    bins from their least to their greatest, counted by the database in one query. Each bin also says
+    the least and greatest reward in it: the listing's ``reward_min`` and ``reward_max`` set to those
+    open exactly its episodes, where the bin's edges, shared with its neighbours, might open one of
+    theirs too. Every reward equal: one bin."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HISTOGRAM_SQL, {"run": run.pk, "split": split, "step": step, "bins": bins})
+        found = cursor.fetchall()
+    first, last, step, count, scored, low, high = found[0][:7]
+    result = {"split": split, "step": step, "first_step": first, "last_step": last,
+              "count": count, "no_reward": count - scored, "bins": []}
     if low is None:
         return result
+    if high <= low:
+        result["bins"] = [{"low": low, "high": high, "count": scored, "reward_min": low, "reward_max": high}]
+        return result
+    # width_bucket puts the greatest reward past the last bin: the query counts it in the last one.
+    counted = {row[7]: row[8:] for row in found}
     width = (high - low) / bins
-    if width <= 0 or not math.isfinite(width):
-        bins, width = 1, 0.0
-        bucket = Value(1)
-    else:  # width_bucket puts the greatest reward past the last bin: it belongs in the last one
-        bucket = Least(Func(F("reward"), Value(low), Value(high), Value(bins), function="width_bucket",
-                            output_field=IntegerField()), Value(bins))
-    counted = {b["bucket"]: b for b in of_step.exclude(reward=None).annotate(bucket=bucket).values("bucket").annotate(
-        count=Count("id"), reward_min=Min("reward"), reward_max=Max("reward"))}
     for number in range(1, bins + 1):
-        found = counted.get(number, {})
-        result["bins"].append({
-            "low": low + (number - 1) * width, "high": high if number == bins else low + number * width,
-            "count": found.get("count", 0), "reward_min": found.get("reward_min"), "reward_max": found.get("reward_max"),
-        })
+        tally, least, greatest = counted.get(number, (0, None, None))
+        result["bins"].append({"low": low + (number - 1) * width, "high": high if number == bins else low + number * width,
+                               "count": tally, "reward_min": least, "reward_max": greatest})
     return result
 
 
