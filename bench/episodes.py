@@ -1,6 +1,6 @@
 """Episode store benchmarks. Results: bench/results/episodes.json.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/episodes_bench python bench/episodes.py [listing detail training large_steps]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/episodes_bench python bench/episodes.py [listing detail training histogram large_steps]
 
 1. listing   ``GET /api/runs/<id>/episodes/`` (the API view through Django's test client) over a run of
              LISTING_EPISODES synthetic episodes, among OTHER_RUNS x OTHER_EPISODES more of other runs,
@@ -11,7 +11,10 @@
 3. training  the tiny model trained on the CPU through the platform's sink (DashboardSink), with the
              store on and off in pairs (same seed, order alternated): the ratio of their wall times,
              and the time the training thread spent handing records to the sinks
-4. large_steps  the training thread's cost of one large step (64 episodes x 1,024 tokens):
+4. histogram one step's reward histogram, ``GET /api/runs/<id>/episodes/histogram/?step=`` (20 bins), over
+             the listing's stored set (its run of LISTING_EPISODES among the others); p50/p99, and the
+             listing a bar opens (that step, the bar's reward range)
+5. large_steps  the training thread's cost of one large step (64 episodes x 1,024 tokens):
              ``DashboardSink.store_episodes`` (buffered and spooled to disk), and the writer's flush of it
 
 The database named by DATABASE_URL is created if missing and migrated; its runs are deleted first.
@@ -127,6 +130,54 @@ def bench_listing(user, tmp: Path) -> dict:
         print(f"listing {name}: {results[name]}", flush=True)
     return {"episodes_in_run": LISTING_EPISODES, "episodes_in_table": LISTING_EPISODES + OTHER_RUNS * OTHER_EPISODES,
             "page_size": 50, "insert_seconds": round(inserted, 1), "cases": results}
+
+
+def bench_histogram(user, tmp: Path) -> dict:
+    run = new_run(user, tmp)
+    insert_synthetic(run.pk, LISTING_EPISODES)
+    for _ in range(OTHER_RUNS):
+        insert_synthetic(new_run(user, tmp).pk, OTHER_EPISODES)
+    return measure_histogram(user, run)
+
+
+def measure_histogram(user, run) -> dict:
+    """Over ``run``'s LISTING_EPISODES stored episodes, interleaved so they share the machine's load:
+    one step's histogram through the API view, ``reward_histogram`` alone (the database's part), the
+    listing of one whole step (the plainest listing, a baseline), and the listing a bar opens."""
+    from rest_framework.test import APIClient
+
+    from webapp.dashboard.episodes import reward_histogram
+
+    client = APIClient()
+    client.force_authenticate(user)
+    rng = random.Random(2)
+    steps = LISTING_EPISODES // 100
+    times: dict[str, list[float]] = {"histogram": [], "reward_histogram alone": [], "listing of one step": [],
+                                     "bar opened": []}
+    counts = []
+
+    def timed(name, call):
+        began = time.perf_counter()
+        value = call()
+        times[name].append(time.perf_counter() - began)
+        return value
+
+    for _ in range(LISTING_REQUESTS):
+        step = rng.randrange(1, steps + 1)
+        response = timed("histogram", lambda: client.get(f"/api/runs/{run.pk}/episodes/histogram/", {"step": step, "bins": 20}))
+        assert response.status_code == 200 and response.json()["count"] == 100, response.content
+        timed("reward_histogram alone", lambda: reward_histogram(run, "train", step, 20))
+        timed("listing of one step", lambda: client.get(f"/api/runs/{run.pk}/episodes/", {"step_min": step, "step_max": step}))
+        bar = rng.choice([b for b in response.json()["bins"] if b["count"]])
+        listed = timed("bar opened", lambda: client.get(f"/api/runs/{run.pk}/episodes/", {
+            "split": "train", "step_min": step, "step_max": step, "reward_min": bar["reward_min"], "reward_max": bar["reward_max"]}))
+        assert len(listed.json()["results"]) == bar["count"]
+        counts.append(bar["count"])
+    result = {"episodes_in_run": LISTING_EPISODES, "episodes_per_step": 100, "bins": 20,
+              **{name: percentiles(samples) for name, samples in times.items()},
+              "bar_mean_results": round(statistics.mean(counts), 1)}
+    print(f"histogram: {result}", flush=True)
+    return result
 
 
 def bench_detail(user, tmp: Path) -> dict:
@@ -283,11 +334,12 @@ def main() -> None:
     settings.ALLOWED_HOSTS = ["testserver"]
     user = bench_user()
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    results["machine"] = f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.1f}"
-    results["date"] = time.strftime("%Y-%m-%d")
     for name in wanted:
+        # Each section says the machine and day it was measured on (sections are rerun one at a time).
+        machine = f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.1f}"
         results[name] = {"listing": bench_listing, "detail": bench_detail, "training": bench_training,
-                         "large_steps": bench_store_call}[name](user, tmp)
+                         "histogram": bench_histogram, "large_steps": bench_store_call}[name](user, tmp)
+        results[name].update(machine=machine, date=time.strftime("%Y-%m-%d"))
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results in {RESULTS}")
 

@@ -24,7 +24,7 @@ from training.agents.base import build_agent, build_env
 from training.agents.spec import AgentSpec
 from training.config import Config
 from training.rollouts.generation import GenerationOutput, ModelClient, TokenGenerator, continuation
-from training.rendering import encode, render_messages
+from training.rendering import encode, render_messages, retokenization_drift
 from training.errors import ModelCallError, NoModelCall, TerminationEvent, TrainingFailed
 from training.log import logger
 from training.agents.sdk.client import in_episode
@@ -220,8 +220,38 @@ class EpisodeRunner:
                 "response_length": float(sum(episode.response_mask)),
                 "episode_time": time.perf_counter() - started,
             }
+            checked = self._retokenization(episode, task) if failure is None else None
+            if checked is not None:
+                episode.info["retokenization"] = checked
             return episode
         raise AssertionError("unreachable: the last attempt always returns")
+
+    def _retokenization(self, episode: Episode, task: dict) -> dict[str, Any] | None:
+        """Whether rendering the finished conversation again (its last model call's messages and reply)
+        gives back the ids generated: ``{"drift": bool, "position": first differing position or None}``
+        (``training.rendering.retokenization_drift``); None where it was not checked (no response, no
+        conversation recorded, no chat template for a conversation, a template that fails on it).
+        One render and one encoding per episode."""
+        trained = [t for t in episode.trajectories if any(step.response_ids for step in t.steps)]
+        steps = (trained[0] if trained else episode.trajectories[-1]).steps if episode.trajectories else []
+        if not episode.response_ids or not steps or not steps[-1].chat_completions:
+            return None
+        last = steps[-1]
+        prompt = task.get(self.config.data.prompt_key) if isinstance(task, dict) else None
+        plain = self.spec.kind == "single_turn" and isinstance(prompt, str)  # as the prompt went to the model
+        if not plain and not getattr(self.tokenizer, "chat_template", None):
+            return None  # no template to render the conversation with
+        messages = list(last.chat_completions)
+        # An agent's step may hold its reply already (rLLM's agents append it before the step is made).
+        if not (messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant"):
+            messages.append({"role": "assistant", "content": last.model_response})
+        try:
+            position = retokenization_drift(self.tokenizer, messages, episode.prompt_ids + episode.response_ids,
+                                            template=not plain)
+        except Exception as exc:  # noqa: BLE001 (a model's chat template is its own code; the check is advisory)
+            logger.debug("retokenization check skipped: %s", _one_line(exc))
+            return None
+        return {"drift": position is not None, "position": position}
 
     async def _attempt(self, episode: Episode, task: dict, client: ModelClient) -> Episode:
         kind = self.spec.kind

@@ -9,6 +9,10 @@ token ids, mask, log-probabilities) beside them. ``token_ids``, ``mask`` and ``l
 aligned over the response (everything after the first prompt): ``mask`` is 1 where the model
 produced the token and it was trained on, 0 where the environment did; ``prompt_ids`` is the first
 prompt. ``logprobs`` is empty where the generator recorded none (TRL's own single-turn generation).
+``retokenization_drift`` says whether rendering the finished conversation again through the
+tokenizer's chat template gives back other ids than those generated (``drift_position``: the first
+differing position over ``prompt_ids`` + ``token_ids``; None where it was not checked: the rollout
+engine checks each episode it runs, ``training.rendering.retokenization_drift``).
 ``token_texts`` is each response token decoded alone (``token_pieces``, filled in by the backend
 that holds the tokenizer, for the records it keeps), so a reader needs no tokenizer; empty where
 none was decoded.
@@ -58,13 +62,14 @@ def _schema():
         ("termination_reason", pa.string()), ("prompt_length", pa.int32()), ("response_length", pa.int32()),
         ("num_turns", pa.int32()), ("generation_seconds", pa.float64()), ("env_seconds", pa.float64()),
         ("episode_seconds", pa.float64()), ("error", pa.string()), ("traceback", pa.string()),
+        ("retokenization_drift", pa.bool_()), ("drift_position", pa.int64()),
     ])
 
 
 COLUMNS = ("split", "step", "attempt", "position", "group", "group_position", "data_source", "row_index", "prompt",
            "turns", "prompt_ids", "token_ids", "token_texts", "mask", "logprobs", "advantage", "reward", "reward_components",
            "is_correct", "termination_reason", "prompt_length", "response_length", "num_turns", "generation_seconds",
-           "env_seconds", "episode_seconds", "error", "traceback")
+           "env_seconds", "episode_seconds", "error", "traceback", "retokenization_drift", "drift_position")
 # Stored as JSON text in Parquet, handed back as Python values by ``read_records``.
 JSON_COLUMNS = ("prompt", "turns", "reward_components")
 
@@ -99,6 +104,7 @@ def episode_record(episode: Episode, *, split: str, step: int, position: int, gr
     components = {"score": reward, **({} if components is None else dict(components))}
     traceback = str(episode.info.get("traceback") or "")[-TRACEBACK_CHARS:]
     mask = [int(m) for m in episode.response_mask]
+    retokenization = episode.info.get("retokenization") if isinstance(episode.info.get("retokenization"), dict) else {}
     return {
         "split": split, "step": int(step), "attempt": None, "position": int(position), "group": str(group),
         "group_position": int(group_position), "data_source": str(task.get("data_source") or ""),
@@ -112,6 +118,8 @@ def episode_record(episode: Episode, *, split: str, step: int, position: int, gr
         "generation_seconds": generation, "env_seconds": env,
         "episode_seconds": _finite(episode.metrics.get("episode_time")),
         "error": str(episode.error or ""), "traceback": traceback,
+        "retokenization_drift": bool(retokenization["drift"]) if "drift" in retokenization else None,
+        "drift_position": retokenization.get("position") if retokenization.get("drift") else None,
     }
 
 

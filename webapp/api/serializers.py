@@ -294,6 +294,12 @@ class EpisodeQuerySerializer(serializers.Serializer):
         required=False, help_text="The termination reason.")
     data_source = serializers.CharField(required=False, max_length=200)
     group = serializers.CharField(required=False, max_length=64, help_text="The prompt's group (its uid).")
+    row_index = serializers.IntegerField(required=False, min_value=0, max_value=2**62,
+                                         help_text="The task's row in the dataset: one prompt across training.")
+    drift = serializers.BooleanField(required=False, allow_null=True, default=None,
+                                     help_text="true: episodes whose conversation, rendered again through the chat "
+                                               "template, gives back other token ids than those generated; false: "
+                                               "checked and equal.")
     q = serializers.CharField(required=False, max_length=MAX_EPISODE_TEXT,
                               help_text="Text in the conversation (its first 2,000 characters), case-insensitive.")
     limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=MAX_EPISODE_PAGE)
@@ -316,6 +322,19 @@ class EpisodeQuerySerializer(serializers.Serializer):
         if errors:
             raise serializers.ValidationError(errors)
         return data
+
+
+MAX_HISTOGRAM_BINS = 100
+
+
+class HistogramQuerySerializer(serializers.Serializer):
+    """One step's reward histogram (``GET /api/runs/<id>/episodes/histogram/``)."""
+
+    step = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP,
+                                    help_text="The step; default: the last step stored.")
+    split = serializers.ChoiceField(choices=["train", "val"], required=False, default="train")
+    bins = serializers.IntegerField(required=False, default=20, min_value=1, max_value=MAX_HISTOGRAM_BINS)
+    share = serializers.CharField(required=False, max_length=100, help_text="A share link's token (read-only access).")
 
 
 class LedgerQuerySerializer(serializers.Serializer):

@@ -21,6 +21,7 @@ from training.config import flatten
 from webapp.api import ingest
 from webapp.api.serializers import (
     AfterQuerySerializer, AgentSerializer, BackendSerializer, DatasetSerializer, EpisodeQuerySerializer, FinishSerializer,
+    HistogramQuerySerializer,
     HeartbeatSerializer, LedgerQuerySerializer, LogLineSerializer, LogsIngestSerializer, MetricsIngestSerializer, ProjectSerializer,
     ModelSerializer, RewardFunctionSerializer, RunCreateSerializer, RunForkSerializer, RunListQuerySerializer, RunSerializer, RunUpdateSerializer,
     SeriesQuerySerializer,
@@ -108,6 +109,7 @@ _ACTION_OF = {
     "retrieve": "view", "partial_update": "edit", "destroy": "delete", "cancel": "cancel",
     "fork": "view",  # whoever may see a run may fork it (logged in: a share link does not); the project decides the rest
     "series": "view", "metrics": "view", "logs": "view", "episodes": "view", "episode": "view", "ledger": "view",
+    "episode_histogram": "view",
     "ingest_metrics": "edit", "ingest_logs": "edit", "heartbeat": "edit", "finish": "edit",
 }
 
@@ -297,7 +299,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
             renderer_classes=[JSONRenderer, BrowsableAPIRenderer, _JsonlRenderer, _ParquetRenderer])
     def episodes(self, request, pk=None):
         """The episode store: every episode of the run, filtered (``step_min``, ``step_max``,
-        ``reward_min``, ``reward_max``, ``termination``, ``data_source``, ``group``, ``q``, ``split``),
+        ``reward_min``, ``reward_max``, ``termination``, ``data_source``, ``group``, ``row_index``,
+        ``drift``, ``q``, ``split``),
         a page at a time (``limit``, ``offset``); ``format=jsonl`` or ``format=parquet`` streams the
         whole filtered set with each episode's body."""
         run, query = self._episode_run()
@@ -314,6 +317,21 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         if len(page) > limit:
             following = request.build_absolute_uri(_with_query(request, offset=offset + limit))
         return Response({"results": [episode_store.listed(row) for row in page[:limit]], "next": following})
+
+    @extend_schema(parameters=[HistogramQuerySerializer], responses={200: inline_serializer("EpisodeHistogram", {
+        "split": serializers.CharField(), "step": serializers.IntegerField(allow_null=True),
+        "first_step": serializers.IntegerField(allow_null=True), "last_step": serializers.IntegerField(allow_null=True),
+        "count": serializers.IntegerField(), "no_reward": serializers.IntegerField(),
+        "bins": serializers.ListField(child=serializers.DictField()),
+    })})
+    @action(detail=True, methods=["get"], url_path="episodes/histogram", permission_classes=[AllowAny])
+    def episode_histogram(self, request, pk=None):
+        """One step's rewards in ``bins`` equal bins (``step``: default the last stored; ``split``:
+        default train): each bin's edges (``low``, ``high``), how many episodes it holds, and the least
+        and greatest reward in it (``reward_min``, ``reward_max``: the listing's filters that open
+        exactly its episodes); ``no_reward`` counts the step's episodes without a reward."""
+        run, query = self._episode_run(HistogramQuerySerializer)
+        return Response(episode_store.reward_histogram(run, query["split"], query.get("step"), query["bins"]))
 
     @extend_schema(operation_id="runs_episode_retrieve", responses={200: OpenApiTypes.OBJECT})
     @action(detail=True, methods=["get"], url_path=r"episodes/(?P<episode_id>[0-9]{1,18})", permission_classes=[AllowAny])

@@ -7,7 +7,8 @@ attempt: the step's bodies go to the run's artifact store as one Parquet file
 layout the library writes in a run folder of its own), and one ``StoredEpisode`` row per episode
 indexes it. A step written again (a retried batch, a resumed attempt replaying it) replaces its rows.
 
-Reads: ``filtered`` (the API's filters, on indexed columns), ``bodies`` (records read back from
+Reads: ``filtered`` (the API's filters, on indexed columns), ``reward_histogram`` (one step's rewards
+in bins), ``bodies`` (records read back from
 Parquet, each file opened once), and ``jsonl_stream`` / ``parquet_stream`` (a whole filtered set,
 a file at a time, in bounded memory).
 """
@@ -19,6 +20,8 @@ import json
 import math
 from typing import Any, Iterable, Iterator
 
+from django.db import connection
+
 from training.tracking.episodes import read_records, search_text, step_file_name, to_parquet, to_table
 from webapp.dashboard.models import StoredEpisode
 from webapp.runs import artifacts
@@ -28,10 +31,12 @@ from webapp.runs.models import Run
 EXPORT_CHUNK = 500
 # The fields of a listed episode (the API's pages).
 LIST_FIELDS = ("id", "split", "step", "position", "group", "group_position", "data_source", "row_index", "reward",
-               "advantage", "is_correct", "termination_reason", "num_turns", "prompt_length", "response_length", "error")
+               "advantage", "is_correct", "termination_reason", "num_turns", "prompt_length", "response_length", "error",
+               "retokenization_drift", "drift_position")
 # A record's fields the index keeps too; the rest (bodies) only the Parquet file.
 _INDEXED = ("split", "step", "position", "group", "group_position", "data_source", "row_index", "reward", "advantage",
-            "is_correct", "termination_reason", "num_turns", "prompt_length", "response_length")
+            "is_correct", "termination_reason", "num_turns", "prompt_length", "response_length", "retokenization_drift",
+            "drift_position")
 
 
 def episodes_prefix(run: Run) -> str:
@@ -72,6 +77,7 @@ def _index_row(run_id: int, step: int, attempt: int | None, record: dict[str, An
         is_correct=bool(record.get("is_correct")), termination_reason=str(record.get("termination_reason") or "")[:40],
         num_turns=record.get("num_turns") or 0, prompt_length=record.get("prompt_length") or 0,
         response_length=record.get("response_length") or 0, error=str(record.get("error") or "")[:500],
+        retokenization_drift=record.get("retokenization_drift"), drift_position=record.get("drift_position"),
         text=search_text(record).replace("\x00", ""), body_key=key, body_row=number,
     )
 
@@ -92,9 +98,59 @@ def filtered(run: Run, filters: dict[str, Any]):
     for name in ("termination", "data_source", "group"):
         if filters.get(name):
             rows = rows.filter(**{"termination_reason" if name == "termination" else name: filters[name]})
+    if filters.get("row_index") is not None:
+        rows = rows.filter(row_index=filters["row_index"])
+    if filters.get("drift") is not None:
+        rows = rows.filter(retokenization_drift=filters["drift"])
     if filters.get("q"):
         rows = rows.filter(text__icontains=filters["q"])
     return rows.order_by("step", "split", "position")
+
+
+# One round trip: the split's first and last steps, the step's totals and its bins (each bin's count,
+# least and greatest reward), all read from the unique (run, step, split, position) index.
+_HISTOGRAM_SQL = """
+    with span as (
+        select (select min(step) from dashboard_storedepisode where run_id = %(run)s and split = %(split)s) as first,
+               (select max(step) from dashboard_storedepisode where run_id = %(run)s and split = %(split)s) as last),
+    chosen as (select coalesce(%(step)s, span.last) as step from span),
+    rows as (select reward from dashboard_storedepisode, chosen
+             where run_id = %(run)s and split = %(split)s and dashboard_storedepisode.step = chosen.step),
+    totals as (select count(*) as count, count(reward) as scored, min(reward) as low, max(reward) as high from rows)
+    select span.first, span.last, chosen.step, totals.count, totals.scored, totals.low, totals.high,
+           least(width_bucket(rows.reward, totals.low, totals.high, %(bins)s), %(bins)s), count(rows.reward),
+           min(rows.reward), max(rows.reward)
+    from span cross join chosen cross join totals
+         left join rows on rows.reward is not null and totals.high > totals.low
+    group by 1, 2, 3, 4, 5, 6, 7, 8
+"""
+
+
+def reward_histogram(run: Run, split: str, step: int | None, bins: int) -> dict[str, Any]:
+    """The rewards of one step's ``split`` episodes (default: the last step stored) in ``bins`` equal
+    bins from their least to their greatest, counted by the database in one query. Each bin also says
+    the least and greatest reward in it: the listing's ``reward_min`` and ``reward_max`` set to those
+    open exactly its episodes, where the bin's edges, shared with its neighbours, might open one of
+    theirs too. Every reward equal: one bin."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HISTOGRAM_SQL, {"run": run.pk, "split": split, "step": step, "bins": bins})
+        found = cursor.fetchall()
+    first, last, step, count, scored, low, high = found[0][:7]
+    result = {"split": split, "step": step, "first_step": first, "last_step": last,
+              "count": count, "no_reward": count - scored, "bins": []}
+    if low is None:
+        return result
+    if high <= low:
+        result["bins"] = [{"low": low, "high": high, "count": scored, "reward_min": low, "reward_max": high}]
+        return result
+    # width_bucket puts the greatest reward past the last bin: the query counts it in the last one.
+    counted = {row[7]: row[8:] for row in found}
+    width = (high - low) / bins
+    for number in range(1, bins + 1):
+        tally, least, greatest = counted.get(number, (0, None, None))
+        result["bins"].append({"low": low + (number - 1) * width, "high": high if number == bins else low + number * width,
+                               "count": tally, "reward_min": least, "reward_max": greatest})
+    return result
 
 
 def listed(row: StoredEpisode) -> dict[str, Any]:

@@ -189,6 +189,11 @@ class StoredEpisode(models.Model):
     prompt_length = models.PositiveIntegerField(default=0)
     response_length = models.PositiveIntegerField(default=0)
     error = models.CharField(max_length=500, blank=True)
+    retokenization_drift = models.BooleanField(
+        null=True, help_text="Whether rendering its conversation again through the chat template gives back other "
+                             "token ids than those generated; null: not checked.")
+    drift_position = models.PositiveIntegerField(
+        null=True, help_text="The first differing position, over its prompt's and response's ids.")
     text = models.TextField(blank=True, help_text="The conversation's first characters, for text search.")
     body_key = models.CharField(max_length=400)
     body_row = models.PositiveIntegerField()
@@ -202,6 +207,8 @@ class StoredEpisode(models.Model):
             models.Index(fields=["run", "termination_reason", "step"], name="stored_episode_termination"),
             models.Index(fields=["run", "data_source", "step"], name="stored_episode_source"),
             models.Index(fields=["run", "group"], name="stored_episode_group"),
+            # One prompt across training: a dataset row's episodes, step by step.
+            models.Index(fields=["run", "row_index", "step"], name="stored_episode_row"),
         ]
 
     def __str__(self) -> str:

@@ -53,6 +53,14 @@
     else { chartsBox.insertBefore(div, state.charts[next].div); state.charts.splice(next, 0, chart); }
     Plotly.newPlot(div, [], Dash.layout(title, state.logScale), Dash.config);
     div.on("plotly_relayout", ev => onZoom(chart, ev));
+    // A point opens its step's episodes in the episode store's list below (validation's: the val split).
+    div.on("plotly_click", ev => {
+      const point = ev.points && ev.points[0];
+      if (!point || !window.openStoredEpisodes || !Number.isFinite(point.x)) return;
+      const step = Math.round(point.x);
+      const split = String(point.data.name || "").startsWith("val/") ? "val" : "train";
+      window.openStoredEpisodes({ split, step_min: step, step_max: step });
+    });
     draw(chart);
   }
 

@@ -24,10 +24,34 @@
     const components = Object.entries(e.reward_components || {}).map(([k, v]) => k + " " + number(v)).join(", ");
     for (const [name, value] of [["Reward", number(e.reward)], ["Advantage", number(e.advantage)],
                                  ["Reward components", components || "—"], ["Termination", e.termination_reason || "—"],
-                                 ["Turns", number(e.num_turns)], ["Source", e.data_source || "—"], ["Error", e.error || "—"]]) {
+                                 ["Turns", number(e.num_turns)], ["Source", e.data_source || "—"], ["Error", e.error || "—"],
+                                 ["Retokenization", retokenization(e)]]) {
       list.appendChild(el("dt", "", name));
       list.appendChild(el("dd", "", value));
     }
+  }
+
+  // Where rendering the conversation again through the chat template stops giving back the ids generated.
+  function driftInResponse(e) {
+    if (e.retokenization_drift !== true || typeof e.drift_position !== "number") return null;
+    return e.drift_position - (e.prompt_ids || []).length;  // negative: in the prompt
+  }
+
+  function retokenization(e) {
+    if (e.retokenization_drift === false) return "the chat template renders the conversation back to the same token ids";
+    if (e.retokenization_drift !== true) return "not checked";
+    const at = driftInResponse(e);
+    return at === null ? "drifts" : at < 0 ? "drifts in the prompt, at its token " + e.drift_position :
+      "drifts at response token " + at + " (marked below)";
+  }
+
+  function driftFlag(e) {
+    const flag = document.getElementById("token-view-drift");
+    if (e.retokenization_drift !== true) return;
+    flag.hidden = false;
+    flag.textContent = "Retokenization drift: rendering this conversation again with the tokenizer's chat template " +
+      "does not give back the token ids that were generated; " + retokenization(e) + ". What was trained on is " +
+      "not what the conversation's text tokenizes to.";
   }
 
   function turns(e) {
@@ -52,6 +76,7 @@
     // A token's text piece as the trainer decoded it (line breaks and tabs made visible), else its id.
     const shown = i => typeof texts[i] === "string" ? (texts[i].replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅") : String(ids[i]);
     let turn = 0;
+    const driftAt = driftInResponse(e);
     ids.forEach((id, i) => {
       const trained = mask[i] === 1;
       // A model turn begins where the model's tokens follow the environment's (or at the first token).
@@ -59,9 +84,10 @@
         turn += 1;
         box.appendChild(el("span", "turn-boundary", "turn " + turn));
       }
-      const token = el("span", "token " + (trained ? "trained" : "untrained"), shown(i));
+      const token = el("span", "token " + (trained ? "trained" : "untrained") + (i === driftAt ? " drift" : ""), shown(i));
       token.title = "token " + id + " · " + (trained ? "trained" : "not trained (environment)") +
-        " · logprob " + (i < logprobs.length ? decimal(logprobs[i]) : "not recorded") + " · advantage " + decimal(e.advantage);
+        " · logprob " + (i < logprobs.length ? decimal(logprobs[i]) : "not recorded") + " · advantage " + decimal(e.advantage) +
+        (i === driftAt ? " · retokenization drifts here" : "");
       box.appendChild(token);
     });
     if (!ids.length) box.appendChild(el("p", "muted", "No response tokens recorded."));
@@ -72,7 +98,7 @@
     .then(({ ok, data }) => {
       if (!ok) { note.textContent = "This episode could not be read: " + (data.detail || "error"); return; }
       note.textContent = (data.token_ids || []).length + " response tokens, " + (data.mask || []).filter(m => m === 1).length + " trained";
-      facts(data); turns(data); tokens(data);
+      driftFlag(data); facts(data); turns(data); tokens(data);
     })
     .catch(error => { note.textContent = "This episode could not be read: " + error; });
 })();
