@@ -242,7 +242,7 @@ def test_a_step_written_again_replaces_its_episodes_and_past_the_buffer_steps_ar
     sink = DashboardSink(run.pk, flush_seconds=3600, publish=False)
     sink.store_episodes(1, [synthetic(1, p, 0.0) for p in range(4)])
     sink.store_episodes(2, [synthetic(2, p, 0.0) for p in range(4)])  # 8 > 6 waiting: dropped whole
-    sink.flush()
+    sink.episode_writer.flush()
     sink.store_episodes(1, [synthetic(1, p, 1.0) for p in range(4)])  # a resumed attempt replays step 1
     sink.close()
     assert list(StoredEpisode.objects.filter(run=run).values_list("step", "reward")) == [(1, 1.0)] * 4
@@ -275,3 +275,40 @@ def test_episodes_a_killed_process_spooled_are_stored_by_the_next_attempt(make_r
     assert list(StoredEpisode.objects.filter(run=run).values_list("step", "reward", "attempt")) == (
         [(1, 0.25, 2)] * 4 + [(2, 0.5, 2)] * 4)
     assert episode_store.detail(StoredEpisode.objects.get(run=run, step=1, position=2))["mask"] == [1, 0, 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_steps_the_artifact_store_refuses_wait_in_the_spool_and_are_stored_once_when_it_answers(
+        make_run, tmp_path, settings, monkeypatch):
+    settings.RUNS_DIR = tmp_path
+    folder = tmp_path / "run-folder"
+    run = make_run(run_path=str(folder))
+    store = artifacts.store()
+    put = type(store).put_bytes
+    down = {"yes": True}
+
+    def flaky_put(self, data, key, *args, **kwargs):  # the store away, as S3 refusing connections
+        if down["yes"]:
+            raise ConnectionError("the artifact store is unreachable")
+        return put(self, data, key, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "put_bytes", flaky_put)
+    sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=folder)
+    for step in (1, 2, 3):
+        sink.store_episodes(step, [synthetic(step, p, step / 4) for p in range(4)])
+        sink.log_metrics(step, {"reward": step / 4})
+        with pytest.raises(ConnectionError):
+            sink.episode_writer.flush()
+        sink.flush()  # the metrics are not held back
+    assert points_after(run.pk, -1)["reward"][-1] == [3, 0.75]
+    assert not StoredEpisode.objects.filter(run=run).exists()
+    assert len(list((folder / "spool").glob("episodes-*.jsonl"))) == 3  # waiting on disk, not dropped
+    down["yes"] = False
+    sink.store_episodes(4, [synthetic(4, p, 1.0) for p in range(4)])
+    sink.close()
+
+    stored = list(StoredEpisode.objects.filter(run=run).values_list("step", "position", "reward"))
+    assert stored == [(s, p, s / 4) for s in (1, 2, 3, 4) for p in range(4)]
+    assert sink.dropped_episodes == 0 and "overload/dropped_episodes" not in points_after(run.pk, -1)
+    assert list((folder / "spool").glob("episodes-*.jsonl")) == []
+    assert episode_store.detail(StoredEpisode.objects.get(run=run, step=2, position=1))["token_ids"] == [4, 5, 6]
