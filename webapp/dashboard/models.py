@@ -203,6 +203,7 @@ class StoredEpisode(models.Model):
             models.Index(fields=["run", "data_source", "step"], name="stored_episode_source"),
             models.Index(fields=["run", "group"], name="stored_episode_group"),
         ]
+        # And on PostgreSQL a trigram index on UPPER(text), for the API's ``q`` (migration 0008).
 
     def __str__(self) -> str:
         return f"{self.split} episode {self.position} of step {self.step} (run {self.run_id})"
