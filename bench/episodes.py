@@ -299,7 +299,7 @@ def bench_store_call(user, tmp: Path) -> dict:
         sink.store_episodes(step, step_records)
         calls.append(time.perf_counter() - began)
         began = time.perf_counter()
-        sink.flush()
+        sink.episode_writer.flush()
         writes.append(time.perf_counter() - began)
     sink.close()
     return {"episodes_per_step": len(records), "tokens_per_episode": DETAIL_TOKENS,

@@ -308,6 +308,9 @@ RUN_SPOOL_MAX_MB = envint("RUN_SPOOL_MAX_MB", "512", minimum=1)
 # Episodes of the episode store (every episode, whole) a training process holds in memory while they
 # wait to be written; past it a step's episodes are dropped whole and counted (docs/dashboard.md).
 RUN_BUFFER_MAX_EPISODES = envint("RUN_BUFFER_MAX_EPISODES", "20000", minimum=100)
+# An export of the episode store (format=jsonl / parquet) streams for at most this long; past it the
+# file ends with a note saying where it was cut and how to fetch the rest (docs/dashboard.md).
+EPISODE_EXPORT_MAX_SECONDS = envint("EPISODE_EXPORT_MAX_SECONDS", "300", minimum=1)
 # When the disk of a run's folder is full: "continue" drops reports that do not fit (counted, and
 # told on the run's log and page) and fails the run when a checkpoint does not fit, naming the
 # folder and its free space; "pause" holds the attempt's writes (training waits) and tries again

@@ -20,6 +20,8 @@ from fault_harness import finished as ended  # noqa: E402
 from fault_harness import latest_step, lost_and_doubled, private_trl_queue, slow_run_maker, start_worker, wait_for  # noqa: E402
 
 from training.platform.artifacts import STORED_MARKER, ArtifactStore
+from webapp.dashboard import episodes as episode_store
+from webapp.dashboard.models import StoredEpisode
 from webapp.runs.models import Run, RunLog
 from workers.processes import database_url
 
@@ -115,7 +117,7 @@ def test_a_run_killed_with_its_machine_resumes_on_another_from_the_stores_checkp
         assert weights == handle.read() and len(weights) > 1000
 
 
-def test_the_store_down_for_30_s_mid_run_loses_nothing(queue, fleet, slow_run, s3_server):
+def test_the_store_down_for_30_s_mid_run_loses_nothing(queue, fleet, slow_run, s3_server, settings, s3_url):
     steps = 40
     worker = fleet(queue, "a")
     run = slow_run(steps, **{"trainer.save_freq": 5})
@@ -141,3 +143,11 @@ def test_the_store_down_for_30_s_mid_run_loses_nothing(queue, fleet, slow_run, s
     log = messages(run)
     assert len([m for m in log if "artifact store unreachable" in m]) == 1, log
     assert any("artifact store reachable again" in m for m in log), log
+    # Every episode of every step, those trained while the store was away too, stored once (the
+    # index's unique key would refuse a second row) with its body readable from the store.
+    episodes = StoredEpisode.objects.filter(run=run, split="train")
+    assert sorted(episodes.values_list("step", "position")) == [(s, p) for s in range(1, steps + 1) for p in range(4)]
+    assert not [m for m in log if "not kept in the episode store" in m], log
+    settings.ARTIFACTS_URL = s3_url
+    during = episodes.get(step=stopped_at + 1, position=3)
+    assert episode_store.detail(during)["token_ids"] and during.body_key.startswith(f"{prefix}/episodes/train/")

@@ -242,7 +242,7 @@ def test_a_step_written_again_replaces_its_episodes_and_past_the_buffer_steps_ar
     sink = DashboardSink(run.pk, flush_seconds=3600, publish=False)
     sink.store_episodes(1, [synthetic(1, p, 0.0) for p in range(4)])
     sink.store_episodes(2, [synthetic(2, p, 0.0) for p in range(4)])  # 8 > 6 waiting: dropped whole
-    sink.flush()
+    sink.episode_writer.flush()
     sink.store_episodes(1, [synthetic(1, p, 1.0) for p in range(4)])  # a resumed attempt replays step 1
     sink.close()
     assert list(StoredEpisode.objects.filter(run=run).values_list("step", "reward")) == [(1, 1.0)] * 4
@@ -275,3 +275,91 @@ def test_episodes_a_killed_process_spooled_are_stored_by_the_next_attempt(make_r
     assert list(StoredEpisode.objects.filter(run=run).values_list("step", "reward", "attempt")) == (
         [(1, 0.25, 2)] * 4 + [(2, 0.5, 2)] * 4)
     assert episode_store.detail(StoredEpisode.objects.get(run=run, step=1, position=2))["mask"] == [1, 0, 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_steps_the_artifact_store_refuses_wait_in_the_spool_and_are_stored_once_when_it_answers(
+        make_run, tmp_path, settings, monkeypatch):
+    settings.RUNS_DIR = tmp_path
+    folder = tmp_path / "run-folder"
+    run = make_run(run_path=str(folder))
+    store = artifacts.store()
+    put = type(store).put_bytes
+    down = {"yes": True}
+
+    def flaky_put(self, data, key, *args, **kwargs):  # the store away, as S3 refusing connections
+        if down["yes"]:
+            raise ConnectionError("the artifact store is unreachable")
+        return put(self, data, key, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "put_bytes", flaky_put)
+    sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=folder)
+    for step in (1, 2, 3):
+        sink.store_episodes(step, [synthetic(step, p, step / 4) for p in range(4)])
+        sink.log_metrics(step, {"reward": step / 4})
+        with pytest.raises(ConnectionError):
+            sink.episode_writer.flush()
+        sink.flush()  # the metrics are not held back
+    assert points_after(run.pk, -1)["reward"][-1] == [3, 0.75]
+    assert not StoredEpisode.objects.filter(run=run).exists()
+    assert len(list((folder / "spool").glob("episodes-*.jsonl"))) == 3  # waiting on disk, not dropped
+    down["yes"] = False
+    sink.store_episodes(4, [synthetic(4, p, 1.0) for p in range(4)])
+    sink.close()
+
+    stored = list(StoredEpisode.objects.filter(run=run).values_list("step", "position", "reward"))
+    assert stored == [(s, p, s / 4) for s in (1, 2, 3, 4) for p in range(4)]
+    assert sink.dropped_episodes == 0 and "overload/dropped_episodes" not in points_after(run.pk, -1)
+    assert list((folder / "spool").glob("episodes-*.jsonl")) == []
+    assert episode_store.detail(StoredEpisode.objects.get(run=run, step=2, position=1))["token_ids"] == [4, 5, 6]
+
+
+class SteppingClock:
+    """``time.monotonic`` for the export: one second passes at each look (the export's time limit is
+    reached after a known number of chunks, whatever the machine's speed)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_export_past_its_time_limit_ends_with_a_note_and_goes_on_from_it(stored_run, api_client, owner, settings,
+                                                                             monkeypatch, fmt):
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(episode_store, "EXPORT_CHUNK", 4)
+    monkeypatch.setattr(episode_store.time, "monotonic", SteppingClock())
+    settings.EPISODE_EXPORT_MAX_SECONDS = 2  # one chunk of 4 of the run's 12 episodes, then the limit
+    client = api_client(owner)
+    response = client.get(URL.format(stored_run.pk), {"format": fmt})
+    assert response.status_code == 200 and response["X-Export-Time-Limit"] == "2"
+    body = b"".join(response.streaming_content)
+    if fmt == "jsonl":
+        lines = [json.loads(line) for line in body.splitlines()]
+        note = lines.pop()["export_cut"]
+        ids = [line["id"] for line in lines]
+    else:
+        table = pq.read_table(io.BytesIO(body))
+        note = json.loads(pq.ParquetFile(io.BytesIO(body)).metadata.metadata[b"export_cut"])  # the file's key-value metadata
+        ids = table.column("id").to_pylist()
+    every = list(StoredEpisode.objects.filter(run=stored_run).order_by("id").values_list("id", flat=True))
+    assert ids == every[:4] and note["episodes"] == 4 and note["last_id"] == every[3]
+    assert "cut after" in note["message"] and f"after_id={every[3]}" in note["message"]
+
+    settings.EPISODE_EXPORT_MAX_SECONDS = 3600
+    rest = b"".join(client.get(URL.format(stored_run.pk), {"format": fmt, "after_id": note["last_id"]}).streaming_content)
+    if fmt == "jsonl":
+        following = [json.loads(line) for line in rest.splitlines()]
+        assert [line["id"] for line in following] == every[4:] and "export_cut" not in following[-1]
+    else:
+        assert pq.read_table(io.BytesIO(rest)).column("id").to_pylist() == every[4:]
+        assert b"export_cut" not in pq.ParquetFile(io.BytesIO(rest)).metadata.metadata
+
+
+def test_after_id_out_of_bounds_is_a_400(stored_run, api_client, owner):
+    response = api_client(owner).get(URL.format(stored_run.pk), {"format": "jsonl", "after_id": -1})
+    assert response.status_code == 400 and "after_id" in response.json()

@@ -4,7 +4,11 @@ needs CUDA GPUs and vLLM; neither is here).
 Stand-in, not verl: no model is trained. What it keeps of verl is what our backend's hooks see of
 verl's job, written the way verl writes it: each step its metrics through verl's own ``Tracking``
 (the ``file`` backend, at ``VERL_FILE_LOGGER_PATH`` from the TaskRunner's environment), its
-rollouts dumped to ``trainer.rollout_data_dir`` (``<step>.jsonl``), and every ``trainer.save_freq``
+rollouts dumped to ``trainer.rollout_data_dir`` (``<step>.jsonl``, by verl's own
+``RayPPOTrainer._write_generations``: ``data.train_batch_size`` prompts, ``rollout.n`` samples each,
+with a ``uid`` per prompt; for our agent loop each sample's ``reward_extra_info`` is made by the
+agent loop's own ``episode_to_output`` and ``add_episode_record`` from a scripted two-turn episode,
+for verl's single-turn loop it is ``acc`` as our ``compute_score`` returns it), and every ``trainer.save_freq``
 steps ``global_step_N`` (``actor/`` and ``data.pt``) saved in ``trainer.default_local_dir``, older
 ones rotated (``trainer.max_actor_ckpt_to_keep``) and the marker file written last, as
 ``RayPPOTrainer._save_checkpoint`` does. It resumes as verl does (``trainer.resume_mode``,
@@ -19,8 +23,8 @@ loop in place of ``run_ppo`` and without its GPU check, registered as ``verl-sta
 
 from __future__ import annotations
 
-import json
 import os
+import uuid
 import shutil
 import threading
 import time
@@ -28,7 +32,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from training.backends.processor import available_processors, register_processor
-from training.backends.verl.backend import VERL_LATEST, VerlProcessor, marked_step
+from training.backends.verl.backend import AGENT_LOOP_NAME, VERL_LATEST, VerlProcessor, marked_step
+from training.rollouts.tiny import build_char_tokenizer
+from training.types import Episode, Step, TerminationReason, Trajectory
 
 # Tracking's file backend reads its path from the environment when it is built.
 _ENVIRONMENT = threading.Lock()
@@ -82,14 +88,33 @@ class StandInVerlJob:
                 raise JobEnded("The actor died unexpectedly before finishing this task (stand-in).")
             tracking.log({"critic/score/mean": step / 100, "actor/pg_loss": -step / 10, "timing_s/step": self.step_seconds},
                          step=step)
-            (rollouts / f"{step}.jsonl").write_text(
-                json.dumps({"input": "x=", "output": "a", "gts": "a", "score": 1.0, "step": step}) + "\n")
+            self._dump_rollouts(verl, rollouts, step)
             if trainer.save_freq > 0 and step % trainer.save_freq == 0:
                 self._save(checkpoints, step, saved_steps, trainer.get("max_actor_ckpt_to_keep"))
             self.steps.append(step)
             if self.after_step is not None:
                 self.after_step(step)
         tracking.finish()
+
+    def _dump_rollouts(self, verl: Any, rollouts: Path, step: int) -> None:
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer  # verl's own dump writer
+
+        prompts, n = int(verl.data.train_batch_size), int(verl.actor_rollout_ref.rollout.n)
+        agent_loop = verl.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_LOOP_NAME
+        inputs, outputs, gts, scores, extra = [], [], [], [], {}
+        for prompt in range(prompts):
+            uid = str(uuid.uuid4())
+            for sample in range(n):
+                reward = float((step + prompt + sample) % 2)
+                inputs.append(f"go{prompt}>")
+                outputs.append("a")
+                gts.append("a")
+                scores.append(reward)
+                info = (_agent_loop_extra_info(verl, step, prompt, sample, uid, reward) if agent_loop
+                        else {"acc": reward})
+                for key, value in info.items():
+                    extra.setdefault(key, []).append(value)
+        RayPPOTrainer._write_generations(inputs, outputs, gts, scores, extra, str(rollouts), step)
 
     def end_job(self, runner: Any) -> None:
         self.ended.set()
@@ -124,6 +149,38 @@ class StandInVerlJob:
         for old in saved_steps[:-keep]:
             shutil.rmtree(checkpoints / f"global_step_{old}" / "actor", ignore_errors=True)
         del saved_steps[:-keep]
+
+
+def _agent_loop_extra_info(verl: Any, step: int, prompt: int, sample: int, uid: str, reward: float) -> dict:
+    """What our agent loop hands verl as ``reward_extra_info`` for a two-turn episode (model "a",
+    environment "no>", model "b"), through the agent loop's own functions."""
+    from training.backends.verl.agent_loop import add_episode_record, episode_to_output
+
+    tokenizer = _tokenizer()
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    first, second = Step(chat_completions=[{"role": "user", "content": f"go{prompt}>"}], model_response="a", reward=0.0), \
+        Step(chat_completions=[{"role": "user", "content": f"go{prompt}>"}, {"role": "assistant", "content": "a"},
+                               {"role": "user", "content": "no>"}], model_response="b", reward=reward, done=True)
+    response = encode("a") + encode("no>") + encode("b")
+    episode = Episode(
+        task={"prompt": f"go{prompt}>", "data_source": "guess"}, trajectories=[Trajectory(steps=[first, second], reward=reward)],
+        is_correct=reward == 1.0, termination_reason=TerminationReason.ENV_DONE,
+        info={"reward_components": {"format": 0.5, "answer": reward}},
+        prompt_ids=encode(f"go{prompt}>"), response_ids=response, response_mask=[1, 0, 0, 0, 1],
+        response_logprobs=[-0.5, 0.0, 0.0, 0.0, -0.25],
+    )
+    output = episode_to_output(episode, int(verl.data.max_response_length), tokenizer.eos_token_id)
+    add_episode_record(output, episode, tokenizer, {"uid": uid, "data_source": "guess", "extra_info": {"index": prompt}})
+    return output.extra_fields["reward_extra_info"]
+
+
+_TOKENIZERS: list = []
+
+
+def _tokenizer():
+    if not _TOKENIZERS:
+        _TOKENIZERS.append(build_char_tokenizer())
+    return _TOKENIZERS[0]
 
 
 class StandInVerlProcessor(VerlProcessor):

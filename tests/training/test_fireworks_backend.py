@@ -248,3 +248,18 @@ def test_the_learning_rate_follows_the_cosine_schedule_and_the_test_dataset_is_s
     assert [m["step"] for m in sink.metrics if "val/default/reward" in m] == [0, 3]
     # training episodes + validation episodes + the SDK's warm-up probe when the deployment is up and after each hot-load
     assert platform.completions == 3 * 4 * 8 + 2 * len(PROMPTS) + 1 + len(platform.hotloads)
+
+
+def test_a_run_keeps_every_episode_with_its_tokens_group_and_advantage(platform, tmp_path):
+    from training.tracking.episodes import read_records
+
+    trainer(platform, tmp_path, 2, extra={"actor_rollout_ref.rollout.n": 4}).train()
+    train = []
+    for path in sorted((tmp_path / "episodes" / "train").glob("step-*.parquet")):
+        with open(path, "rb") as handle:
+            train.extend(read_records(handle))
+    assert [(r["step"], r["position"]) for r in train] == [(s, p) for s in (1, 2) for p in range(16)]
+    assert len({r["group"] for r in train[:4]}) == 1 and train[0]["group"] != train[4]["group"]
+    for record in train:
+        assert len(record["token_ids"]) == len(record["mask"]) == len(record["logprobs"]) == len(record["token_texts"]) > 0
+        assert record["advantage"] is not None and record["reward_components"]["score"] == record["reward"]

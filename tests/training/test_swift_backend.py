@@ -24,6 +24,16 @@ needs_swift_env = pytest.mark.skipif(
 REWARD = str(Path(__file__).with_name("task_rewards.py")) + ":starts_a_to_m"
 
 
+def stored_records(run_path):
+    from training.tracking.episodes import read_records
+
+    records = []
+    for path in sorted((run_path / "episodes" / "train").glob("step-*.parquet")):
+        with open(path, "rb") as handle:
+            records.extend(read_records(handle))
+    return records
+
+
 def config(steps, **extra):
     return {
         "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.actor.optim.lr": 3e-2,
@@ -52,6 +62,22 @@ def test_grpo_in_its_own_environment_changes_weights_and_raises_reward(tmp_path,
     assert turn["observation"] is None
     job = json.loads((tmp_path / "swift" / "job.json").read_text())
     assert job["swift_args"]["rlhf_type"] == "grpo" and job["swift_args"]["num_generations"] == 8
+    # Every episode kept (the run folder's episode store): what ms-swift hands the reward of each sample.
+    records = stored_records(tmp_path)
+    assert sorted({r["step"] for r in records}) == list(range(1, 7))
+    for step in range(1, 7):
+        of_step = [r for r in records if r["step"] == step]
+        assert sorted(r["position"] for r in of_step) == list(range(32))
+        groups = {}
+        for record in of_step:
+            groups.setdefault(record["group"], []).append(record["group_position"])
+        assert len(groups) == 4 and all(sorted(p) == list(range(8)) for p in groups.values())  # prompt_id: rollout.n each
+    for record in records:
+        assert record["reward"] in (0.0, 1.0) and record["reward_components"]["score"] == record["reward"]
+        assert record["termination_reason"] == "env_done" and record["num_turns"] == 1
+        assert record["turns"][0]["messages"] == [{"role": "user", "content": record["prompt"][0]["content"]}]
+        assert 1 <= len(record["token_ids"]) <= 2 and record["mask"] == [1] * len(record["token_ids"])
+        assert record["is_correct"] == (record["reward"] == 1.0)
 
 
 def test_a_missing_environment_is_named_at_construction(tmp_path):

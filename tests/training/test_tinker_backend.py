@@ -308,3 +308,33 @@ def published(run: Path) -> dict[str, str]:
     """Every file of the run's published checkpoints, with its content's hash."""
     return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted((run / "checkpoints").rglob("*")) if p.is_file()}
+
+
+def stored_records(run_path, split):
+    from training.tracking.episodes import read_records
+
+    records = []
+    for path in sorted((run_path / "episodes" / split).glob("step-*.parquet")):
+        with open(path, "rb") as handle:
+            records.extend(read_records(handle))
+    return records
+
+
+def test_a_run_keeps_every_episode_with_its_tokens_group_and_advantage(service, tmp_path):
+    extra = {"actor_rollout_ref.rollout.n": 4, "trainer.test_freq": 2, "actor_rollout_ref.rollout.val_kwargs.n": 2}
+    trainer(service, tmp_path, 2, test_dataset=PROMPTS, extra=extra).train()
+
+    train = stored_records(tmp_path, "train")
+    assert [(r["step"], r["position"]) for r in train] == [(s, p) for s in (1, 2) for p in range(16)]
+    assert [r["group_position"] for r in train[:8]] == [0, 1, 2, 3] * 2
+    assert len({r["group"] for r in train[:4]}) == 1 and train[0]["group"] != train[4]["group"]
+    assert sorted({r["row_index"] for r in train[:16]}) == list(range(len(PROMPTS)))
+    for record in train:
+        assert record["reward"] in (0.0, 1.0) and record["reward_components"]["score"] == record["reward"]
+        assert len(record["token_ids"]) == len(record["mask"]) == len(record["logprobs"]) == len(record["token_texts"]) > 0
+        assert record["prompt_ids"] and record["advantage"] is not None
+    # The group advantage: above 0 for the better episodes of a group whose rewards differ.
+    mixed = [r for r in train if len({o["reward"] for o in train if o["group"] == r["group"]}) > 1]
+    assert mixed and all((r["advantage"] > 0) == (r["reward"] == 1.0) for r in mixed)
+    val = stored_records(tmp_path, "val")
+    assert sorted({r["step"] for r in val}) == [0, 2] and len(val) == 2 * len(PROMPTS) * 2

@@ -306,6 +306,8 @@ class EpisodeQuerySerializer(serializers.Serializer):
     offset = serializers.IntegerField(required=False, default=0, min_value=0, max_value=MAX_EPISODE_OFFSET)
     format = serializers.ChoiceField(choices=["json", "jsonl", "parquet"], required=False, default="json",
                                      help_text="json: a page; jsonl or parquet: the whole filtered set, streamed.")
+    after_id = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1, help_text=(
+        "Only episodes whose id is above it: where an export cut at its time limit goes on (its note's last_id)."))
     share = serializers.CharField(required=False, max_length=100, help_text="A share link's token (read-only access).")
 
     def validate(self, data):

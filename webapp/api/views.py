@@ -4,6 +4,7 @@ through. Every run endpoint asks ``webapp.runs.access`` (a run the user may not 
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 from django.http import Http404, StreamingHttpResponse
 from django.db.models import Q
@@ -302,14 +303,17 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         ``reward_min``, ``reward_max``, ``termination``, ``data_source``, ``group``, ``row_index``,
         ``drift``, ``q``, ``split``),
         a page at a time (``limit``, ``offset``); ``format=jsonl`` or ``format=parquet`` streams the
-        whole filtered set with each episode's body."""
+        whole filtered set with each episode's body, for at most ``EPISODE_EXPORT_MAX_SECONDS``: a cut
+        export ends with a note (``export_cut``) naming the id to go on from (``after_id``)."""
         run, query = self._episode_run()
         rows = episode_store.filtered(run, query)
         if query["format"] != "json":
-            stream = episode_store.jsonl_stream(rows) if query["format"] == "jsonl" else episode_store.parquet_stream(rows)
+            limit = settings.EPISODE_EXPORT_MAX_SECONDS
+            stream = (episode_store.jsonl_stream if query["format"] == "jsonl" else episode_store.parquet_stream)(rows, limit)
             media = "application/jsonl" if query["format"] == "jsonl" else "application/vnd.apache.parquet"
             response = StreamingHttpResponse(stream, content_type=media)
             response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-episodes.{query["format"]}"'
+            response["X-Export-Time-Limit"] = str(limit)  # past it the file ends with a note (export_cut)
             return response
         limit, offset = query["limit"], query["offset"]
         page = list(rows[offset:offset + limit + 1])

@@ -10,7 +10,8 @@ indexes it. A step written again (a retried batch, a resumed attempt replaying i
 Reads: ``filtered`` (the API's filters, on indexed columns), ``reward_histogram`` (one step's rewards
 in bins), ``bodies`` (records read back from
 Parquet, each file opened once), and ``jsonl_stream`` / ``parquet_stream`` (a whole filtered set,
-a file at a time, in bounded memory).
+a file at a time, in bounded memory, for at most ``max_seconds``: an export cut there ends with a
+note, ``cut_note``, saying so and from which episode id the rest follows, ``after_id``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import time
 from typing import Any, Iterable, Iterator
 
 from django.db import connection
@@ -104,6 +106,8 @@ def filtered(run: Run, filters: dict[str, Any]):
         rows = rows.filter(retokenization_drift=filters["drift"])
     if filters.get("q"):
         rows = rows.filter(text__icontains=filters["q"])
+    if filters.get("after_id") is not None:  # an export cut at its time limit goes on here
+        rows = rows.filter(id__gt=filters["after_id"])
     return rows.order_by("step", "split", "position")
 
 
@@ -192,10 +196,24 @@ def _body(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _chunks(rows) -> Iterator[list[StoredEpisode]]:
-    """The filtered rows a chunk at a time, by primary key order within the set's order (keyset, not offsets)."""
+# The key of the note an export cut at its time limit ends with: the last line of a JSON lines
+# export, an entry of a Parquet export's key-value metadata.
+CUT_KEY = "export_cut"
+
+
+def cut_note(seconds: float, written: int, last_id: int | None) -> dict[str, Any]:
+    """What an export cut at its time limit says: how much it holds, and how to fetch the rest."""
+    rest = f"after_id={last_id}" if last_id is not None else "the same query"
+    return {"cut": True, "seconds": round(seconds, 1), "episodes": written, "last_id": last_id, "message": (
+        f"This export was cut after {seconds:.0f} s (the server's limit) with {written} episode(s), up to episode id "
+        f"{last_id}: the rest follows with {rest} (or narrow the filters, e.g. step_min/step_max).")}
+
+
+def _chunks(rows, deadline: float | None = None) -> Iterator[list[StoredEpisode]]:
+    """The filtered rows a chunk at a time, by primary key order within the set's order (keyset, not
+    offsets); none more once ``deadline`` (``time.monotonic()``) is past."""
     last = None
-    while True:
+    while deadline is None or time.monotonic() < deadline:
         chunk = list(rows.filter(id__gt=last)[:EXPORT_CHUNK] if last is not None else rows[:EXPORT_CHUNK])
         if not chunk:
             return
@@ -205,24 +223,36 @@ def _chunks(rows) -> Iterator[list[StoredEpisode]]:
         last = chunk[-1].id
 
 
-def jsonl_stream(rows) -> Iterator[bytes]:
-    """The whole filtered set as JSON lines, one episode (index fields and body) a line."""
-    for chunk in _chunks(rows.order_by("id")):
+def jsonl_stream(rows, max_seconds: float | None = None) -> Iterator[bytes]:
+    """The whole filtered set as JSON lines, one episode (index fields and body) a line; cut after
+    ``max_seconds``, with a last line ``{"export_cut": cut_note(...)}``."""
+    started = time.monotonic()
+    deadline = None if max_seconds is None else started + max_seconds
+    written, last_id = 0, None
+    for chunk in _chunks(rows.order_by("id"), deadline):
         yield b"".join(
             (json.dumps({**listed(row), "attempt": row.attempt, **_body(record)}, default=str) + "\n").encode()
             for row, record in bodies(chunk)
         )
+        written, last_id = written + len(chunk), chunk[-1].id
+    if deadline is not None and time.monotonic() >= deadline and rows.filter(id__gt=last_id or 0).exists():
+        yield (json.dumps({CUT_KEY: cut_note(time.monotonic() - started, written, last_id)}) + "\n").encode()
 
 
-def parquet_stream(rows) -> Iterator[bytes]:
+def parquet_stream(rows, max_seconds: float | None = None) -> Iterator[bytes]:
     """The whole filtered set as one Parquet file (the library's columns plus ``id``), written a
-    chunk at a time as row groups."""
+    chunk at a time as row groups; cut after ``max_seconds``, the file's key-value metadata then
+    holding ``export_cut`` (``cut_note`` as JSON)."""
     import pyarrow as pa  # a dependency of datasets; imported where Parquet is written
     import pyarrow.parquet as pq
 
+    started = time.monotonic()
+    deadline = None if max_seconds is None else started + max_seconds
+    written, last_id = 0, None
     sink = _Drain()
     writer = None
-    for chunk in _chunks(rows.order_by("id")):
+    for chunk in _chunks(rows.order_by("id"), deadline):
+        written, last_id = written + len(chunk), chunk[-1].id
         records = [{**record, **{name: getattr(row, name) for name in _INDEXED}, "attempt": row.attempt}
                    for row, record in bodies(chunk)]
         table = to_table(records)
@@ -235,6 +265,8 @@ def parquet_stream(rows) -> Iterator[bytes]:
         table = to_table([]).append_column("id", pa.array([], pa.int64()))
         writer = pq.ParquetWriter(sink, table.schema)
         writer.write_table(table)
+    if deadline is not None and time.monotonic() >= deadline and rows.filter(id__gt=last_id or 0).exists():
+        writer.add_key_value_metadata({CUT_KEY: json.dumps(cut_note(time.monotonic() - started, written, last_id))})
     writer.close()
     yield sink.take()
 

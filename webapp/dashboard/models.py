@@ -210,6 +210,7 @@ class StoredEpisode(models.Model):
             # One prompt across training: a dataset row's episodes, step by step.
             models.Index(fields=["run", "row_index", "step"], name="stored_episode_row"),
         ]
+        # And on PostgreSQL a trigram index on UPPER(text), for the API's ``q`` (migration 0008).
 
     def __str__(self) -> str:
         return f"{self.split} episode {self.position} of step {self.step} (run {self.run_id})"

@@ -8,9 +8,14 @@ buffers every ``flush_seconds`` with its own database connection.
 What waits to be stored is bounded: ``RUN_BUFFER_MAX_POINTS`` points in memory, and with a spool
 ``RUN_SPOOL_MAX_MB`` on disk. Past either, further points are dropped, counted, logged (a warning
 in the worker's log, then an ERROR line in the run's log) and charted as the run's
-``overload/dropped_points`` metric, instead of growing without bound. The episode store's records
-wait the same way, a step at a time, up to ``RUN_BUFFER_MAX_EPISODES`` in memory; past it a step's
-episodes are dropped whole and counted in ``overload/dropped_episodes``.
+``overload/dropped_points`` metric, instead of growing without bound.
+
+The episode store's records have a writer of their own (``EpisodeWriter``: its own thread, its own
+spool segments ``episodes-*.jsonl`` beside the metrics' ones, its own ``RUN_SPOOL_MAX_MB``), so an
+artifact store away holds neither the metrics back nor loses the episodes: a step that cannot be
+stored waits in the spool and is stored, once, when the store answers again. They wait a step at a
+time, up to ``RUN_BUFFER_MAX_EPISODES`` in memory between two writes; past it, or past the spool's
+size, a step's episodes are dropped whole and counted in ``overload/dropped_episodes``.
 """
 
 from __future__ import annotations
@@ -60,15 +65,15 @@ class DashboardSink(BackgroundFlusher):
         self._buffered = 0  # points in _steps
         self._episodes: list[EpisodeSample] = []
         self._positions: dict[int, int] = {}
-        self._stored: list[tuple[int, list[dict[str, Any]]]] = []  # the episode store's records, a step at a time
-        self._stored_count = 0
         self.max_points = settings.RUN_BUFFER_MAX_POINTS
-        self.max_episodes = settings.RUN_BUFFER_MAX_EPISODES
         self.dropped = 0  # points dropped over the run (the overload metric)
         self._dropped_unreported = 0
-        self.dropped_episodes = 0  # episode store records dropped over the run
-        self._dropped_episodes_unreported = 0
+        self._dropped_episodes_charted = 0  # the episode writer's drops already charted
         self._last_step = 0
+        # The episode store's records: their own writer, thread and spool (an artifact store away
+        # holds them, not the metrics).
+        self.episode_writer = EpisodeWriter(run_id, flush_seconds, spool_dir, attempt)
+        self.episode_writer.on_superseded = self._episodes_superseded
         if publish:
             # Start the publisher thread now: it loads the channel layer (~70 ms of imports) while
             # the run starts up, instead of delaying the first logged step's push.
@@ -104,55 +109,57 @@ class DashboardSink(BackgroundFlusher):
             live.publish(self.run_id, {"type": "run.episodes", "step": step, "count": len(episodes)})
 
     def store_episodes(self, step: int, records: list[dict[str, Any]]) -> None:
-        """A step's episode store records (``training.tracking.episodes``): buffered whole and
-        spooled, written by the writer thread (Parquet in the artifact store, rows in the index)."""
-        with self._lock:
-            if self.superseded:  # this attempt no longer holds the run: nothing of it is kept, nothing to count
-                return
-            if self._stored_count + len(records) <= self.max_episodes and self.spooled({"stored": [step, records]}):
-                self._stored.append((step, records))
-                self._stored_count += len(records)
-            else:
-                if not self._dropped_episodes_unreported:
-                    logger.warning("run %s: more episodes wait to be stored than the buffer holds (%s in memory); "
-                                   "dropping whole steps of them until the store catches up.", self.run_id, self.max_episodes)
-                self.dropped_episodes += len(records)
-                self._dropped_episodes_unreported += len(records)
+        """A step's episode store records (``training.tracking.episodes``): handed to the episode
+        writer (buffered whole and spooled; Parquet in the artifact store, rows in the index)."""
+        self.episode_writer.store(step, records)
+
+    @property
+    def dropped_episodes(self) -> int:
+        return self.episode_writer.dropped
+
+    def _episodes_superseded(self) -> None:
+        self.abandon()
+        if self.on_superseded is not None:
+            self.on_superseded()
+
+    def abandon(self) -> None:
+        super().abandon()
+        self.episode_writer.abandon()
 
     def take(self):
         steps, self._steps = self._steps, []
         buffered, self._buffered = self._buffered, 0
         episodes, self._episodes = self._episodes, []
-        stored, self._stored = self._stored, []
-        self._stored_count = 0
         dropped, self._dropped_unreported = self._dropped_unreported, 0
-        dropped_episodes, self._dropped_episodes_unreported = self._dropped_episodes_unreported, 0
-        if dropped or dropped_episodes:
+        dropped_episodes = self.episode_writer.dropped
+        newly_dropped_episodes = dropped_episodes > self._dropped_episodes_charted
+        self._dropped_episodes_charted = dropped_episodes
+        if dropped or newly_dropped_episodes:
             steps.append((self._last_step, {
                 **({DROPPED_KEY: float(self.dropped)} if dropped else {}),
-                **({DROPPED_EPISODES_KEY: float(self.dropped_episodes)} if dropped_episodes else {}),
+                **({DROPPED_EPISODES_KEY: float(dropped_episodes)} if newly_dropped_episodes else {}),
             }))
-        return steps, buffered, episodes, dropped, stored, dropped_episodes
+        return steps, buffered, episodes, dropped, newly_dropped_episodes
 
     def restore(self, batch) -> None:
-        steps, buffered, episodes, dropped, stored, dropped_episodes = batch
+        steps, buffered, episodes, dropped, dropped_episodes = batch
         if dropped or dropped_episodes:
             steps = steps[:-1]  # the overload point is made again, with the new total
         self._steps = steps + self._steps  # the store keeps the last value of a re-sent step
         self._buffered += buffered
         self._episodes = episodes + self._episodes
-        self._stored = stored + self._stored
-        self._stored_count += sum(len(records) for _, records in stored)
         self._dropped_unreported += dropped
-        self._dropped_episodes_unreported += dropped_episodes
+        if dropped_episodes:
+            self._dropped_episodes_charted = 0
 
     def keep_unspooled(self, batch) -> None:
         # The drop notices are in no segment: made again with the next batch.
         self._dropped_unreported += batch[3]
-        self._dropped_episodes_unreported += batch[5]
+        if batch[4]:
+            self._dropped_episodes_charted = 0
 
     def batch_from_records(self, records: list) -> tuple:
-        steps, episodes, stored = [], [], []
+        steps, episodes = [], []
         for record in records:
             if "points" in record:
                 step, metrics = record["points"]
@@ -161,55 +168,20 @@ class DashboardSink(BackgroundFlusher):
                 step, position, reward, num_turns, termination_reason, data = record["episode"]
                 episodes.append(EpisodeSample(run_id=self.run_id, step=step, position=position, reward=reward,
                                               num_turns=num_turns, termination_reason=termination_reason, data=data))
-            elif "stored" in record:
+            elif "stored" in record:  # an older version spooled the episode store's records here: its writer takes them
                 step, items = record["stored"]
-                stored.append((step, items))
-        return steps, sum(len(m) for _, m in steps), episodes, 0, stored, 0
+                self.episode_writer.store(step, items)
+        return steps, sum(len(m) for _, m in steps), episodes, 0, False
 
     def write(self, batch) -> int:
-        steps, buffered, episodes, dropped, stored, dropped_episodes = batch
+        steps, buffered, episodes, dropped, _ = batch
         with transaction.atomic():  # one check of the attempt's token (the run's row locked) for the whole batch
             if steps:
                 self.writer.write_steps(steps)
-            elif dropped or episodes or dropped_episodes:  # the episode store locks per step (_store_episodes)
+            elif dropped or episodes:
                 lock_for_attempt(self.run_id, self.attempt)
             self._write_rest(dropped, episodes)
-            if dropped_episodes:
-                RunLog.objects.create(run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
-                    f"{dropped_episodes} episode(s) were not kept in the episode store ({self.dropped_episodes} in all, "
-                    f"through step {self._last_step}): more waited to be stored than {self.max_episodes} episodes in memory."))
-        self._store_episodes(stored)
         return buffered
-
-    def _store_episodes(self, stored: list[tuple[int, list[dict[str, Any]]]]) -> None:
-        """Each step's episode store records, in a transaction of its own after the metrics' (so that an
-        artifact store away never holds the metrics back), the run's row locked for this attempt first:
-        a superseded attempt writes neither a Parquet file nor a row. A step the store refuses (the
-        artifact store or the database away) is not kept: dropped, counted and told in the run's log.
-        (Known gap: a writer of their own with its own spool would keep them through such an outage.)"""
-        for number, (step, records) in enumerate(stored):
-            try:
-                with transaction.atomic():
-                    lock_for_attempt(self.run_id, self.attempt)
-                    episode_store.store_step(self.run_id, self.attempt, step, records)
-            except AttemptSuperseded:
-                raise
-            except Exception as exc:  # noqa: BLE001 (the store's errors are many: S3, disk, database)
-                lost = sum(len(r) for _, r in stored[number:])
-                with self._lock:  # charted with the other drops (overload/dropped_episodes) by the next batch
-                    self.dropped_episodes += lost
-                    point = {DROPPED_EPISODES_KEY: float(self.dropped_episodes)}
-                    if self.spooled({"points": [self._last_step, point]}):
-                        self._steps.append((self._last_step, point))
-                        self._buffered += 1
-                logger.warning("run %s: %d episode(s) of steps %d-%d not stored: %s", self.run_id, lost, step, stored[-1][0], exc)
-                try:
-                    RunLog.objects.create(run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
-                        f"{lost} episode(s) of steps {step}-{stored[-1][0]} were not kept in the episode store "
-                        f"({self.dropped_episodes} in all): storing them failed: {type(exc).__name__}: {exc}"))
-                except Exception:  # noqa: BLE001 (the database away too: the worker's log above says it)
-                    pass
-                return
 
     def _write_rest(self, dropped: int, episodes: list[EpisodeSample]) -> None:
         if dropped:
@@ -229,9 +201,91 @@ class DashboardSink(BackgroundFlusher):
                 f"{settings.RUN_SPOOL_MAX_MB} MB on disk): the database was unreachable or too slow")
 
     def close(self) -> None:
-        super().close()
-        if self.publish:
-            live.publisher().flush()
+        try:
+            self.episode_writer.close()
+        except Exception as exc:  # noqa: BLE001 (the artifact store still away: the run's metrics and outcome go on)
+            self.episode_writer.tell("ERROR", (
+                f"Episodes of the episode store could not be stored before the run ended ({type(exc).__name__}: {exc}); "
+                f"they wait in the run folder's spool, for an attempt that resumes in it."))
+        try:
+            super().close()  # after the episode writer: its drops are charted with the last batch
+        finally:
+            if self.publish:
+                live.publisher().flush()
+
+
+class EpisodeWriter(BackgroundFlusher):
+    """The episode store's writer for one run's attempt: each step's records (``store``), buffered
+    whole and spooled (segments ``episodes-*.jsonl`` in the run folder's spool), stored by its own
+    thread, a step per transaction: the run's row locked for this attempt first (a superseded
+    attempt writes neither a Parquet file nor a row), then ``store_step``. A batch the store
+    refuses (the artifact store or the database away) waits, on disk with a spool, and is written
+    again, oldest first, until it goes through: a step is written under the same file name and its
+    rows upserted, so a step written twice is stored once. What does not fit (``max_episodes`` in
+    memory between two writes, the spool's size) is dropped whole and counted in ``dropped``."""
+
+    spool_kind = "episodes"
+
+    def __init__(self, run_id: int, flush_seconds: float = 0.5, spool_dir: str | Path | None = None,
+                 attempt: int | None = None) -> None:
+        super().__init__(f"run-{run_id}-episodes", flush_seconds, spool_dir, attempt)
+        self.run_id = run_id
+        self.attempt = attempt
+        self.max_episodes = settings.RUN_BUFFER_MAX_EPISODES
+        self._stored: list[tuple[int, list[dict[str, Any]]]] = []
+        self._stored_count = 0
+        self.dropped = 0  # records dropped over the run
+        self._dropped_unreported = 0
+        self._last_step = 0
+        self.start()
+
+    def store(self, step: int, records: list[dict[str, Any]]) -> None:
+        with self._lock:
+            if self.superseded:  # this attempt no longer holds the run: nothing of it is kept, nothing to count
+                return
+            self._last_step = max(self._last_step, step)
+            if self._stored_count + len(records) <= self.max_episodes and self.spooled({"stored": [step, records]}):
+                self._stored.append((step, records))
+                self._stored_count += len(records)
+            else:
+                if not self._dropped_unreported:
+                    logger.warning("run %s: more episodes wait to be stored than the buffer holds (%s in memory); "
+                                   "dropping whole steps of them until the store catches up.", self.run_id, self.max_episodes)
+                self.dropped += len(records)
+                self._dropped_unreported += len(records)
+
+    def take(self):
+        stored, self._stored = self._stored, []
+        self._stored_count = 0
+        dropped, self._dropped_unreported = self._dropped_unreported, 0
+        return stored, dropped
+
+    def restore(self, batch) -> None:
+        stored, dropped = batch
+        self._stored = stored + self._stored
+        self._stored_count += sum(len(records) for _, records in stored)
+        self._dropped_unreported += dropped
+
+    def keep_unspooled(self, batch) -> None:
+        self._dropped_unreported += batch[1]
+
+    def batch_from_records(self, records: list) -> tuple:
+        return [tuple(record["stored"]) for record in records if "stored" in record], 0
+
+    def write(self, batch) -> int:
+        stored, dropped = batch
+        for step, records in stored:
+            with transaction.atomic():
+                lock_for_attempt(self.run_id, self.attempt)
+                episode_store.store_step(self.run_id, self.attempt, step, records)
+        if dropped:
+            with transaction.atomic():
+                lock_for_attempt(self.run_id, self.attempt)
+                RunLog.objects.create(run_id=self.run_id, level="ERROR", time=timezone.now(), message=(
+                    f"{dropped} episode(s) were not kept in the episode store ({self.dropped} in all, through step "
+                    f"{self._last_step}): more waited to be stored than {self.max_episodes} episodes in memory or "
+                    f"{settings.RUN_SPOOL_MAX_MB} MB of spool on disk hold."))
+        return sum(len(records) for _, records in stored)
 
 
 def episode_row(run_id: int, step: int, position: int, episode: dict[str, Any]) -> EpisodeSample:

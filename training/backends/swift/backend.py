@@ -36,6 +36,7 @@ from training.isolation.interpreters import import_problem
 from training.log import logger
 from training.rollouts.models import TINY_MODEL
 from training.rollouts.outcomes import OutcomeMonitor
+from training.tracking.episodes import keep_for_store
 from training.algorithms.recipes import refuse_recipe_keys
 from training.backends.processor import free_space
 from training.rollouts import outcomes
@@ -244,6 +245,12 @@ class SwiftProcessor(BuiltinProcessor):
             if not line.startswith(PREFIX):
                 continue
             event = json.loads(line[len(PREFIX):])
+            if event["event"] == "episodes":  # not kept in ``events``: a run's episodes would pile up there
+                trainer = self.config.trainer
+                self.sinks.store_episodes(event["step"], keep_for_store(
+                    event["records"], trainer.log_episodes_fraction, trainer.log_episodes_per_step,
+                    trainer.seed + event["step"] * 2))
+                continue
             events.append(event)
             if event["event"] == "metrics":
                 metrics = {_metric_name(k): v for k, v in event["metrics"].items()}
@@ -334,6 +341,7 @@ class SwiftProcessor(BuiltinProcessor):
             "agent": self.agent_reference() if multi_turn else None, "answer_key": cfg.data.answer_key, "prompt_key": key,
             "stop_file": str(self._stop_file), "cpu_threads": cfg.trainer.cpu_threads, "swift_args": swift_args,
             "max_episode_error_rate": cfg.trainer.max_episode_error_rate,
+            "log_episodes": cfg.trainer.log_episodes and self.sinks.stores_episodes,
             "trajectory_timeout": cfg.rllm.agent.trajectory_timeout if multi_turn else None,
         }
         target = workdir / "job.json"

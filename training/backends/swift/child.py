@@ -42,6 +42,7 @@ from training.agents.turn_loop import Reply, TurnLoop
 from training.errors import TrainingFailed
 from training.rewards import load_reward
 from training.rollouts.outcomes import OutcomeMonitor
+from training.tracking.episodes import TRAIN, episode_record
 from training.threads import DaemonThreadExecutor
 from training.types import Episode, Step, TerminationReason, Trajectory
 
@@ -78,15 +79,17 @@ def register(job: dict[str, Any]) -> None:
     stats: dict[str, float] = {}  # the step's own metrics (termination/...), for the next report
     # The checks every backend makes: episode error rate per step, a reward that raises.
     monitor = OutcomeMonitor(job.get("max_episode_error_rate", 0.0))
+    # Every episode to the episode store (trainer.log_episodes): sent to the parent as it is scored.
+    store = EpisodeReporter() if job.get("log_episodes") else None
 
     if job.get("agent"):
         from swift.rollout.multi_turn import multi_turns
 
         multi_turns[SCHEDULER_NAME] = agent_env_scheduler(job["agent"], samples, job.get("trajectory_timeout"))
-        reward_class = _episode_reward(ORM, monitor, stats)
+        reward_class = _episode_reward(ORM, monitor, stats, store)
     else:
         reward_fn = monitor.watch_reward(load_reward(job["reward"], answer_key=job["answer_key"]))
-        reward_class = _single_turn_reward(ORM, reward_fn, job["prompt_key"], samples, monitor)
+        reward_class = _single_turn_reward(ORM, reward_fn, job["prompt_key"], samples, monitor, store)
 
     class Report(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -119,16 +122,73 @@ def register_plain_template() -> None:
     register_template(TemplateMeta(PLAIN_TEMPLATE, prefix=[], prompt=["{{QUERY}}"], chat_sep=[], auto_add_bos=True), exist_ok=True)
 
 
-def _single_turn_reward(ORM: type, reward_fn: Any, prompt_key: str, samples: list[dict], monitor: Any) -> type:
+class EpisodeReporter:
+    """Each scored batch's episodes as episode store records, sent to the parent (``episodes``
+    events): what ms-swift hands a reward function of each sample: its conversation
+    (``messages``), its prompt's group (``prompt_id``), the ids of the tokens the model generated
+    (``response_token_ids``, every turn's; mask 1 on each: the environment's tokens are not in
+    them), and our reward, termination and error. Positions count on within a step (ms-swift may
+    score a step's samples in several batches)."""
+
+    def __init__(self) -> None:
+        self.positions: dict[int, int] = {}
+        self.group_positions: dict[tuple[int, str], int] = {}
+
+    def report(self, step: int, completions: list[str], columns: dict[str, Any], tasks: list[dict],
+               scored: list[dict[str, Any]]) -> None:
+        records = []
+        for i, completion in enumerate(completions):
+            group = str(_column(columns, "prompt_id", i, "") or "")
+            position = self.positions.get(step, 0)
+            self.positions[step] = position + 1
+            group_position = self.group_positions.get((step, group), 0)
+            self.group_positions[(step, group)] = group_position + 1
+            outcome = scored[i]
+            ids = [int(t) for turn in (_column(columns, "response_token_ids", i, None) or []) for t in
+                   (turn if isinstance(turn, list) else [turn])]
+            episode = Episode(
+                task=tasks[i], trajectories=[Trajectory(steps=_turns(_column(columns, "messages", i, None) or [], completion,
+                                                                     outcome["reward"]), reward=outcome["reward"])],
+                termination_reason=TerminationReason(outcome["termination"]), error=outcome.get("error") or None,
+                is_correct=bool(outcome.get("is_correct")), response_ids=ids, response_mask=[1] * len(ids),
+                info={"traceback": outcome["traceback"]} if outcome.get("traceback") else {},
+            )
+            record = episode_record(episode, split=TRAIN, step=step, position=position, group=group,
+                                    group_position=group_position, reward_components=outcome.get("components"))
+            record["prompt_length"] = 0  # ms-swift hands the reward no prompt token ids
+            records.append(record)
+        emit("episodes", step=step, records=records)
+
+
+def _column(columns: dict[str, Any], name: str, index: int, default: Any) -> Any:
+    values = columns.get(name)
+    return values[index] if isinstance(values, list) and index < len(values) else default
+
+
+def _turns(messages: list[dict], completion: str, reward: float) -> list[Step]:
+    """The conversation as turns: each assistant message is a turn's reply to the messages before it."""
+    messages = [dict(m) for m in messages if isinstance(m, dict)]
+    replies = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not replies:
+        return [Step(chat_completions=messages, model_response=completion, reward=reward, done=True)]
+    return [Step(chat_completions=messages[:k], model_response=str(messages[k].get("content") or ""),
+                 reward=reward if k == replies[-1] else 0.0, done=k == replies[-1]) for k in replies]
+
+
+def _single_turn_reward(ORM: type, reward_fn: Any, prompt_key: str, samples: list[dict], monitor: Any,
+                        store: EpisodeReporter | None = None) -> type:
     class AgentTrainerReward(ORM):
         def __call__(self, completions, trainer_state=None, **columns) -> list[float]:
             monitor.step = trainer_state.global_step + 1 if trainer_state is not None else None
-            rewards = []
+            rewards, tasks, outcomes = [], [], []
             for i, completion in enumerate(completions):
                 task = {k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(completions)}
-                task = {k: v for k, v in task.items() if k != "messages"}
+                task = {k: v for k, v in task.items() if k not in _SWIFT_COLUMNS}
                 scored = reward_fn(task, completion)
                 rewards.append(float(scored.reward))
+                tasks.append(task)
+                outcomes.append({"reward": float(scored.reward), "termination": TerminationReason.ENV_DONE.value,
+                                 "is_correct": scored.is_correct, "components": dict(scored.metadata or {})})
                 if len(samples) < SAMPLES_PER_STEP:
                     prompt = task.get(prompt_key)
                     # The prompt is what the model read; no environment answers a single turn.
@@ -136,12 +196,19 @@ def _single_turn_reward(ORM: type, reward_fn: Any, prompt_key: str, samples: lis
                     step = Step(chat_completions=messages, model_response=completion, reward=scored.reward, done=True)
                     samples.append(Episode(task={prompt_key: prompt}, trajectories=[Trajectory(steps=[step], reward=scored.reward)],
                                            termination_reason=TerminationReason.ENV_DONE).to_dict())
+            if store is not None and monitor.step is not None:
+                store.report(monitor.step, completions, columns, tasks, outcomes)
             return rewards
 
     return AgentTrainerReward
 
 
-def _episode_reward(ORM: type, monitor: Any, stats: dict[str, float]) -> type:
+# What ms-swift adds to a sample's reward columns besides the dataset's own: not part of the task.
+_SWIFT_COLUMNS = {"messages", "prompt_id", "request_id", "finish_reason", "is_truncated", "rollout_infos",
+                  "response_token_ids", "trajectory_inputs"}
+
+
+def _episode_reward(ORM: type, monitor: Any, stats: dict[str, float], store: EpisodeReporter | None = None) -> type:
     class AgentTrainerEpisodeReward(ORM):
         """The episode's reward, which ``AgentEnvScheduler`` summed from the environment's steps
         (0 for an episode whose agent or environment raised); the step's episodes are checked
@@ -155,8 +222,17 @@ def _episode_reward(ORM: type, monitor: Any, stats: dict[str, float]) -> type:
                 stats[f"termination/{reason.value}"] = ends.count(reason.value) / len(ends)
             episodes = [{"termination_reason": end, "error": info.get("error"), "info": {"traceback": info.get("traceback", "")}}
                         for end, info in zip(ends, rollout_infos)]
-            monitor.check_episodes(episodes, step=trainer_state.global_step + 1 if trainer_state is not None else None)
-            return [float(info[EPISODE_REWARD]) for info in rollout_infos]
+            step = trainer_state.global_step + 1 if trainer_state is not None else None
+            monitor.check_episodes(episodes, step=step)
+            rewards = [float(info[EPISODE_REWARD]) for info in rollout_infos]
+            if store is not None and step is not None:
+                tasks = [{k: v for k, v in ((k, _column(columns, k, i, None)) for k in columns if k not in _SWIFT_COLUMNS)}
+                         for i in range(len(completions))]
+                outcomes = [{"reward": reward, "termination": end, "is_correct": info.get("is_correct"),
+                             "error": info.get("error"), "traceback": info.get("traceback")}
+                            for reward, end, info in zip(rewards, ends, rollout_infos)]
+                store.report(step, completions, columns, tasks, outcomes)
+            return rewards
 
     return AgentTrainerEpisodeReward
 
@@ -216,7 +292,7 @@ def agent_env_scheduler(agent: dict[str, Any], samples: list[dict], trajectory_t
                     pass  # recorded on the loop: the episode ends with an error
             if episode.reason is None:
                 return {"done": False, "rollout_infos": {EPISODE_REWARD: episode.total_reward}}
-            infos = {EPISODE_REWARD: episode.reward, "termination": episode.reason.value}
+            infos = {EPISODE_REWARD: episode.reward, "termination": episode.reason.value, "is_correct": bool(episode.is_correct)}
             if episode.error:
                 infos.update(error=episode.error, traceback=episode.traceback)
             self._finish(request.uuid, current_turn)

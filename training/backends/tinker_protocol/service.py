@@ -38,6 +38,7 @@ import shutil
 import signal
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ from training.algorithms.episode_rows import episode_rows, token_advantages
 from training.backends.tinker_protocol.rllm_names import RLLM_REMOTE_ALIASES, RLLM_WARMUP_RATIO, translate
 from training.rollouts.episode_runner import EpisodeRunner, summarize_episodes
 from training.rollouts.models import TINY_MODEL
+from training.tracking.episodes import TRAIN, VALIDATION, episode_record, keep_for_store, token_pieces
 
 SAMPLE_EPISODES_PER_STEP = 4
 CHECKPOINT_FILE = "checkpoint.json"
@@ -326,6 +328,7 @@ class RemoteTrainingLoop:
         self.service = processor.name
         self.last_metrics: dict[str, float] = {}
         self._orders: dict[int, list[int]] = {}
+        self.batch_rows: list[int] = []  # the dataset rows of the step's tasks (the episode store's row_index)
         # The checks every backend makes: error rate per step, a reward that raises, zero steps.
         self.outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate, self.tasks)
         self.reward_fn = self.outcomes.watch_reward(processor.reward_fn, required=self.spec.kind == "single_turn")
@@ -409,6 +412,7 @@ class RemoteTrainingLoop:
         # Episodes i*n .. i*n+n-1 are the n episodes of task i.
         batch = episode_rows(episodes, [str(i // n) for i in range(len(episodes))], cfg)
         advantages, dropped = token_advantages(batch, cfg.algorithm, n)
+        self.store_episodes(TRAIN, step, episodes, n, tokenizer, self.batch_rows, episode_advantages(batch, advantages, len(episodes)))
         mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size or cfg.data.train_batch_size
         per_update = mini * n
         loss_sum, tokens, updates, trained_rows = 0.0, 0, 0, 0
@@ -468,18 +472,43 @@ class RemoteTrainingLoop:
             tokenizer, temperature=val.temperature if val.do_sample else 0.0, top_p=val.top_p if val.do_sample else 1.0
         )
         engine = EpisodeRunner(self.spec, generator, tokenizer, self.config, self.processor.reward_fn)
-        result = summarize(self.val_tasks, engine.run(self.val_tasks, n=val.n), val.n, "val")
+        episodes = engine.run(self.val_tasks, n=val.n)
+        self.store_episodes(VALIDATION, step, episodes, val.n, tokenizer, list(range(len(self.val_tasks))))
+        result = summarize(self.val_tasks, episodes, val.n, "val")
         logger.info(
             "validation at step %d (%d tasks, %.1f s): %s", step, len(self.val_tasks), time.perf_counter() - started,
             " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()),
         )
         return result.metrics
 
+    # -- the episode store ------------------------------------------------------------------
+    def store_episodes(self, split: str, step: int, episodes: list[Any], n: int, tokenizer: Any, rows: list[int],
+                       advantages: list[float | None] | None = None) -> None:
+        """Records of ``episodes`` (task i's ``n`` episodes consecutive, one group each), the share the
+        config keeps, to the sinks that keep every episode (``training.tracking.episodes``): the
+        service only samples and trains; the episodes, their tokens and advantages are made here."""
+        trainer = self.config.trainer
+        if not (trainer.log_episodes and self.processor.sinks.stores_episodes) or not episodes:
+            return
+        groups = [uuid.uuid4().hex for _ in range(-(-len(episodes) // max(n, 1)))]
+        records = [
+            episode_record(episode, split=split, step=step, position=i, group=groups[i // n], group_position=i % n,
+                           row_index=rows[i // n] if i // n < len(rows) else None,
+                           advantage=advantages[i] if advantages else None)
+            for i, episode in enumerate(episodes)
+        ]
+        kept = keep_for_store(records, trainer.log_episodes_fraction, trainer.log_episodes_per_step,
+                              trainer.seed + step * 2 + (split == VALIDATION))
+        for record in kept:  # decoded here, where the tokenizer is, and only for the records kept
+            record["token_texts"] = token_pieces(tokenizer, record["token_ids"])
+        self.processor.sinks.store_episodes(step, kept)
+
     def _batch(self, step: int) -> list[dict]:
         """The tasks of ``step``: the dataset in one (seeded) shuffled order per epoch, so a resumed
         run continues with the same tasks it would have seen."""
         size, count = self.config.data.train_batch_size, len(self.tasks)
         batch = []
+        self.batch_rows = []
         for index in range((step - 1) * size, step * size):
             epoch, position = divmod(index, count)
             if epoch not in self._orders:
@@ -488,6 +517,7 @@ class RemoteTrainingLoop:
                     random.Random(self.config.trainer.seed + epoch).shuffle(order)
                 self._orders = {epoch: order}  # one epoch's order at a time
             batch.append(self.tasks[self._orders[epoch][position]])
+            self.batch_rows.append(self._orders[epoch][position])
         return batch
 
     def _datums(self, session: ServiceSession, chunk: list[tuple[Any, list[float]]]) -> tuple[list[Any], list[list[float]]]:
@@ -572,6 +602,17 @@ class RemoteTrainingLoop:
             for older in processor.attempt_checkpoint_dir().glob("checkpoint-*"):
                 if older not in keep:
                     shutil.rmtree(older, ignore_errors=True)
+
+
+def episode_advantages(batch: Any, advantages: list[list[float]], count: int) -> list[float | None]:
+    """Each episode's advantage: the mean over the tokens it was trained on (mask 1) of its rows'
+    token advantages (None for an episode no token of which was trained)."""
+    sums: dict[int, list[float]] = {}
+    for row, values in zip(batch.rows, advantages):
+        trained = [value for value, m in zip(values, row.loss_mask) if m]
+        if row.episode >= 0 and trained:
+            sums.setdefault(row.episode, []).extend(trained)
+    return [sum(sums[i]) / len(sums[i]) if i in sums else None for i in range(count)]
 
 
 def lr_schedule(config: Config) -> Callable[[int], float]:

@@ -26,11 +26,14 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from training.backends.verl.backend import AGENT_LOOP_NAME, decode_object, task_from_extra_info
+from training.backends.verl.backend import (
+    AGENT_LOOP_NAME, EPISODE_RECORD_KEY, decode_object, episode_for_dump, task_from_extra_info,
+)
 from training.algorithms.episode_rows import single_sequence
 from training.rollouts.generation import GenerationOutput
 from training.rollouts.outcomes import OutcomeMonitor
 from training.rollouts.episode_runner import EpisodeRunner
+from training.tracking.episodes import token_pieces
 from training.types import Episode, TerminationReason
 
 
@@ -96,13 +99,30 @@ class AgentTrainerLoop(AgentLoopBase):
         # verl takes one sample per episode: an episode of several sequences (rLLM's solver-judge)
         # stops the run, naming the workflow, rather than training its first conversation only.
         single_sequence(episode, self.run_config, "verl", self.spec.label)
-        return episode_to_output(episode, self.response_length, self._filler_token(), generator.generate_s, elapsed)
+        output = episode_to_output(episode, self.response_length, self._filler_token(), generator.generate_s, elapsed)
+        if self.run_config.trainer.log_episodes:
+            add_episode_record(output, episode, self.tokenizer, kwargs)
+        return output
 
     def _filler_token(self) -> int:
         for token in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id):
             if token is not None:
                 return int(token)
         return 0
+
+
+def add_episode_record(output: AgentLoopOutput, episode: Episode, tokenizer: Any, row: dict[str, Any]) -> None:
+    """The episode store's record of ``episode`` rides verl's rollout dump to the driver, in
+    ``reward_extra_info`` (``EPISODE_RECORD_KEY``): with its group (verl's ``uid``), data source
+    and dataset row (from verl's batch ``row``: ``uid``, ``data_source``, ``extra_info.index``),
+    and the tokens as handed to verl, each response token decoded alone."""
+    index = (row.get("extra_info") or {}).get("index")
+    output.extra_fields["reward_extra_info"][EPISODE_RECORD_KEY] = episode_for_dump(
+        episode, group=str(row.get("uid") or ""), data_source=str(row.get("data_source") or ""),
+        row_index=None if index is None else int(index), prompt_ids=output.prompt_ids,
+        response_ids=output.response_ids, response_mask=output.response_mask,
+        response_logprobs=output.response_logprobs or [],
+        token_texts=token_pieces(tokenizer, list(output.response_ids)))
 
 
 def episode_to_output(

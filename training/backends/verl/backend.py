@@ -22,6 +22,7 @@ import io
 import json
 import os
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -33,6 +34,7 @@ from training.log import logger
 from training.rollouts.outcomes import OutcomeMonitor
 from training.algorithms.recipes import clip_range
 from training.rewards import RewardFunction, load_reward
+from training.tracking.episodes import TRAIN, episode_record, keep_for_store
 from training.tracking.sinks import MultiSink
 from training.tracking.trackers import VERL_TRACKERS, verl_tracker_names, verl_tracking_environment
 from training.types import Episode, Step, TerminationReason, Trajectory
@@ -70,6 +72,16 @@ VERL_METRIC_NAMES = {
     "timing_s/step": "step_time",
 }
 SAMPLE_EPISODES_PER_STEP = 4
+# The key of verl's ``reward_extra_info`` (so of each rollout dump row) that carries the episode
+# store's record from our agent loop, as JSON text: verl stacks each key's values into one numpy
+# array per batch, and lists of different lengths (token ids) would not stack.
+EPISODE_RECORD_KEY = "episode_record"
+# A dump with fewer rows than a step has is read again for this long (verl may still be writing it;
+# a filtered batch stays short).
+DUMP_SETTLE_SECONDS = 10.0
+# Keys of a rollout dump row that are verl's or ours, not reward components.
+_DUMP_KEYS = {"input", "output", "gts", "score", "step", "request_id", "termination_reason", "error", "traceback",
+              EPISODE_RECORD_KEY}
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -449,7 +461,11 @@ def dashboard_metrics(data: dict[str, Any]) -> dict[str, float]:
 class VerlMetricsBridge:
     """Reads what verl's ``Tracking`` ``file`` backend writes (one ``{"step", "data"}`` JSON line
     per step, at ``VERL_FILE_LOGGER_PATH``) and the rollouts it dumps to ``trainer.rollout_data_dir``
-    (``<step>.jsonl``), and sends them to our sinks, so a verl run shows like any other.
+    (``<step>.jsonl``), and sends them to our sinks, so a verl run shows like any other. With
+    ``keep_episodes`` (the share of a step's records the config keeps), each dumped step's
+    episodes go to the episode store too (``rollout_rows_to_records``). verl writes a dump in the
+    background: a step whose file has a torn last line or fewer than ``rows_per_step`` rows is
+    read again at the next poll (the last poll, at ``stop``, takes what is there).
 
     ``poll`` reads what is new; ``start`` polls on a thread until ``stop``. ``on_poll`` runs after
     each poll (the processor uses it to honour stop requests). With an ``outcomes`` monitor, each
@@ -465,8 +481,14 @@ class VerlMetricsBridge:
         on_poll: Callable[[], None] | None = None,
         outcomes: OutcomeMonitor | None = None,
         may_forward: Callable[[str], None] | None = None,
+        keep_episodes: Callable[[int, list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+        rows_per_step: int | None = None,
     ) -> None:
         self.sinks = sinks
+        self.keep_episodes = keep_episodes
+        self.rows_per_step = rows_per_step
+        self._final = False
+        self._first_seen: dict[int, float] = {}
         self.may_forward = may_forward
         self.superseded: RunSuperseded | None = None
         self.metrics_path = Path(metrics_path)
@@ -529,9 +551,16 @@ class VerlMetricsBridge:
                 continue
             if self.may_forward is not None:
                 self.may_forward(f"verl's episodes of step {step}")
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            rows = _dump_rows(path)
+            first_seen = self._first_seen.setdefault(step, time.monotonic())
+            short = self.rows_per_step and len(rows or ()) < self.rows_per_step
+            if not self._final and (rows is None or (short and time.monotonic() - first_seen < DUMP_SETTLE_SECONDS)):
+                continue  # verl is still writing it
+            rows = rows or []
             episodes = [rollout_row_to_episode(row) for row in rows]
             self.sinks.log_episodes(step, episodes[:SAMPLE_EPISODES_PER_STEP])
+            if self.keep_episodes is not None:
+                self.sinks.store_episodes(step, self.keep_episodes(step, rollout_rows_to_records(rows, step, TRAIN)))
             self._episode_steps_done.add(step)
             judged = [episode for episode in episodes if episode["termination_reason"]]  # our agent loop's rows
             if self.outcomes is not None and judged and self.failure is None:
@@ -566,6 +595,7 @@ class VerlMetricsBridge:
             self._thread.join(timeout=10)
         if self.superseded is not None:
             raise self.superseded
+        self._final = True
         self.poll()
 
 
@@ -596,9 +626,73 @@ class VerlCheckpointPublisher:
         os.replace(written, marker)
 
 
+def _dump_rows(path: Path) -> list[dict[str, Any]] | None:
+    """The rows of a rollout dump; None while its last line is torn (verl still writing it)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            return None
+    return rows
+
+
+def episode_for_dump(episode: Episode, *, group: str, data_source: str, row_index: int | None,
+                     prompt_ids: list[int], response_ids: list[int], response_mask: list[int],
+                     response_logprobs: list[float], token_texts: list[str]) -> str:
+    """The episode store's record of one episode our agent loop ran, as JSON text for verl's
+    ``reward_extra_info`` (``EPISODE_RECORD_KEY``): its conversation, reward components, timings,
+    group (verl's ``uid``), data source and dataset row, and the token ids, mask and
+    log-probabilities verl trains on (as handed to verl: truncated to its response length).
+    Step and position are the driver's (``rollout_rows_to_records``)."""
+    record = episode_record(episode, split=TRAIN, step=0, position=0, group=group, group_position=0, row_index=row_index)
+    record.update(
+        data_source=data_source or record["data_source"], prompt_ids=[int(t) for t in prompt_ids],
+        token_ids=[int(t) for t in response_ids], mask=[int(m) for m in response_mask],
+        logprobs=[float(x) for x in response_logprobs], token_texts=list(token_texts),
+        prompt_length=len(prompt_ids), response_length=sum(1 for m in response_mask if m),
+    )
+    return json.dumps(record, default=str)
+
+
+def rollout_rows_to_records(rows: list[dict[str, Any]], step: int, split: str) -> list[dict[str, Any]]:
+    """One step's rollout dump (verl's rows, in its order) as episode store records. A row from our
+    agent loop carries its whole record (``episode_for_dump``); a row of verl's own single-turn loop
+    has what verl dumps: the prompt and response as text, the score, the ground truth and the
+    reward function's other values (as reward components), grouped by their prompt."""
+    records: list[dict[str, Any]] = []
+    group_sizes: dict[str, int] = {}
+    for position, row in enumerate(rows):
+        encoded = row.get(EPISODE_RECORD_KEY)
+        if isinstance(encoded, str) and encoded:
+            record = json.loads(encoded)
+        else:
+            episode = _row_episode(row)
+            components = {k: v for k, v in row.items() if k not in _DUMP_KEYS}
+            record = episode_record(episode, split=split, step=step, position=position,
+                                    group=_prompt_group(row.get("input")), group_position=0, reward_components=components)
+        group = str(record.get("group") or "")
+        record.update(split=split, step=int(step), position=position, group_position=group_sizes.get(group, 0))
+        group_sizes[group] = record["group_position"] + 1
+        records.append(record)
+    return records
+
+
+def _prompt_group(prompt: Any) -> str:
+    import hashlib
+
+    return hashlib.sha1(str(prompt).encode()).hexdigest()[:32]
+
+
 def rollout_row_to_episode(row: dict[str, Any]) -> dict[str, Any]:
     """One line of verl's rollout dump (input, output, gts, score, step, and from our agent loop
     termination_reason, error, traceback) as an ``Episode.to_dict()``."""
+    return _row_episode(row).to_dict()
+
+
+def _row_episode(row: dict[str, Any]) -> Episode:
     score = float(row.get("score") or 0.0)
     prompt = [{"role": "user", "content": str(row["input"])}] if row.get("input") is not None else []
     step = Step(chat_completions=prompt, model_response=str(row.get("output", "")), reward=score, done=True)
@@ -611,7 +705,7 @@ def rollout_row_to_episode(row: dict[str, Any]) -> dict[str, Any]:
         error=row.get("error") or None,
         info={"traceback": row["traceback"]} if row.get("traceback") else {},
     )
-    return episode.to_dict()
+    return episode
 
 
 # -- running verl on Ray ---------------------------------------------------------------------
@@ -823,9 +917,17 @@ class VerlProcessor(BuiltinProcessor):
 
         self.attach_default_sinks(trackers_elsewhere=VERL_TRACKERS)
         outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate)
+        trainer_config = self.config.trainer
+
+        def keep_episodes(step: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return keep_for_store(records, trainer_config.log_episodes_fraction, trainer_config.log_episodes_per_step,
+                                  trainer_config.seed + step * 2)
+
+        stores = trainer_config.log_episodes and self.sinks.stores_episodes
         bridge = VerlMetricsBridge(
             self.sinks, metrics_path, verl.trainer.rollout_data_dir, on_poll=after_poll, outcomes=outcomes,
-            may_forward=self.check_may_write,
+            may_forward=self.check_may_write, keep_episodes=keep_episodes if stores else None,
+            rows_per_step=self.config.data.train_batch_size * self.config.actor_rollout_ref.rollout.n,
         )
         with self.sinks:  # closed once the run is judged, so a sink that records the outcome has it
             bridge.start()
