@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import traceback
@@ -40,7 +41,7 @@ from training.platform.artifacts import ArtifactStoreError, RunUploader
 from training.errors import OwnerUnknown, RunSuperseded
 from webapp.policy.checks import redact
 from webapp.runs import artifacts
-from webapp.runs.models import AttemptSuperseded, Checkpoint, Run, lock_for_attempt
+from webapp.runs.models import AttemptSuperseded, Checkpoint, Run, RunAttempt, lock_for_attempt
 from webapp.runs.recording import RunLogHandler, RunRecorder
 
 logger = logging.getLogger(__name__)
@@ -238,6 +239,7 @@ class Attempt:
         self.run = run
         self.run_path = str(run.folder())
         self.fence = Fence(run, self.on_lost)
+        self._record_host()
         # Reports are spooled in the run's folder until stored: what a killed attempt reported but did
         # not store, this one writes first, so a step logged before a checkpoint is never lost.
         self.recorder = self.fence.guard(with_database(
@@ -262,6 +264,16 @@ class Attempt:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
             training_logger.removeHandler(self.log_handler)
         return exc is None or isinstance(exc, Exception) or self.fence.lost
+
+    def _record_host(self) -> None:
+        """The machine this attempt trains on, on its ``RunAttempt`` row, written under the run's lock
+        for this attempt (``Fence.holding``): an attempt that no longer holds the run writes nothing.
+        With the database away it is left unsaid; the run does not wait for it."""
+        host = socket.gethostname()[:200]
+        try:
+            self.fence.holding(lambda: RunAttempt.objects.filter(run_id=self.run_id, number=self.fence.attempt).update(host=host))
+        except OwnerUnknown:
+            logger.warning("Run %s: attempt %s's host was not recorded (the database is unreachable).", self.run_id, self.fence.attempt)
 
     # -- what the body uses ----------------------------------------------------------------------
 
@@ -327,6 +339,9 @@ class Attempt:
     def _superseded(self) -> str:
         self.fence.superseded()
         self.recorder.abandon()
+        # Whoever took the run over ended this attempt's row (the sweep: lost); if nobody did, it was superseded.
+        with_database(lambda: RunAttempt.end(self.run_id, self.fence.attempt, RunAttempt.Cause.SUPERSEDED,
+                                             "Another attempt holds the run, or it ended."), "record the attempt's end")
         return with_database(lambda: Run.objects.get(pk=self.run.pk).status, "read the run's status")
 
     def _requeue(self, reason: str, store_seconds: float) -> str:
