@@ -139,6 +139,7 @@ INSTALLED_APPS = [
     "webapp.integrations",
     "webapp.sweeps",
     "webapp.playground",
+    "webapp.monitors",
 ]
 
 MIDDLEWARE = [
