@@ -122,18 +122,20 @@ def test_a_deploy_requeue_a_cancel_and_a_superseded_attempt(ledger_run, api_clie
     assert RunAttempt.objects.get(run=run, number=1).detail.startswith("The worker is shutting down")
 
 
-def test_a_share_link_names_no_worker_or_host(ledger_run, api_client, owner):
+def test_a_share_links_page_shows_the_ledger_with_its_attempts(ledger_run, api_client, owner):
     run = Run.objects.get(pk=ledger_run.pk)
     assert run.claim("w1@gpu-box-7")
     RunAttempt.objects.filter(run=run).update(host="gpu-box-7")
+    Run.objects.filter(pk=run.pk).update(final_config={"ignored_keys": {"secret.path": {"value": "/srv/x", "why": "none"}}})
     link = ShareLink.objects.create(run=run, created_by=owner)
+    # What the run's live status tells a link's reader already: its worker (and so its host).
     shared = api_client(None).get(URL.format(run.pk), {"share": link.token}).json()["attempts"]
-    assert shared[0]["attempt"] == 1 and shared[0]["start"] and (shared[0]["worker"], shared[0]["host"]) == ("", "")
-    assert api_client(owner).get(URL.format(run.pk)).json()["attempts"][0]["host"] == "gpu-box-7"
+    assert (shared[0]["attempt"], shared[0]["worker"], shared[0]["host"]) == (1, "w1@gpu-box-7", "gpu-box-7")
     page = api_client(None).get(reverse("runs:shared_run", args=[link.token]))
     assert page.status_code == 200, page.status_code
     text = page.content.decode()
-    assert 'id="run-ledger"' in text and "gpu-box-7" not in text
+    assert 'id="run-ledger"' in text and 'id="ledger-attempts"' in text and "2 of 3" in text
+    assert "secret.path" not in text  # the run's config is not the link's to show
 
 
 def test_the_run_page_shows_the_ledger(ledger_run, page_client, owner):

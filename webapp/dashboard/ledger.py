@@ -89,18 +89,17 @@ def step_rows(run: Run, low: int, high: int) -> list[dict[str, Any]]:
     return rows
 
 
-def attempts(run: Run, with_workers: bool = True) -> list[dict[str, Any]]:
+def attempts(run: Run) -> list[dict[str, Any]]:
     """Attempt 1..``run.attempts``: ``worker``, ``host``, ``start``, ``start_step``, ``end``,
     ``end_step``, ``cause`` (a ``RunAttempt.Cause`` value, None while it runs), ``cause_label`` and
-    ``detail``. ``with_workers`` False (a share link's reader): worker and host are blank, names
-    of the platform's machines being no part of what a run's link shows. At most ``MAX_ATTEMPTS`` rows (the latest), read by the (run, number) index."""
+    ``detail``. A share link's reader reads them too: the run's live status tells them its worker
+    already, and the sweep's reason for a lost attempt names it. At most ``MAX_ATTEMPTS`` rows (the latest), read by the (run, number) index."""
     rows = {row.number: row for row in RunAttempt.objects.filter(run=run, number__gt=run.attempts - MAX_ATTEMPTS)}
     found = []
     for number in range(max(1, run.attempts - MAX_ATTEMPTS + 1), run.attempts + 1):
         row = rows.get(number)
         found.append({
-            "attempt": number, "worker": row.worker if row and with_workers else "",
-            "host": row.host if row and with_workers else "",
+            "attempt": number, "worker": row.worker if row else "", "host": row.host if row else "",
             "start": row.started_at if row else None, "start_step": row.start_step if row else None,
             "end": row.ended_at if row else None, "end_step": row.end_step if row else None,
             "cause": row.cause or None if row else None,
@@ -123,8 +122,7 @@ def ignored_settings(run: Run) -> list[dict[str, Any]]:
 
 def ledger(run: Run, step_min: int | None = None, step_max: int | None = None, with_config: bool = True) -> dict[str, Any]:
     """The whole ledger of ``run`` (the API's body, the run page's section). ``with_config`` False
-    (a share link's reader): ``ignored_settings`` is None, since they are part of the run's config,
-    and the attempts name no worker or host."""
+    (a share link's reader): ``ignored_settings`` is None, since they are part of the run's config."""
     window = step_window(run, step_min, step_max)
     return {
         "run": run.pk,
@@ -134,6 +132,6 @@ def ledger(run: Run, step_min: int | None = None, step_max: int | None = None, w
         "attempts_lost": run.lost_attempts,
         "step_window": {"step_min": window[0], "step_max": window[1]} if window else None,
         "steps": step_rows(run, *window) if window else [],
-        "attempts": attempts(run, with_workers=with_config),
+        "attempts": attempts(run),
         "ignored_settings": ignored_settings(run) if with_config else None,
     }

@@ -356,12 +356,12 @@ class RunAttempt(models.Model):
     under the run's lock for its attempt (``workers.lifecycle.Attempt``)."""
 
     class Cause(models.TextChoices):
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
+        SUCCEEDED = "succeeded", "succeeded"
+        FAILED = "failed", "failed"
         LOST = "lost", "lost worker"  # no heartbeat, its training process killed, or stopping went wrong
         REQUEUED = "requeued", "re-queued"  # stopped with a checkpoint to be resumed (a deploy's SIGTERM)
-        SUPERSEDED = "superseded"  # a later attempt took the run before this one's end was recorded
-        CANCELLED = "cancelled"  # a person cancelled it, or its sweep pruned it
+        SUPERSEDED = "superseded", "superseded"  # a later attempt took the run before this one's end was recorded
+        CANCELLED = "cancelled", "cancelled"  # a person cancelled it, or its sweep pruned it
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempt_rows")
     number = models.PositiveIntegerField()
