@@ -140,6 +140,7 @@ INSTALLED_APPS = [
     "webapp.sweeps",
     "webapp.playground",
     "webapp.checkpoints",
+    "webapp.monitors",
 ]
 
 MIDDLEWARE = [

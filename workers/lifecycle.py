@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import threading
 import time
 import traceback
@@ -45,7 +46,7 @@ from training.errors import OwnerUnknown, RunSuperseded
 from webapp.policy.checks import redact
 from webapp.runs import artifacts
 from webapp.runs.artifacts import RUN_FOLDER
-from webapp.runs.models import AttemptSuperseded, Checkpoint, Run, lock_for_attempt
+from webapp.runs.models import AttemptSuperseded, Checkpoint, Run, RunAttempt, lock_for_attempt
 from webapp.runs.recording import RunLogHandler, RunRecorder
 from workers.processes import record_writer, writer_gone
 
@@ -251,6 +252,7 @@ class Attempt:
         except OSError as exc:  # a full disk, say: the run goes on, its folder stays after it
             logger.warning("Run %s: attempt %s could not record its writer (%s); its folder will be kept.",
                            run.pk, run.attempts, exc)
+        self._record_host()
         # Reports are spooled in the run's folder until stored: what a killed attempt reported but did
         # not store, this one writes first, so a step logged before a checkpoint is never lost.
         self.recorder = self.fence.guard(with_database(
@@ -275,6 +277,16 @@ class Attempt:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
             training_logger.removeHandler(self.log_handler)
         return exc is None or isinstance(exc, Exception) or self.fence.lost
+
+    def _record_host(self) -> None:
+        """The machine this attempt trains on, on its ``RunAttempt`` row, written under the run's lock
+        for this attempt (``Fence.holding``): an attempt that no longer holds the run writes nothing.
+        With the database away it is left unsaid; the run does not wait for it."""
+        host = socket.gethostname()[:200]
+        try:
+            self.fence.holding(lambda: RunAttempt.objects.filter(run_id=self.run_id, number=self.fence.attempt).update(host=host))
+        except OwnerUnknown:
+            logger.warning("Run %s: attempt %s's host was not recorded (the database is unreachable).", self.run_id, self.fence.attempt)
 
     # -- what the body uses ----------------------------------------------------------------------
 
@@ -340,6 +352,9 @@ class Attempt:
     def _superseded(self) -> str:
         self.fence.superseded()
         self.recorder.abandon()
+        # Whoever took the run over ended this attempt's row (the sweep: lost); if nobody did, it was superseded.
+        with_database(lambda: RunAttempt.end(self.run_id, self.fence.attempt, RunAttempt.Cause.SUPERSEDED,
+                                             "Another attempt holds the run, or it ended."), "record the attempt's end")
         return with_database(lambda: Run.objects.get(pk=self.run.pk).status, "read the run's status")
 
     def _requeue(self, reason: str, store_seconds: float) -> str:

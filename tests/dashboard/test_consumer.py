@@ -39,7 +39,7 @@ async def test_backlog_then_live_points(ws_connect, make_run, owner, store):
     status = await communicator.receive_json_from(timeout=3)
     assert isinstance(status.pop("seq"), int)  # the live messages' number (tests/dashboard/test_live_sequences.py)
     assert status == {"type": "status", "status": "queued", "steps": 2, "error": "",  # the store keeps the steps
-                      "started_at": None, "worker": ""}
+                      "started_at": None, "worker": "", "attempts": 0}
     backlog = await _receive_until(communicator, "metrics")
     assert backlog["points"] == {"loss": [[1, 1.0], [2, 0.9]], "reward": [[1, 0.1], [2, 0.2]]}
     layer = get_channel_layer()

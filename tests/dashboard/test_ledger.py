@@ -1,5 +1,5 @@
 """The run ledger (``GET /api/runs/<id>/ledger/`` and the run page's section): per-step counts and
-the all-equal share from the episode store, attempts from the run's log lines, the settings the
+the all-equal share from the episode store, attempts from their rows (``RunAttempt``), the settings the
 backend accepted without effect, and access as every run resource."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from django.utils import timezone
+from django.urls import reverse
 
 from training.tracking.episodes import episode_record
 from training.types import Episode, Step, TerminationReason, Trajectory
 from webapp.dashboard import episodes as episode_store
-from webapp.runs.models import Run, RunLog
+from webapp.runs.models import Run, RunAttempt, RunLog
 from webapp.teams.models import Membership, Project, ShareLink, Team
 
 URL = "/api/runs/{}/ledger/"
@@ -74,24 +74,68 @@ def test_a_step_window_reads_only_its_steps_and_a_reversed_one_is_a_400(ledger_r
 
 
 def test_steps_attempts_and_ignored_settings(ledger_run, api_client, owner):
-    ended = timezone.now()
+    """Attempts are the rows the run's own changes write: a claim begins one, the sweep's recover
+    of a lost worker ends it (lost), the next claim begins the second, the failure ends it."""
     Run.objects.filter(pk=ledger_run.pk).update(
-        steps=2, attempts=2, lost_attempts=1, status=Run.Status.FAILED, finished_at=ended, error="CUDA out of memory\nmore",
         config_overrides={"trainer.total_training_steps": 7},
         final_config={"trainer": {"total_training_steps": 5},
                       "ignored_keys": {"rollout.gpu_memory_utilization": {"value": 0.9, "why": "no vLLM here"}}},
     )
-    RunLog.objects.create(run=ledger_run, message="Claimed by w1; starting the training process.")
-    RunLog.objects.create(run=ledger_run, level="WARNING", message="Attempt 1 ended: Its worker was lost. Queued again.")
-    RunLog.objects.create(run=ledger_run, message="Claimed by w2 (attempt 2 of 3, resuming from its last checkpoint); x.")
-    # The run's own code logs the same words (its lines carry a uid): they say nothing of its attempts.
-    RunLog.objects.create(run=ledger_run, uid=uuid.uuid4(), level="WARNING", message="Attempt 2 ended: all fine. Queued again.")
-    body = api_client(owner).get(URL.format(ledger_run.pk)).json()
+    run = Run.objects.get(pk=ledger_run.pk)
+    assert run.claim("w1@host-a")
+    Run.objects.filter(pk=run.pk).update(steps=2)  # what the metric store keeps
+    assert run.recover("its worker (w1@host-a) sent no heartbeat for over 10 s: it was lost.") == Run.Status.QUEUED
+    stale = Run.objects.get(pk=run.pk)
+    stale.attempts = 1  # the first attempt's supervisor, waking up late
+    run = Run.objects.get(pk=run.pk)
+    assert run.claim("w2@host-b")
+    assert not stale.finish(Run.Status.SUCCEEDED)  # fenced: it no longer holds the run, and ends no attempt
+    assert run.finish(Run.Status.FAILED, error="CUDA out of memory\nmore")
+    body = api_client(owner).get(URL.format(run.pk)).json()
     assert (body["steps_planned"], body["steps_done"], body["attempts_started"], body["attempts_lost"]) == (5, 2, 2, 1)
     first, second = body["attempts"]
-    assert first["attempt"] == 1 and first["start"] and first["end"] and first["cause"] == "Its worker was lost."
-    assert second["start"] and second["end"] and second["cause"] == "failed: CUDA out of memory"
+    assert (first["attempt"], first["worker"], first["start_step"], first["end_step"]) == (1, "w1@host-a", 0, 2)
+    assert first["start"] and first["end"] and (first["cause"], first["cause_label"]) == ("lost", "lost worker")
+    assert "sent no heartbeat" in first["detail"]
+    assert (second["worker"], second["start_step"], second["end_step"], second["cause"]) == ("w2@host-b", 2, 2, "failed")
+    assert second["detail"] == "CUDA out of memory"
     assert body["ignored_settings"] == [{"key": "rollout.gpu_memory_utilization", "value": 0.9, "why": "no vLLM here"}]
+    # A run's own log lines say nothing of its attempts any more: the rows do.
+    RunLog.objects.create(run=run, uid=uuid.uuid4(), level="WARNING", message="Attempt 2 ended: all fine. Queued again.")
+    assert api_client(owner).get(URL.format(run.pk)).json()["attempts"][1]["cause"] == "failed"
+
+
+def test_a_deploy_requeue_a_cancel_and_a_superseded_attempt(ledger_run, api_client, owner):
+    run = Run.objects.get(pk=ledger_run.pk)
+    assert run.claim("w1")
+    assert run.requeue("The worker is shutting down; stopped after step 0 with a checkpoint.")
+    run = Run.objects.get(pk=run.pk)
+    assert run.claim("w2")
+    # Put back in the queue by hand (not through requeue): the next claim finds attempt 2 never ended.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.QUEUED)
+    run = Run.objects.get(pk=run.pk)
+    assert run.claim("w3")
+    run.request_cancel()
+    assert run.finish(Run.Status.CANCELLED, error="Cancelled.")
+    causes = [(a["attempt"], a["cause"]) for a in api_client(owner).get(URL.format(run.pk)).json()["attempts"]]
+    assert causes == [(1, "requeued"), (2, "superseded"), (3, "cancelled")]
+    assert RunAttempt.objects.get(run=run, number=1).detail.startswith("The worker is shutting down")
+
+
+def test_a_share_links_page_shows_the_ledger_with_its_attempts(ledger_run, api_client, owner):
+    run = Run.objects.get(pk=ledger_run.pk)
+    assert run.claim("w1@gpu-box-7")
+    RunAttempt.objects.filter(run=run).update(host="gpu-box-7")
+    Run.objects.filter(pk=run.pk).update(final_config={"ignored_keys": {"secret.path": {"value": "/srv/x", "why": "none"}}})
+    link = ShareLink.objects.create(run=run, created_by=owner)
+    # What the run's live status tells a link's reader already: its worker (and so its host).
+    shared = api_client(None).get(URL.format(run.pk), {"share": link.token}).json()["attempts"]
+    assert (shared[0]["attempt"], shared[0]["worker"], shared[0]["host"]) == (1, "w1@gpu-box-7", "gpu-box-7")
+    page = api_client(None).get(reverse("runs:shared_run", args=[link.token]))
+    assert page.status_code == 200, page.status_code
+    text = page.content.decode()
+    assert 'id="run-ledger"' in text and 'id="ledger-attempts"' in text and "2 of 3" in text
+    assert "secret.path" not in text  # the run's config is not the link's to show
 
 
 def test_the_run_page_shows_the_ledger(ledger_run, page_client, owner):

@@ -553,6 +553,21 @@ def test_summarize_episodes():
     assert summarize_episodes([])["reward"] == 0.0
 
 
+def test_reward_components_are_reported_as_their_means():
+    """What a reward returned beside its total (``RewardOutput.metadata``): each numeric component's
+    mean over the episodes that have it, for the platform's reward-health monitors."""
+    def episode(components):
+        found = Episode(trajectories=[Trajectory(reward=1.0)])
+        if components is not None:
+            found.info["reward_components"] = components
+        return found
+
+    summary = summarize_episodes([episode({"format": 1.0, "accuracy": 0.0, "note": "ok"}),
+                                  episode({"format": 0.5, "flag": True, "bad": float("nan")}), episode(None)])
+    components = {key: value for key, value in summary.items() if key.startswith("reward_components/")}
+    assert components == {"reward_components/format": 0.75, "reward_components/accuracy": 0.0}
+
+
 # -- rLLM's CumulativeWorkflow and SingleTurnWorkflow ---------------------------------------------------
 
 

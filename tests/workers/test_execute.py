@@ -1,5 +1,6 @@
 """The plain functions behind the Celery task, called directly."""
 
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from training.backends.processor import register_processor, unregister_processor
 from webapp.registry.models import Agent, Backend
 from webapp.dashboard.series import points_after
 from webapp.runs.downloads import config_yaml
-from webapp.runs.models import Run, RunLog
+from webapp.runs.models import Run, RunAttempt, RunLog
 from webapp.runs.table import run_config
 from workers import execute
 from workers.execute import BUSY, SKIPPED, claim, train_run
@@ -46,6 +47,11 @@ def test_train_run_succeeds_and_records_metrics_and_logs(make_run, tmp_path, set
     assert "reward" in run.final_metrics
     assert [step for step, _ in points_after(run.pk, -1)["reward"]] == [1, 2]
     assert RunLog.objects.filter(run=run, message__contains="step 2/2").exists()
+    # The attempt's row: begun by the claim, its host said by the training process, ended by the run's end.
+    attempt = RunAttempt.objects.get(run=run)
+    assert (attempt.number, attempt.worker, attempt.host) == (1, "test-worker", socket.gethostname())
+    assert (attempt.start_step, attempt.end_step, attempt.cause) == (0, 2, RunAttempt.Cause.SUCCEEDED)
+    assert attempt.started_at <= attempt.ended_at
 
 
 # The recorder writes from its own thread and connection: the rows must be committed.

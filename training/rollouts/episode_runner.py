@@ -23,6 +23,7 @@ from training.config import secrets
 from training.agents.base import build_agent, build_env
 from training.agents.spec import AgentSpec
 from training.config import Config
+from training.rollouts.outcomes import reward_component_means
 from training.rollouts.generation import GenerationOutput, ModelClient, TokenGenerator, continuation
 from training.rendering import encode, render_messages, retokenization_drift
 from training.errors import ModelCallError, NoModelCall, TerminationEvent, TrainingFailed
@@ -656,9 +657,11 @@ def summarize_episodes(episodes: list[Episode]) -> dict[str, float]:
     for reason in TerminationReason:
         summary[f"termination/{reason.value}"] = mean([float(e.termination_reason == reason) for e in episodes])
     summary["error_rate"] = summary[f"termination/{TerminationReason.ERROR.value}"]
+    summary.update(reward_component_means([e.info.get("reward_components") for e in episodes]))
     # What workflows report per episode (rLLM's <name>_acc, solver_acc, ...): their means.
     for key in sorted({k for e in episodes for k in e.metrics} - set(summary)):
         values = [float(e.metrics[key]) for e in episodes if isinstance(e.metrics.get(key), (int, float))]
         if values:
             summary[key] = sum(values) / len(values)
     return summary
+

@@ -25,6 +25,7 @@ reward looked for and the rows lack: ``ColumnReads``, filled by the reward's pro
 from __future__ import annotations
 
 import inspect
+import math
 import traceback as traceback_module
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -342,3 +343,17 @@ def learning_warnings(
             causes.append(f"{reward} gives every response the same score (does it read the response at all?)")
         cause = "Possible causes: " + "; ".join(causes) + "."
     return [f"{headline} {cause}"]
+
+
+def reward_component_means(components: list[Any]) -> dict[str, float]:
+    """``reward_components/<name>``: the mean of each numeric reward component over the episodes
+    that have it (what a reward returned beside its total, ``RewardOutput.metadata``). The
+    platform's reward-health monitor reads them to tell one component dominating the total."""
+    sums: dict[str, list[float]] = {}
+    for found in components:
+        if not isinstance(found, dict):
+            continue
+        for name, value in found.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                sums.setdefault(str(name), []).append(float(value))
+    return {f"reward_components/{name}": sum(values) / len(values) for name, values in sorted(sums.items())}

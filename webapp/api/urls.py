@@ -3,6 +3,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from webapp.api import views
+from webapp.api.monitors import MonitorRuleViewSet
 from webapp.api.sweeps import SweepViewSet
 from webapp.api.token_view import ObtainExpiringToken
 
@@ -15,6 +16,7 @@ router.register("rewards", views.RewardFunctionViewSet, basename="reward")
 router.register("backends", views.BackendViewSet, basename="backend")
 router.register("runs", views.RunViewSet, basename="run")
 router.register("sweeps", SweepViewSet, basename="sweep")
+router.register("monitor-rules", MonitorRuleViewSet, basename="monitor-rule")
 
 app_name = "api"
 urlpatterns = [

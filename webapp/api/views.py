@@ -20,6 +20,7 @@ from rest_framework.response import Response
 
 from training.config import flatten
 from webapp.api import ingest
+from webapp.api.monitors import EVIDENCE_SCHEMA, MONITORS_SCHEMA, EvidenceQuerySerializer, MonitorsQuerySerializer
 from webapp.api.serializers import (
     AfterQuerySerializer, AgentSerializer, BackendSerializer, DatasetSerializer, EpisodeQuerySerializer, FinishSerializer,
     HistogramQuerySerializer,
@@ -31,6 +32,7 @@ from webapp.dashboard import episodes as episode_store
 from webapp.dashboard import ledger as run_ledger
 from webapp.dashboard import series
 from webapp.dashboard.models import StoredEpisode
+from webapp.monitors import health
 from webapp.registry.models import Agent, Backend, Dataset, Model, RewardFunction
 from webapp.runs import table
 from webapp.runs.access import can, get_run_for_user, usable_entries
@@ -111,6 +113,7 @@ _ACTION_OF = {
     "fork": "view",  # whoever may see a run may fork it (logged in: a share link does not); the project decides the rest
     "series": "view", "metrics": "view", "logs": "view", "episodes": "view", "episode": "view", "ledger": "view",
     "episode_histogram": "view",
+    "monitors": "view", "monitor_evidence": "view",
     "ingest_metrics": "edit", "ingest_logs": "edit", "heartbeat": "edit", "finish": "edit",
 }
 
@@ -360,6 +363,24 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         run, query = self._episode_run(LedgerQuerySerializer)
         with_config = can(request.user, run, "view")  # without the share link's token
         return Response(run_ledger.ledger(run, query.get("step_min"), query.get("step_max"), with_config=with_config))
+
+    @MONITORS_SCHEMA
+    @action(detail=True, methods=["get"], permission_classes=[AllowAny])
+    def monitors(self, request, pk=None):
+        """The run's reward-health monitors over its last 500 steps (each one's value per step, or
+        ``source`` null where the run stored nothing it is read from) and the alerts of its
+        project's enabled rules, each at the first step of a stretch above the rule's threshold.
+        They audit the run; they promise no early warning."""
+        run, _ = self._episode_run(MonitorsQuerySerializer)
+        return Response(health.report(run))
+
+    @EVIDENCE_SCHEMA
+    @action(detail=True, methods=["get"], url_path="monitors/evidence", permission_classes=[AllowAny])
+    def monitor_evidence(self, request, pk=None):
+        """An alert's evidence: the training episodes of ``step``, each prompt beside its episodes
+        of an earlier step (at least ``window`` steps back where it was trained then)."""
+        run, query = self._episode_run(EvidenceQuerySerializer)
+        return Response(health.evidence(run, query["step"], query["window"]))
 
     def _episode_run(self, query_class=EpisodeQuerySerializer) -> tuple[Run, dict]:
         """The run and the validated query; access as every run resource (a share link's token,

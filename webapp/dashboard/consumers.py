@@ -86,7 +86,7 @@ class Event:
             return {"type": "metrics", "points": points, **({"seq": self.seq} if self.seq is not None else {})}
         if kind == "run.status":
             return {"type": "status", "status": event["status"], "steps": event["steps"], "error": event.get("error", ""),
-                    "started_at": event.get("started_at"), "worker": event.get("worker", "")}
+                    "started_at": event.get("started_at"), "worker": event.get("worker", ""), "attempts": event.get("attempts")}
         if kind == "run.logs":
             return {"type": "logs", "lines": event["lines"]}
         return {"type": "episodes", "step": event["step"], "count": event["count"]}

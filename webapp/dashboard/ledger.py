@@ -7,36 +7,30 @@
   length (prompt or response) or by turns, and the share of its groups whose rewards were all equal
   (a group that teaches nothing: its advantages are zero). One aggregate query over a bounded step
   window (at most ``MAX_LEDGER_STEPS`` steps, read through the ``(run, step, ...)`` index).
-* **Attempts**: each attempt's start, end and cause. No row records an attempt; they are read back
-  from the run's log lines that mark them (the claim's line in ``workers.execute``, the re-queue's in
-  ``Run.requeue``) and, for the last attempt of an ended run, from the run's end.
+* **Attempts**: each attempt's number, worker and host, start and end (time and the run's last
+  stored step then) and the cause of its end, from its ``RunAttempt`` row (written with the run's
+  row changes: ``Run.claim``, ``finish``, ``requeue``, ``recover``). An attempt started before
+  attempts had rows is listed by its number alone.
 * **Ignored settings**: what the user set that the backend accepts without effect, as the trainer
   recorded it under ``ignored_keys`` in the run's final config (``workers.execute.recorded_config``).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django.db import connection
-from django.db.models import Q
 
 from training.types import TerminationReason
 from webapp.dashboard.models import StoredEpisode
 from webapp.runs.downloads import total_steps
-from webapp.runs.models import Run, RunLog
+from webapp.runs.models import Run, RunAttempt
 
 # The widest step window one ledger reads (its query's bound).
 MAX_LEDGER_STEPS = 500
-# Log lines read back to find the attempts (two an attempt: its claim and its re-queue).
-MAX_ATTEMPT_LINES = 200
+# The most attempts one ledger lists (the latest); a backend allows far fewer.
+MAX_ATTEMPTS = 100
 CUT_BY_LENGTH = (TerminationReason.MAX_PROMPT_LENGTH.value, TerminationReason.MAX_RESPONSE_LENGTH.value)
-# The lines that mark an attempt: its claim (workers.execute, "Claimed by <worker> (attempt N of M,
-# resuming ...); ...", the number said from the second attempt on) and its re-queue (Run.requeue).
-CLAIMED_PREFIX = "Claimed by "
-CLAIMED_NUMBER = re.compile(r"\(attempt (\d+) of ")
-ENDED = re.compile(r"^Attempt (\d+) ended: (.*?)(?: Queued again\.)?$", re.DOTALL)
 
 # Per (step, group) first, then per step: the groups' counts summed and the all-equal groups counted.
 # A group is all equal when its lowest and highest reward are the same (unscored episodes aside);
@@ -91,34 +85,27 @@ def step_rows(run: Run, low: int, high: int) -> list[dict[str, Any]]:
         rows = [dict(zip(_STEP_FIELDS, (int(value) for value in row))) for row in cursor.fetchall()]
     for row in rows:
         row["all_equal_share"] = row["all_equal_groups"] / row["groups"] if row["groups"] else None
+        row["failed_share"] = row["failed"] / row["episodes"] if row["episodes"] else None
     return rows
 
 
 def attempts(run: Run) -> list[dict[str, Any]]:
-    """Attempt 1..``run.attempts``: ``start`` (its claim's log line), ``end`` and ``cause`` (its
-    re-queue's line; for an ended run's last attempt, the run's end and status). None where no line
-    says (an attempt whose claim could not be logged, a running attempt's end). No row records an
-    attempt: this reads the lines back, which is why it is bounded (``MAX_ATTEMPT_LINES``)."""
-    marks = Q(message__startswith=CLAIMED_PREFIX) | Q(level="WARNING", message__startswith="Attempt ")
-    # Only the platform's own lines: those the run's code logs (through the recorder, training
-    # process or API) carry a uid, and could otherwise say anything about its attempts.
-    lines = list(RunLog.objects.filter(marks, run=run, uid__isnull=True).order_by("id").values_list("time", "message")[:MAX_ATTEMPT_LINES])
-    found = [{"attempt": number, "start": None, "end": None, "cause": None} for number in range(1, run.attempts + 1)]
-    for time, message in lines:
-        if message.startswith(CLAIMED_PREFIX):
-            said = CLAIMED_NUMBER.search(message)
-            number = int(said.group(1)) if said else 1
-            if 1 <= number <= len(found):
-                found[number - 1]["start"] = time
-            continue
-        ended = ENDED.match(message)
-        if ended and 1 <= int(ended.group(1)) <= len(found):
-            found[int(ended.group(1)) - 1].update(end=time, cause=ended.group(2).strip())
-    if found and run.is_final and found[-1]["end"] is None:
-        cause = run.status + (f": {run.error.splitlines()[0]}" if run.error.strip() else "")
-        found[-1].update(end=run.finished_at, cause=cause)
-    if found and found[0]["start"] is None:
-        found[0]["start"] = run.started_at  # the run's start is its first attempt's
+    """Attempt 1..``run.attempts``: ``worker``, ``host``, ``start``, ``start_step``, ``end``,
+    ``end_step``, ``cause`` (a ``RunAttempt.Cause`` value, None while it runs), ``cause_label`` and
+    ``detail``. A share link's reader reads them too: the run's live status tells them its worker
+    already, and the sweep's reason for a lost attempt names it. At most ``MAX_ATTEMPTS`` rows (the latest), read by the (run, number) index."""
+    rows = {row.number: row for row in RunAttempt.objects.filter(run=run, number__gt=run.attempts - MAX_ATTEMPTS)}
+    found = []
+    for number in range(max(1, run.attempts - MAX_ATTEMPTS + 1), run.attempts + 1):
+        row = rows.get(number)
+        found.append({
+            "attempt": number, "worker": row.worker if row else "", "host": row.host if row else "",
+            "start": row.started_at if row else None, "start_step": row.start_step if row else None,
+            "end": row.ended_at if row else None, "end_step": row.end_step if row else None,
+            "cause": row.cause or None if row else None,
+            "cause_label": row.get_cause_display() if row and row.cause else None,
+            "detail": row.detail if row else "",
+        })
     return found
 
 

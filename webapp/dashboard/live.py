@@ -233,6 +233,7 @@ def status_of(run) -> dict[str, Any]:
     return {
         "status": run.status, "steps": run.steps, "error": run.error,
         "started_at": run.started_at.isoformat() if run.started_at else None, "worker": run.worker,
+        "attempts": run.attempts,  # a new number: the page reads the attempts again (their marks on the charts)
     }
 
 

@@ -399,8 +399,10 @@ def shared_run(request, token: str):
     if link is None:
         raise Http404("This link does not exist or was revoked.")
     run = get_run_for_user(request.user, link["run_id"], "view", share_token=token)
+    run_ledger = ledger.ledger(run, with_config=False)  # as the API gives it to a link's reader
     return render(request, "runs/shared_run.html", {
         "run": run, "metrics": sorted(run.latest_metrics().items()), "share_query": "?" + urlencode({"share": token}),
+        "ledger": run_ledger, "ledger_steps": run_ledger["steps"][-LEDGER_PAGE_STEPS:][::-1],
     })
 
 

@@ -16,6 +16,8 @@ from django.views.decorators.http import require_POST
 from webapp.integrations.alerts import EMAIL_PRINTED_NOTE, emails_printed
 from webapp.integrations.forms import AlertRuleForm, TrackingTargetForm
 from webapp.integrations.models import AlertDelivery, AlertRule, TrackingTarget
+from webapp.monitors.forms import MonitorRuleForm, suggested_thresholds
+from webapp.monitors.models import MonitorRule
 from webapp.teams import roster
 from webapp.teams.access import can_in_project
 from webapp.teams.models import Project
@@ -31,7 +33,7 @@ def _project_for(user, pk: int, manage: bool = False) -> Project:
 
 
 @login_required
-def project_integrations(request, pk: int, tracking_form=None, rule_form=None):
+def project_integrations(request, pk: int, tracking_form=None, rule_form=None, monitor_form=None):
     project = _project_for(request.user, pk)
     target = TrackingTarget.objects.filter(project=project).first()
     return render(request, "integrations/project.html", {
@@ -42,7 +44,32 @@ def project_integrations(request, pk: int, tracking_form=None, rule_form=None):
         "rules": project.alert_rules.all(),
         "deliveries": AlertDelivery.objects.filter(rule__project=project).select_related("rule", "run")[:50],
         "emails_printed": emails_printed(), "email_printed_note": EMAIL_PRINTED_NOTE,
+        "monitor_rules": project.monitor_rules.all(), "monitor_form": monitor_form or MonitorRuleForm(),
+        "monitors": suggested_thresholds(),
     })
+
+
+@login_required
+@require_POST
+def save_monitor_rule(request, pk: int):
+    """Turn a reward-health monitor's rule on (or change it: one rule per monitor)."""
+    project = _project_for(request.user, pk, manage=True)
+    form = MonitorRuleForm(request.POST)
+    if not form.is_valid():
+        return project_integrations(request, pk, monitor_form=form)
+    rule = form.save(project, request.user)
+    messages.success(request, f"Monitor rule on: {rule.get_monitor_display()} above {rule.threshold:g} over {rule.window} step(s).")
+    return redirect("integrations:project", pk=pk)
+
+
+@login_required
+@require_POST
+def delete_monitor_rule(request, pk: int):
+    rule = get_object_or_404(MonitorRule, pk=pk)
+    _project_for(request.user, rule.project_id, manage=True)
+    rule.delete()
+    messages.info(request, "Monitor rule removed.")
+    return redirect("integrations:project", pk=rule.project_id)
 
 
 @login_required

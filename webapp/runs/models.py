@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.db.models.functions import Now
 from django.dispatch import Signal
 from django.urls import reverse
@@ -228,14 +228,21 @@ class Run(models.Model):
         return "\n".join(f"{key}={value}" for key, value in self.config_overrides.items())
 
     # -- lifecycle: every change is a filtered update returning whether it happened ----------
-    def _transition(self, allowed: tuple[str, ...], same_attempt: bool = False, **changes: Any) -> bool:
+    def _transition(self, allowed: tuple[str, ...], same_attempt: bool = False, attempt_end: tuple[str, str] | None = None,
+                    **changes: Any) -> bool:
         """Apply ``changes`` if the run's status is one of ``allowed`` (and, with ``same_attempt``,
         it is still in the attempt this instance holds). Sends ``run_status_changed`` on a status
-        change: the one hook for whatever follows a run's status (live pages, alerts)."""
+        change: the one hook for whatever follows a run's status (live pages, alerts).
+        ``attempt_end`` (cause, detail): the change ends the attempt this instance holds; its
+        ``RunAttempt`` row is closed in the same transaction, only when the change was made (the
+        filtered update is the attempt's fence)."""
         rows = Run.objects.filter(pk=self.pk, status__in=allowed)
         if same_attempt:
             rows = rows.filter(attempts=self.attempts)
-        changed = rows.update(**changes)
+        with transaction.atomic():
+            changed = rows.update(**changes)
+            if changed and attempt_end is not None and self.attempts:
+                RunAttempt.end(self.pk, self.attempts, *attempt_end)
         if changed:
             computed = [field for field, value in changes.items() if hasattr(value, "resolve_expression")]
             for field, value in changes.items():
@@ -251,32 +258,40 @@ class Run(models.Model):
         """Take a queued run for ``worker``, starting its next attempt. False when another worker
         (or a cancel) got there first."""
         now = timezone.now()
-        return self._transition(
-            (self.Status.QUEUED,), same_attempt=True, status=self.Status.RUNNING, worker=worker,
-            started_at=self.started_at or now, heartbeat_at=Now(), attempts=self.attempts + 1,
-        )
+        with transaction.atomic():
+            if not self._transition(
+                (self.Status.QUEUED,), same_attempt=True, status=self.Status.RUNNING, worker=worker,
+                started_at=self.started_at or now, heartbeat_at=Now(), attempts=self.attempts + 1,
+            ):
+                return False
+            RunAttempt.begin(self, worker)
+        return True
 
     def heartbeat(self) -> bool:
         """False when this attempt no longer holds the run (it ended, or was given up on and re-queued)."""
         same_attempt = self.kind == self.Kind.PLATFORM
         return self._transition((self.Status.RUNNING,), same_attempt=same_attempt, heartbeat_at=Now())
 
-    def finish(self, status: str, error: str = "", traceback: str = "", **fields: Any) -> bool:
+    def finish(self, status: str, error: str = "", traceback: str = "", cause: str = "", **fields: Any) -> bool:
         """Record the final status of a running run. False when it had already ended (or this
-        attempt no longer holds it)."""
+        attempt no longer holds it). ``cause``: why its attempt ended, when not the status itself
+        (``RunAttempt.Cause.LOST``: its worker was lost, past the attempts its backend allows)."""
         if status not in self.FINAL:
             raise ValueError(f"{status!r} is not a final status; use one of {', '.join(self.FINAL)}.")
+        detail = (error.strip().splitlines() or [""])[0]
         return self._transition(
             (self.Status.RUNNING,), same_attempt=self.kind == self.Kind.PLATFORM, status=status, error=error,
-            traceback=traceback, finished_at=timezone.now(), **fields,
+            traceback=traceback, finished_at=timezone.now(),
+            attempt_end=(cause or RunAttempt.cause_of(status), detail), **fields,
         )
 
-    def requeue(self, reason: str, **fields: Any) -> bool:
+    def requeue(self, reason: str, cause: str = "", **fields: Any) -> bool:
         """Give this running attempt up and queue the run for the next one (it resumes from its last
         checkpoint in its own folder), sent to a worker at once. False when this attempt no longer
-        holds the run."""
+        holds the run. ``cause``: why the attempt ended (default ``RunAttempt.Cause.REQUEUED``: it
+        stopped to be resumed, as on a deploy's SIGTERM)."""
         if not self._transition((self.Status.RUNNING,), same_attempt=True, status=self.Status.QUEUED, worker="",
-                                dispatch_at=None, **fields):
+                                dispatch_at=None, attempt_end=(cause or RunAttempt.Cause.REQUEUED, reason), **fields):
             return False
         RunLog.objects.create(run=self, level="WARNING", message=f"Attempt {self.attempts} ended: {reason} Queued again.")
         return True
@@ -290,11 +305,11 @@ class Run(models.Model):
             status = self.stopped_status()
             return status if self.finish(status, error=f"{status.capitalize()}; {reason[0].lower()}{reason[1:]}") else ""
         if self.kind == self.Kind.PLATFORM and self.backend_id and self.lost_attempts + 1 < self.backend.max_attempts:
-            return self.Status.QUEUED if self.requeue(reason, lost_attempts=self.lost_attempts + 1) else ""
+            return self.Status.QUEUED if self.requeue(reason, cause=RunAttempt.Cause.LOST, lost_attempts=self.lost_attempts + 1) else ""
         limit = ""
         if self.kind == self.Kind.PLATFORM:
             limit = f" {self.lost_attempts + 1} attempt(s) were lost, the most its backend allows ({self.backend.max_attempts})."
-        return self.Status.FAILED if self.finish(self.Status.FAILED, error=f"{reason}{limit}") else ""
+        return self.Status.FAILED if self.finish(self.Status.FAILED, error=f"{reason}{limit}", cause=RunAttempt.Cause.LOST) else ""
 
     def request_cancel(self, reason: str = "") -> bool:
         """Cancel: a queued run ends now; a running one is asked to stop (the worker finishes it).
@@ -334,6 +349,68 @@ def last_step_of(run_id: int) -> int:
     runs = Run.objects.filter(pk=run_id)
     found = [runs.aggregate(m=models.Max(f"{relation}__last_step"))["m"] for relation in ("series_blocks", "series_tail")]
     return max((int(step) for step in found if step is not None), default=-1)
+
+
+class RunAttempt(models.Model):
+    """One attempt of a platform run: from its claim by a worker to its end, and why it ended.
+
+    Written where the run's row changes, in the same transaction: ``Run.claim`` begins it,
+    ``Run.finish`` / ``requeue`` / ``recover`` (called by the attempt's lifecycle, its supervisor, or
+    the liveness sweep that finds it lost) end it, only when their filtered update went through, so
+    an attempt that no longer holds its run never rewrites its row. The first end is kept (the
+    update is filtered on ``ended_at`` being empty). The training process adds its host on entry,
+    under the run's lock for its attempt (``workers.lifecycle.Attempt``)."""
+
+    class Cause(models.TextChoices):
+        SUCCEEDED = "succeeded", "succeeded"
+        FAILED = "failed", "failed"
+        LOST = "lost", "lost worker"  # no heartbeat, its training process killed, or stopping went wrong
+        REQUEUED = "requeued", "re-queued"  # stopped with a checkpoint to be resumed (a deploy's SIGTERM)
+        SUPERSEDED = "superseded", "superseded"  # a later attempt took the run before this one's end was recorded
+        CANCELLED = "cancelled", "cancelled"  # a person cancelled it, or its sweep pruned it
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempt_rows")
+    number = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200, blank=True)
+    host = models.CharField(max_length=200, blank=True, help_text="The machine its training process ran on.")
+    started_at = models.DateTimeField(default=timezone.now)
+    start_step = models.PositiveIntegerField(default=0, help_text="The run's last stored step when it began.")
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_step = models.PositiveIntegerField(null=True, blank=True, help_text="The run's last stored step when it ended.")
+    cause = models.CharField(max_length=20, choices=Cause.choices, blank=True)
+    detail = models.CharField(max_length=500, blank=True, help_text="The reason given (an error's first line).")
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="unique_run_attempt")]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of run {self.run_id}"
+
+    @classmethod
+    def cause_of(cls, status: str) -> str:
+        """The cause of an attempt that ended its run with ``status``."""
+        return {Run.Status.SUCCEEDED: cls.Cause.SUCCEEDED, Run.Status.CANCELLED: cls.Cause.CANCELLED,
+                Run.Status.PRUNED: cls.Cause.CANCELLED}.get(status, cls.Cause.FAILED)
+
+    @classmethod
+    def begin(cls, run: Run, worker: str) -> "RunAttempt":
+        """(In the claim's transaction.) The run's new attempt ``run.attempts``. An earlier one still
+        open (its end never recorded) was superseded by it."""
+        now = timezone.now()
+        steps = Run.objects.filter(pk=run.pk).values_list("steps", flat=True).first() or 0
+        cls.objects.filter(run=run, number__lt=run.attempts, ended_at__isnull=True).update(
+            ended_at=now, end_step=steps, cause=cls.Cause.SUPERSEDED, detail=f"Attempt {run.attempts} took the run.")
+        attempt, _ = cls.objects.update_or_create(
+            run=run, number=run.attempts, defaults={"worker": worker[:200], "started_at": now, "start_step": steps})
+        return attempt
+
+    @classmethod
+    def end(cls, run_id: int, number: int, cause: str, detail: str = "") -> bool:
+        """Close attempt ``number`` of run ``run_id`` with ``cause``, unless it was closed already."""
+        steps = Run.objects.filter(pk=run_id).values_list("steps", flat=True).first() or 0
+        return bool(cls.objects.filter(run_id=run_id, number=number, ended_at__isnull=True).update(
+            ended_at=timezone.now(), end_step=steps, cause=cause, detail=detail.strip()[:500]))
 
 
 class RunLog(models.Model):

@@ -26,7 +26,7 @@ from training.config import Config
 from training.data import dataset_to_tasks
 from training.log import logger
 from training.rollouts.models import lora_config
-from training.rollouts.outcomes import OutcomeMonitor
+from training.rollouts.outcomes import OutcomeMonitor, reward_component_means
 from training.errors import ConfigError, TooManyEpisodeErrors
 from training.types import Episode, RewardOutput, Step, TerminationReason, Trajectory
 from training.rollouts.validation import evaluate, validation_tasks
@@ -315,7 +315,8 @@ class _TRLRun:
                 episode.info["reward_components"] = sample["reward_components"]
             self.batch_rows = list(rows)
         self.pending_episode_metrics.append(
-            {"solve_rate": sum(s["is_correct"] for s in samples) / max(len(samples), 1), "turns": 1.0}
+            {"solve_rate": sum(s["is_correct"] for s in samples) / max(len(samples), 1), "turns": 1.0,
+             **reward_component_means([s["reward_components"] for s in samples])}
         )
         self.pending_samples = [_single_turn_episode(s) for s in samples[:SAMPLE_EPISODES_PER_STEP]]
         return rewards

@@ -23,6 +23,7 @@
     status: root.dataset.status,
     smoothing: 0,
     logScale: false,
+    attempts: [],        // the ledger's attempts: each one's start and end marked on every chart
   };
   // Live metric messages are numbered per run (seq). A number skipped means the channel layer lost
   // a message: the steps it carried are read back from the store (series.json?after=).
@@ -98,11 +99,49 @@
     const layout = Dash.layout(chart.title, state.logScale);
     layout.showlegend = traces.length > 2 || (traces.length > 1 && state.smoothing === 0);
     if (chart.zoom) layout.xaxis.range = [chart.zoom.x0, chart.zoom.x1];
+    Object.assign(layout, attemptMarks());
     // Live points are pushed onto the same arrays, which Plotly takes for unchanged data: a new
     // revision makes it read them again (and autoscale, unless a person zoomed).
     layout.datarevision = ++chart.revision;
     Plotly.react(chart.div, traces, layout, Dash.config);
     chart.div.dataset.points = points;
+  }
+
+  // Each attempt's start (a dashed line at the last step stored when it began, labelled with its
+  // number) and, once it ended otherwise than by finishing the run, its end and cause (a dotted
+  // line at the last step stored then): where a resumed run picked up, and why.
+  const CAUSES = { succeeded: "succeeded", failed: "failed", lost: "lost worker", requeued: "re-queued",
+                   superseded: "superseded", cancelled: "cancelled" };
+  function attemptMarks() {
+    const shapes = [], annotations = [];
+    for (const a of state.attempts) {
+      if (a.start_step === null || a.start_step === undefined) continue;
+      const line = (x, dash) => ({ type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1,
+                                   line: { dash, width: 1, color: "#8a5a00" } });
+      shapes.push(line(a.start_step, "dash"));
+      annotations.push({ x: a.start_step, xref: "x", y: 1, yref: "paper", yanchor: "bottom", xanchor: "left",
+                         showarrow: false, font: { size: 10, color: "#8a5a00" }, text: "attempt " + a.attempt,
+                         hovertext: "attempt " + a.attempt + (a.worker ? " on " + a.worker : "") + " began after step " + a.start_step });
+      if (a.cause && a.cause !== "succeeded" && a.end_step !== null && a.end_step !== undefined) {
+        shapes.push(line(a.end_step, "dot"));
+        annotations.push({ x: a.end_step, xref: "x", y: 0.92, yref: "paper", yanchor: "top", xanchor: "right",
+                           showarrow: false, font: { size: 10, color: "#a11" }, bgcolor: "rgba(255,255,255,0.8)",
+                           text: "attempt " + a.attempt + ": " + (CAUSES[a.cause] || a.cause),
+                           hovertext: a.detail || CAUSES[a.cause] || a.cause });
+      }
+    }
+    return { shapes, annotations };
+  }
+
+  // Read again when the run's status changes (a claim starts an attempt, a re-queue or end closes one).
+  async function loadAttempts() {
+    if (!root.dataset.ledgerUrl) return;
+    try {
+      const r = await fetch(withQuery(root.dataset.ledgerUrl, "step_min=" + 2147483647));
+      if (!r.ok) return;
+      state.attempts = (await r.json()).attempts || [];
+      state.charts.forEach(draw);
+    } catch (e) { /* the marks wait for the next status change */ }
   }
 
   let redrawPending = false;
@@ -332,6 +371,7 @@
       if (msg.seq !== undefined) countMessage(msg.seq);
     } else if (msg.type === "status") {
       if (msg.seq !== undefined) opened(msg.seq);
+      if (msg.status !== state.status || msg.attempts !== state.attemptCount) { state.attemptCount = msg.attempts; loadAttempts(); }
       setStatus(msg);
     }
     else if (msg.type === "logs") addLogs(msg.lines);
@@ -480,7 +520,7 @@
 
   // -- start -----------------------------------------------------------------------------------
   (async function start() {
-    await loadSeries(null);
+    await Promise.all([loadSeries(null), loadAttempts()]);
     // The first read holds the headline keys: the other charts' keys (system metrics) are read too.
     await loadKeys(state.keys.filter(key => chartFor(key) && !state.series.has(key)));
     gaps.complete = state.lastStep;
