@@ -54,14 +54,18 @@
     else { chartsBox.insertBefore(div, state.charts[next].div); state.charts.splice(next, 0, chart); }
     Plotly.newPlot(div, [], Dash.layout(title, state.logScale), Dash.config);
     div.on("plotly_relayout", ev => onZoom(chart, ev));
-    // A point opens its step's episodes in the episode store's list below (validation's: the val split).
+    // A point opens its step's episodes in the episode store's list below (validation's: the val split),
+    // unless the click was the first of a double-click (which gives the chart back its whole range).
+    let opening = null;
     div.on("plotly_click", ev => {
       const point = ev.points && ev.points[0];
       if (!point || !window.openStoredEpisodes || !Number.isFinite(point.x)) return;
       const step = Math.round(point.x);
       const split = String(point.data.name || "").startsWith("val/") ? "val" : "train";
-      window.openStoredEpisodes({ split, step_min: step, step_max: step });
+      clearTimeout(opening);
+      opening = setTimeout(() => window.openStoredEpisodes({ split, step_min: step, step_max: step }), 400);
     });
+    div.on("plotly_doubleclick", () => { clearTimeout(opening); });
     draw(chart);
   }
 
