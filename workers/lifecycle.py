@@ -301,7 +301,8 @@ class Attempt:
     def start_uploads(self) -> RunUploader | None:
         """With a shared artifact store: fetch what earlier attempts stored, and store what this one
         saves, each upload after ``may_write``. None without a store."""
-        self.uploader = artifacts.start_uploads(self.run, Path(self.run_path), may_write=self.fence.may_write)
+        self.uploader = artifacts.start_uploads(self.run, Path(self.run_path), may_write=self.fence.may_write,
+                                                kept=self.aliased_steps)
         return self.uploader
 
     def this_attempts(self):
