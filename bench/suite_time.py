@@ -7,6 +7,13 @@ call and teardown) from the output of a run with ``--durations=0``.
 Prints each file's seconds (and, given two runs, both and their difference), slowest first, as
 JSON. Durations are wall time inside each test process: on a shared machine they swing with the
 neighbours' work, so compare runs made under the same load, or the same files run back to back.
+
+CPU seconds do not swing with the neighbours' load as wall time does (only somewhat, through caches
+and contention). ``--cpu`` runs pytest once per file given, in one process (no xdist), and prints
+the user + sys seconds of pytest and every process it waited for (its servers, workers, training
+processes), with the outcome line:
+
+    python bench/suite_time.py --cpu tests/api/test_schema_fuzz.py [more files or node ids]
 """
 
 from __future__ import annotations
@@ -34,11 +41,44 @@ def per_file(output: str) -> dict:
     return {"files": dict(seconds), "summary": summary}
 
 
+def cpu_of(target: str, python: str, pytest_args: list[str]) -> dict:
+    """user + sys seconds of ``pytest target`` and of every child it (or its children) waited for."""
+    import os
+    import resource
+    import subprocess
+    import sys
+    import time
+
+    command = [python, "-m", "pytest", "-p", "platform_slots", "-q", "-p", "no:cacheprovider", *pytest_args, target]
+    env = {**os.environ, "PYTHONPATH": "tests"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    outcome = next((line.strip("= ") for line in reversed(done.stdout.splitlines()) if " in " in line and
+                    any(word in line for word in ("passed", "failed", "error", "skipped"))), done.stdout[-300:])
+    if done.returncode not in (0, 5):
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-2000:])
+    return {"cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1),
+            "user_s": round(after.ru_utime - before.ru_utime, 1), "wall_s": round(wall, 1),
+            "load_1min_at_end": round(os.getloadavg()[0], 1), "outcome": outcome}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="pytest output with --durations=0 (one or two runs)")
+    parser.add_argument("runs", nargs="+", help="pytest output with --durations=0 (one or two runs); with --cpu: test files")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--cpu", action="store_true", help="run each file given with pytest and print its CPU seconds")
+    parser.add_argument("--python", default=".venv/bin/python")
+    parser.add_argument("--pytest-args", default="", help="more pytest arguments, one string")
     args = parser.parse_args()
+    if args.cpu:
+        for target in args.runs:
+            result = cpu_of(target, args.python, args.pytest_args.split())
+            print(json.dumps({target: result}), flush=True)
+        return
+    args.runs = [Path(run) for run in args.runs]
     runs = [per_file(path.read_text()) for path in args.runs]
     first = runs[0]["files"]
     top = sorted(first, key=first.get, reverse=True)[: args.top]

@@ -92,6 +92,7 @@ class AgentTrainer:
         on_full_disk: str = "fail",
         attempt: int | None = None,
         write_fence: Callable[[Callable[[], None], bool], bool] | None = None,
+        kept_checkpoints: Callable[[], set[int]] | None = None,
     ) -> None:
         rllm_agent = any(
             v is not None for v in (workflow_class, agent_class, env_class, agent_run_func, agent_flow, evaluator)
@@ -145,6 +146,8 @@ class AgentTrainer:
         self.train_processor.attempt = attempt
         if write_fence is not None:
             self.train_processor.set_write_fence(write_fence)
+        # Steps whose published checkpoints the rotation never removes (a platform's aliases name them).
+        self.train_processor.kept_checkpoints = kept_checkpoints
         if on_full_disk not in ("fail", "pause"):
             raise ValueError(f"on_full_disk must be 'fail' or 'pause', not {on_full_disk!r}.")
         self.train_processor.on_full_disk = on_full_disk  # a checkpoint that does not fit: see TrainerProcessor.write_files

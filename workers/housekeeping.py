@@ -1,7 +1,7 @@
 """Each worker's housekeeping thread, and its graceful stop.
 
 The thread (started when the worker is ready, in every mode: ``manage.py platform`` starts a worker
-too) does three things:
+too) does these things:
 
 * the **dispatcher** sends queued platform runs whose ``dispatch_at`` is due to their backend's
   queue, once a second. The web side only records runs (the outbox); a run created while the broker
@@ -11,6 +11,8 @@ too) does three things:
   removes the own folders (``<run>/attempts/<n>``) of attempts that ended (their run ended, or a
   later attempt took it) once no process of their writer can run any more on this machine
   (``workers.lifecycle.remove_ended_attempt_folders``);
+* the **evaluations' sweep** (with the liveness sweep) fails evaluations whose worker was lost and
+  sends again those whose message no worker took (``recover_lost_evaluations``);
 * the **liveness sweep** finds running runs nobody heartbeats for any more (``Run.objects.lost()``)
   every ``RUN_SWEEP_SECONDS`` and re-queues them (they resume from their last checkpoint) or fails
   them once their backend's ``max_attempts`` are used. It only judges after this process has
@@ -42,6 +44,8 @@ from django.db import connection
 from django.utils import timezone
 
 from webapp.celery_app import app
+from webapp.checkpoints.logic import EVALUATE_CHECKPOINT
+from webapp.checkpoints.models import Evaluation
 from webapp.fleet.models import WorkerState
 from webapp.integrations import alerts
 from webapp.runs.models import Run
@@ -101,6 +105,41 @@ def recover_lost_runs() -> dict[int, str]:
     return outcome
 
 
+def recover_lost_evaluations() -> dict[int, str]:
+    """Nothing of an evaluation is stuck: fail a running one whose worker is gone (its row not written
+    for ``RUN_STALE_SECONDS``) or that outlived ``EVALUATION_SECONDS`` by a minute (its supervisor
+    would have stopped it), and send a queued one again when no worker took it within
+    ``RUN_REDISPATCH_SECONDS`` of its last send (a lost message; a second copy is refused by the
+    claim). Returns {evaluation id: what was done}."""
+    outcome: dict[int, str] = {}
+    now = timezone.now()
+    alive = set(WorkerState.objects.alive().values_list("name", flat=True))
+    settle = now - timedelta(seconds=settings.RUN_STALE_SECONDS)
+    overdue = now - timedelta(seconds=settings.EVALUATION_SECONDS + 60)
+    for evaluation in Evaluation.objects.filter(status=Evaluation.Status.RUNNING, started_at__lt=settle):
+        if evaluation.worker in alive and evaluation.started_at >= overdue:
+            continue
+        why = (f"its worker ({evaluation.worker}) was lost before it recorded an end" if evaluation.worker not in alive
+               else f"it ran past EVALUATION_SECONDS ({settings.EVALUATION_SECONDS} s) without an end")
+        if evaluation.finish(Evaluation.Status.FAILED, f"The evaluation failed: {why}; ask again."):
+            logger.warning("Evaluation %s: %s.", evaluation.pk, why)
+            outcome[evaluation.pk] = Evaluation.Status.FAILED
+    due = now - timedelta(seconds=settings.RUN_REDISPATCH_SECONDS)
+    for evaluation in Evaluation.objects.filter(status=Evaluation.Status.QUEUED, sent_at__lt=due):
+        # Take this send: another worker's sweep may be looking at the same row.
+        if not Evaluation.objects.filter(pk=evaluation.pk, status=Evaluation.Status.QUEUED,
+                                         sent_at=evaluation.sent_at).update(sent_at=now):
+            continue
+        try:
+            app.send_task(EVALUATE_CHECKPOINT, args=[evaluation.pk], queue=evaluation.queue)
+        except Exception as exc:  # the broker is away: sent again at a later sweep
+            Evaluation.objects.filter(pk=evaluation.pk, status=Evaluation.Status.QUEUED).update(sent_at=evaluation.sent_at)
+            logger.warning("Sending evaluation %s again to %s failed (%s).", evaluation.pk, evaluation.queue, exc)
+            break
+        outcome[evaluation.pk] = "sent again"
+    return outcome
+
+
 def worker_presence(worker) -> tuple[str, list[str], int]:
     """A Celery worker's name, the queues it consumes now (a drain cancels them) and its pool size."""
     return worker.hostname, list(worker.app.amqp.queues.consume_from), int(worker.concurrency or 0)
@@ -148,6 +187,7 @@ class Housekeeper:
             if now - self._last_sweep >= settings.RUN_SWEEP_SECONDS and now - self._database_since >= settings.RUN_STALE_SECONDS:
                 self._last_sweep = now
                 recover_lost_runs()  # before dispatching: a run re-queued now is sent in this tick
+                recover_lost_evaluations()  # evaluations whose worker was lost, or whose message was
                 retry_remote_releases()  # lost runs' paid resources a deletion left (refused, or cut short)
                 if now - self._last_folder_sweep >= ATTEMPT_FOLDERS_SWEEP_SECONDS:
                     self._last_folder_sweep = now

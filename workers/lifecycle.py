@@ -45,6 +45,7 @@ from training.platform.artifacts import ArtifactStoreError, RunUploader
 from training.errors import OwnerUnknown, RunSuperseded
 from webapp.policy.checks import redact
 from webapp.runs import artifacts
+from webapp.checkpoints.models import CheckpointAlias
 from webapp.runs.artifacts import RUN_FOLDER
 from webapp.runs.models import AttemptSuperseded, Checkpoint, Run, RunAttempt, lock_for_attempt
 from webapp.runs.recording import RunLogHandler, RunRecorder
@@ -300,7 +301,8 @@ class Attempt:
     def start_uploads(self) -> RunUploader | None:
         """With a shared artifact store: fetch what earlier attempts stored, and store what this one
         saves, each upload after ``may_write``. None without a store."""
-        self.uploader = artifacts.start_uploads(self.run, Path(self.run_path), may_write=self.fence.may_write)
+        self.uploader = artifacts.start_uploads(self.run, Path(self.run_path), may_write=self.fence.may_write,
+                                                kept=self.aliased_steps)
         return self.uploader
 
     def this_attempts(self):
@@ -313,8 +315,12 @@ class Attempt:
         folder, published into the run's under ``Fence.holding``), and what a full disk does
         (``RUN_ON_FULL_DISK``)."""
         return {"should_stop": self.should_stop, "may_write": self.fence.may_write,
-                "attempt": self.run.attempts, "write_fence": self.fence.holding,
+                "attempt": self.run.attempts, "write_fence": self.fence.holding, "kept_checkpoints": self.aliased_steps,
                 "on_full_disk": "pause" if settings.RUN_ON_FULL_DISK == "pause" else "fail"}
+
+    def aliased_steps(self) -> set[int]:
+        """The steps of this run's checkpoints that a project alias names: the rotation keeps them."""
+        return set(CheckpointAlias.objects.filter(run_id=self.run_id).values_list("step", flat=True))
 
     def train(self, trainer) -> None:
         """Train; how it ended is recorded on exit."""

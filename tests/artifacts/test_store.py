@@ -77,6 +77,11 @@ def test_prune_keeps_the_newest(store, tmp_path):
     assert prune_checkpoints(store, "p", 2) == ["checkpoint-1", "checkpoint-2"]
     assert store.stored_checkpoints("p") == [(3, "checkpoint-3"), (4, "checkpoint-4")]
     assert not any(key.startswith("checkpoint-1") for key in store.list("p"))
+    # A step the platform keeps (an alias names it) is never pruned.
+    for step in (5, 6):
+        store.put_dir(write_checkpoint(tmp_path / f"checkpoint-{step}"), f"p/checkpoint-{step}")
+    assert prune_checkpoints(store, "p", 2, kept={3}) == ["checkpoint-4"]
+    assert [step for step, _ in store.stored_checkpoints("p")] == [3, 5, 6]
 
 
 def test_presigned_urls_fetch_without_credentials(s3_url, tmp_path, monkeypatch):

@@ -85,3 +85,17 @@ def test_other_backends_refuse_the_metric_by_name(backend):
 def test_keep_best_checkpoints_is_at_least_one():
     with pytest.raises(ConfigError, match="trainer.keep_best_checkpoints"):
         Config.build({"trainer.metric_for_best_model": "reward", "trainer.keep_best_checkpoints": 0})
+
+
+@pytest.mark.slow
+def test_a_checkpoint_the_platform_keeps_survives_rotation(tmp_path):
+    """``kept_checkpoints`` (on the platform: the steps a project alias names, asked at each rotation)."""
+    ownership = Ownership(1)
+    config = {"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": EPISODES_PER_STEP,
+              "data.train_batch_size": 1, "data.max_response_length": 2, "trainer.total_training_steps": 3,
+              "trainer.save_freq": 1, "trainer.max_checkpoints": 1, "trainer.val_before_train": False}
+    AgentTrainer(
+        train_dataset=[{"prompt": "x="}], reward_func=first_step_pays, backend="trl", run_path=str(tmp_path), config=config,
+        attempt=1, write_fence=ownership.fence(1), may_write=lambda: True, kept_checkpoints=lambda: {1},
+    ).train()
+    assert names(tmp_path / "checkpoints") == ["checkpoint-1", "checkpoint-3"]

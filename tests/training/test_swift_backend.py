@@ -371,7 +371,7 @@ def test_attempts_publish_into_the_run_and_a_stale_one_changes_nothing(tmp_path)
     ownership.holder = 2
     second = train(2, 4)
     assert second.steps == 4 and names(tmp_path / "checkpoints") == ["checkpoint-2", "checkpoint-4"]
-    assert json.loads((tmp_path / "swift" / "job.json").read_text())["swift_args"]["resume_from_checkpoint"] == first.checkpoint
+    assert json.loads((tmp_path / "attempts" / "2" / "swift" / "job.json").read_text())["swift_args"]["resume_from_checkpoint"] == first.checkpoint
 
     ownership.holder = 1  # attempt 1 again, built while it held the run (its config published then), stale since
     stale = build(1, 6, may_write=lambda: True)

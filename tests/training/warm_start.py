@@ -1,10 +1,22 @@
 """A tiny model taught rLLM's answer formats in a few seconds of supervised training, so that RL
 tests of rLLM's own examples start from a model whose answers vary (a randomly initialised
-character model never writes ```Up``` or ``<answer>7</answer>``, and every reward would be 0)."""
+character model never writes ```Up``` or ``<answer>7</answer>``, and every reward would be 0).
+
+The warm-up is deterministic (same pairs, steps, seed, code, library versions and torch threads:
+same weights, byte for byte), and it costs tens of CPU seconds where the prompts are long. So each
+warmed model is kept under ``var/test-cache/warm-models/<digest of all of those>`` and copied from
+there when the same warm-up is asked for again (a later run of the suite): what a test trains from
+is what the warm-up makes. Any change to this file, the tiny model's or the chat rendering's code,
+or torch or transformers makes a new digest, so a new warm-up. ``rm -r var/test-cache`` drops them."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -24,6 +36,39 @@ def warm_tiny_model(
     A long start that every prompt shares (rLLM's FrozenLake system prompt, ~1,100 tokens) is run
     once per step without gradients and its key/value cache reused by every row: the rows then
     cost only their own tokens, and the model still learns to answer with that start in view."""
+    kept = WARM_MODELS / _digest(pairs, steps=steps, seed=seed, context=context, lr=lr)
+    if not kept.is_dir():
+        WARM_MODELS.mkdir(parents=True, exist_ok=True)
+        made = Path(tempfile.mkdtemp(dir=WARM_MODELS, prefix=".making-"))
+        try:
+            _warm(made, pairs, steps, seed, context, lr)
+            try:
+                os.rename(made, kept)  # atomic: another process asking for the same warm-up sees all or nothing
+            except OSError:  # that process kept the same model first
+                pass
+        finally:
+            shutil.rmtree(made, ignore_errors=True)
+    shutil.copytree(kept, directory, dirs_exist_ok=True)
+    return str(directory)
+
+
+WARM_MODELS = Path(__file__).resolve().parents[2] / "var" / "test-cache" / "warm-models"
+# Whatever the warmed weights depend on, besides the arguments.
+_CODE = [Path(__file__), *(Path(__file__).resolve().parents[2] / "training" / name for name in ("rollouts/tiny.py", "rendering.py"))]
+
+
+def _digest(pairs, **arguments) -> str:
+    import transformers
+
+    digest = hashlib.sha256()
+    for path in _CODE:
+        digest.update(path.read_bytes())
+    digest.update(json.dumps([pairs, arguments, torch.__version__, transformers.__version__, torch.get_num_threads()],
+                             sort_keys=True, default=repr).encode())
+    return digest.hexdigest()[:24]
+
+
+def _warm(directory: Path, pairs: list[tuple[list[dict], str]], steps: int, seed: int, context: int | None, lr: float) -> None:
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed)
     prompts = [encode(tokenizer, render_messages(tokenizer, messages))[-(context or 0):] for messages, _ in pairs]
@@ -59,7 +104,6 @@ def warm_tiny_model(
             optimizer.zero_grad()
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    return str(directory)
 
 
 def answer_logprob(model, prompts: list[list[dict]], answer: str) -> float:

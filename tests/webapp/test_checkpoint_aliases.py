@@ -13,6 +13,7 @@ from asgiref.sync import async_to_sync
 
 from standins.checkpoints import with_checkpoints
 from webapp.checkpoints.models import CheckpointAlias
+from workers.lifecycle import Attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -58,6 +59,8 @@ def test_an_alias_names_one_checkpoint_per_project_and_moves(run_with_checkpoint
     listed = client.get(f"/api/runs/{run_with_checkpoints.pk}/checkpoints/").json()["checkpoints"]
     assert [(c["step"], c["aliases"]) for c in listed] == [(2, []), (4, ["best"])]
     assert [a["name"] for a in client.get(url).json()] == ["best"]
+    # What the run's attempts keep through their checkpoint rotation (trainer_hooks' kept_checkpoints).
+    assert Attempt(run_with_checkpoints.pk).aliased_steps() == {4}
 
     missing = client.post(url, {"name": "candidate", "run": run_with_checkpoints.pk, "step": 3}, format="json")
     assert missing.status_code == 400 and "no checkpoint at step 3" in missing.json()["detail"] and "2, 4" in missing.json()["detail"]

@@ -161,7 +161,7 @@ def test_a_multi_turn_swift_run_trains_through_the_worker_in_the_backends_interp
     assert train_run(run.pk) == Run.Status.SUCCEEDED
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED and run.steps == 2, run.traceback
-    job = (Path(run.run_path) / "swift" / "job.json").read_text()
+    job = (Path(run.run_path) / "attempts" / str(run.attempts) / "swift" / "job.json").read_text()  # the attempt's own
     assert '"max_turns": 4' in job and "FrozenLakeEnv" in job
     turns = [value for _, value in points_after(run.pk, -1)["turns"]]
     assert len(turns) == 2 and all(t > 1 for t in turns), turns

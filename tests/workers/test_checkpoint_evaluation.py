@@ -106,3 +106,31 @@ def test_an_evaluation_whose_checkpoint_is_gone_fails_naming_it(worker, two_runs
     (done,) = wait_until_final([evaluation.pk], worker)
     assert done.status == "failed" and f"Run {run.pk} keeps no checkpoint at step 2" in done.error
     assert not done.scores.exists()
+
+
+def test_a_lost_message_is_sent_again_and_a_lost_workers_evaluation_fails_naming_it(worker, two_runs, registry, owner, project,
+                                                                                     settings):
+    """Nothing stuck: a queued evaluation whose message never reached a worker (sent, then lost with
+    the broker's queue) is sent again by the housekeeping sweep and scored; a running one whose worker
+    is gone (it never wrote its row since) is failed, naming that worker, and frees its project slot."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from workers.housekeeping import recover_lost_evaluations
+
+    settings.RUN_REDISPATCH_SECONDS = 60
+    long_ago = timezone.now() - timedelta(minutes=10)
+    run, dataset = two_runs[0], registry["datasets"]["copy"]
+    lost_message = Evaluation.objects.create(project=project, run=run, step=2, dataset=dataset, split="test", max_tasks=2,
+                                             created_by=owner, queue=QUEUE, sent_at=long_ago)  # no message on the queue
+    lost_worker = Evaluation.objects.create(project=project, run=run, step=4, dataset=dataset, split="test", max_tasks=2,
+                                            created_by=owner, queue=QUEUE, status="running", worker="gone@nowhere",
+                                            started_at=long_ago, sent_at=long_ago)
+    outcome = recover_lost_evaluations()
+    assert outcome == {lost_message.pk: "sent again", lost_worker.pk: "failed"}
+    lost_worker.refresh_from_db()
+    assert lost_worker.status == "failed" and "its worker (gone@nowhere) was lost" in lost_worker.error
+    (done,) = wait_until_final([lost_message.pk], worker)
+    assert done.status == "succeeded" and done.worker.startswith(QUEUE), done.error
+    assert recover_lost_evaluations() == {}  # nothing more to do

@@ -86,6 +86,7 @@ class TrainerProcessor(ABC):
         self._stop = threading.Event()
         self._stop_checks: list[Callable[[], bool]] = []
         self._write_checks: list[Callable[[], bool]] = []
+        self.kept_checkpoints: Callable[[], set[int]] | None = None  # steps the rotation never removes
         #: The attempt of the run this process trains (a platform's fencing token), or None: with one,
         #: checkpoints and the final model are written in ``attempt_dir`` and published into the run's
         #: folder (``publish``); without, they are written there directly.
@@ -359,7 +360,8 @@ class TrainerProcessor(ABC):
         """Remove the run's published checkpoints past the newest ``trainer.max_checkpoints``, except
         the best ``trainer.keep_best_checkpoints`` by ``trainer.metric_for_best_model`` (ranked by the
         metric's value at each checkpoint's own step; the values are kept beside the checkpoints in
-        ``BEST_METRIC_FILE``, so a later attempt ranks those of earlier ones too)."""
+        ``BEST_METRIC_FILE``, so a later attempt ranks those of earlier ones too) and those of the
+        steps ``kept_checkpoints`` names (a platform's aliases)."""
         trainer = getattr(getattr(self, "config", None), "trainer", None)
         keep = int(getattr(trainer, "max_checkpoints", 0) or 0)
         folder = self.checkpoint_dir()
@@ -376,6 +378,8 @@ class TrainerProcessor(ABC):
             kept |= set(best_steps(values, trainer.keep_best_checkpoints, greater_is_better(trainer)))
             (folder / BEST_METRIC_FILE).write_text(json.dumps(
                 {"metric": metric, "values": {str(step): values[step] for step in sorted(values) if step in kept}}))
+        if self.kept_checkpoints is not None:  # named by the platform's aliases: asked at each rotation
+            kept |= set(self.kept_checkpoints())
         for step, path in found:
             if step not in kept:
                 shutil.rmtree(path, ignore_errors=True)

@@ -238,11 +238,14 @@ class ArtifactStore:
         return target
 
 
-def prune_checkpoints(store: ArtifactStore, prefix: str, keep: int) -> list[str]:
-    """Remove all but the ``keep`` newest complete checkpoints under ``prefix`` (the marker first, so
-    a half-removed one is never taken for whole). Returns the names removed."""
+def prune_checkpoints(store: ArtifactStore, prefix: str, keep: int, kept: set[int] = frozenset()) -> list[str]:
+    """Remove all but the ``keep`` newest complete checkpoints under ``prefix`` and those of the
+    steps in ``kept`` (the marker first, so a half-removed one is never taken for whole). Returns
+    the names removed."""
     removed = []
-    for _, name in store.stored_checkpoints(prefix)[:-keep] if keep > 0 else []:
+    for step, name in store.stored_checkpoints(prefix)[:-keep] if keep > 0 else []:
+        if step in kept:
+            continue
         store.delete(f"{prefix}/{name}/{STORED_MARKER}")
         store.delete(f"{prefix}/{name}")
         removed.append(name)
@@ -266,7 +269,8 @@ class RunUploader:
     stores the queue in order, retrying each upload with backoff (``retry_max_seconds`` at most
     between tries) until it is stored. At most ``max_pending`` checkpoints wait: when the store is
     slower than training, the oldest waiting one is dropped for the newer (resuming needs the newest).
-    With ``keep_last``, only that many of the newest stored checkpoints are kept. Local copies of
+    With ``keep_last``, only that many of the newest stored checkpoints are kept (and those of the
+    steps ``kept`` names, asked at each pruning). Local copies of
     stored checkpoints older than the newest are removed from the scratch folder.
     ``finish`` stores the final model and the run files and waits until everything is stored.
     ``may_write`` (a platform attempt's fencing token) is asked before each upload: once it says
@@ -275,9 +279,10 @@ class RunUploader:
 
     def __init__(self, store: ArtifactStore, prefix: str, scratch: str | Path, log_name: str = "",
                  max_pending: int = 8, retry_max_seconds: float = 30.0, keep_last: int | None = None,
-                 may_write: Callable[[], bool] | None = None) -> None:
+                 may_write: Callable[[], bool] | None = None, kept: Callable[[], set[int]] | None = None) -> None:
         self.store = store
         self.may_write = may_write
+        self.kept = kept  # steps whose stored checkpoints are never pruned (a platform's aliases)
         self.superseded = False
         self.keep_last = keep_last
         self.prefix = prefix.strip("/")
@@ -414,7 +419,8 @@ class RunUploader:
         if upload.checkpoint:
             self._drop_local_copies(upload.local)
             if self.keep_last:
-                prune_checkpoints(self.store, upload.key.rsplit("/", 1)[0], self.keep_last)
+                prune_checkpoints(self.store, upload.key.rsplit("/", 1)[0], self.keep_last,
+                                  set(self.kept()) if self.kept is not None else frozenset())
 
     def _drop_local_copies(self, newest: Path) -> None:
         """The scratch folder keeps only the newest stored checkpoint: older ones are in the store

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 from django.http import Http404
 
 from webapp.celery_app import app
@@ -172,6 +173,7 @@ def submit_evaluation(user, project: Project, asked: EvaluationRequest) -> Evalu
         evaluation = Evaluation.objects.create(
             project=project, run=run, step=asked.step, dataset=dataset, split=dataset.val_split or dataset.train_split,
             episodes_per_task=asked.episodes_per_task, max_tasks=max_tasks, created_by=user, queue=playground_queue(run),
+            sent_at=timezone.now(),
         )
     try:
         app.send_task(EVALUATE_CHECKPOINT, args=[evaluation.pk], queue=evaluation.queue)

@@ -258,7 +258,7 @@ class ArtifactStorage(Storage):
 
 # -- a training attempt's files ---------------------------------------------------------------
 
-def start_uploads(run, scratch: Path, may_write=None) -> RunUploader | None:
+def start_uploads(run, scratch: Path, may_write=None, kept=None) -> RunUploader | None:
     """Before an attempt trains in ``scratch``: with a shared store, fetch what earlier attempts
     stored (the run files, the newest whole checkpoint, which the backend then resumes from) and
     return the uploader that copies this attempt's files as they are written. None without one.
@@ -277,7 +277,7 @@ def start_uploads(run, scratch: Path, may_write=None) -> RunUploader | None:
                     ", ".join([*fetched, *([f"checkpoints/{checkpoint.name}"] if checkpoint else [])]))
     return RunUploader(store(), prefix, scratch, log_name=f"attempt-{run.attempts}.log",
                        max_pending=settings.ARTIFACTS_MAX_PENDING, retry_max_seconds=settings.ARTIFACTS_RETRY_MAX_SECONDS,
-                       keep_last=keep_checkpoints(run), may_write=may_write)
+                       keep_last=keep_checkpoints(run), may_write=may_write, kept=kept)
 
 
 def _has_spooled_reports(scratch: Path) -> bool:

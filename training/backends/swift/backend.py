@@ -190,7 +190,7 @@ class SwiftProcessor(BuiltinProcessor):
     def _train(self) -> TrainResult:
         job = self.write_job()
         python = swift_python(self.config)
-        log_path = self.path / "swift" / "process.log"
+        log_path = self.attempt_dir() / "swift" / "process.log"
         logger.info("training with swift in %s: %d steps", python, self.config.trainer.total_training_steps)
         with open(log_path, "ab") as log:
             child = subprocess.Popen(
@@ -290,7 +290,7 @@ class SwiftProcessor(BuiltinProcessor):
 
     def write_job(self) -> Path:
         cfg = self.config
-        workdir = self.path / "swift"
+        workdir = self.attempt_dir() / "swift"  # the attempt's own: a stale attempt's job never replaces the owner's
         workdir.mkdir(parents=True, exist_ok=True)
         self._stop_file = workdir / "stop"
         self._stop_file.unlink(missing_ok=True)
