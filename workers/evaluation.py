@@ -12,11 +12,8 @@ data source, one ``EvaluationScore`` row each.
 from __future__ import annotations
 
 import logging
-import signal
-import subprocess
 import tempfile
 import traceback
-from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -29,7 +26,7 @@ from webapp.policy.keys import MODEL_KEY, PYTHON_KEY, TRUST_KEY
 from webapp.runs.downloads import model_folder
 from webapp.runs.trainer_args import run_trainer_kwargs
 from workers.playground import Refused, check_adapter_base, trusts_remote_code
-from workers.processes import child_env, start_child, tail, terminate_session
+from workers.processes import how_it_ended, run_child_within
 
 logger = logging.getLogger(__name__)
 
@@ -44,25 +41,14 @@ def run_evaluation(evaluation_id: int, worker_name: str) -> str:
     evaluation = Evaluation.objects.select_related("run__backend").filter(pk=evaluation_id).first()
     if evaluation is None or not evaluation.claim(worker_name):
         return ""
-    output = tempfile.NamedTemporaryFile(prefix="evaluation-", suffix=".log", dir=settings.VAR_DIR, delete=False)
-    try:
-        with output:
-            needs_gpu = bool(evaluation.run.backend and evaluation.run.backend.needs_gpu)
-            process = start_child("workers.evaluation_child", str(evaluation.pk), env=child_env(needs_gpu), output=output)
-            try:
-                process.wait(timeout=settings.EVALUATION_SECONDS)
-            except subprocess.TimeoutExpired:
-                terminate_session(process)
-                evaluation.finish(Evaluation.Status.FAILED, f"The evaluation took longer than {settings.EVALUATION_SECONDS} s "
-                                                            "and was stopped; score fewer rows (max_tasks).")
-        last_words = tail(Path(output.name))[-OUTPUT_TAIL_CHARS:]
-    finally:
-        Path(output.name).unlink(missing_ok=True)
+    needs_gpu = bool(evaluation.run.backend and evaluation.run.backend.needs_gpu)
+    code, last_words = run_child_within(
+        "workers.evaluation_child", str(evaluation.pk), needs_gpu, settings.EVALUATION_SECONDS, OUTPUT_TAIL_CHARS,
+        on_timeout=lambda: evaluation.finish(Evaluation.Status.FAILED, f"The evaluation took longer than "
+                                             f"{settings.EVALUATION_SECONDS} s and was stopped; score fewer rows (max_tasks)."))
     evaluation.refresh_from_db()
     if not evaluation.is_final:  # the child died before it could record an end (killed, out of memory)
-        code = process.returncode
-        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
-        evaluation.finish(Evaluation.Status.FAILED, f"The evaluating process {how} before it finished.\n{last_words}".strip())
+        evaluation.finish(Evaluation.Status.FAILED, f"The evaluating process {how_it_ended(code)} before it finished.\n{last_words}".strip())
         evaluation.refresh_from_db()
     return evaluation.status
 

@@ -14,11 +14,8 @@ trained from is marked trusted by an administrator; a run's trained model used a
 from __future__ import annotations
 
 import logging
-import signal
-import subprocess
 import tempfile
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -33,7 +30,7 @@ from webapp.policy.keys import MODEL_KEY, PYTHON_KEY, TRUST_KEY
 from webapp.registry.models import Model
 from webapp.runs.downloads import model_folder
 from webapp.runs.trainer_args import adapter_base_problem, run_trainer_kwargs
-from workers.processes import child_env, start_child, tail, terminate_session
+from workers.processes import how_it_ended, run_child_within
 
 logger = logging.getLogger(__name__)
 
@@ -77,25 +74,14 @@ def answer_request(request_id: int, worker_name: str) -> str:
     if not asked.claim(worker_name):
         asked.expire_if_overdue()
         return ""
-    output = tempfile.NamedTemporaryFile(prefix="playground-", suffix=".log", dir=settings.VAR_DIR, delete=False)
-    try:
-        with output:
-            needs_gpu = bool(asked.run.backend and asked.run.backend.needs_gpu)
-            process = start_child("workers.playground_child", str(asked.pk), env=child_env(needs_gpu), output=output)
-            try:
-                process.wait(timeout=settings.PLAYGROUND_REPLY_SECONDS)
-            except subprocess.TimeoutExpired:
-                terminate_session(process)
-                asked.finish(asked.Status.FAILED, error=f"The answer took longer than {settings.PLAYGROUND_REPLY_SECONDS} s "
-                                                       "and was stopped; ask for fewer new tokens.")
-        last_words = tail(Path(output.name))[-OUTPUT_TAIL_CHARS:]
-    finally:
-        Path(output.name).unlink(missing_ok=True)
+    needs_gpu = bool(asked.run.backend and asked.run.backend.needs_gpu)
+    code, last_words = run_child_within(
+        "workers.playground_child", str(asked.pk), needs_gpu, settings.PLAYGROUND_REPLY_SECONDS, OUTPUT_TAIL_CHARS,
+        on_timeout=lambda: asked.finish(asked.Status.FAILED, error=f"The answer took longer than "
+                                        f"{settings.PLAYGROUND_REPLY_SECONDS} s and was stopped; ask for fewer new tokens."))
     asked.refresh_from_db()
     if not asked.is_final:  # the child died before it could write its answer (killed, out of memory)
-        code = process.returncode
-        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
-        asked.finish(asked.Status.FAILED, error=f"The generating process {how} before answering.\n{last_words}".strip())
+        asked.finish(asked.Status.FAILED, error=f"The generating process {how_it_ended(code)} before answering.\n{last_words}".strip())
     return asked.status
 
 

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -204,3 +205,26 @@ def database_url(settings_dict: dict) -> str:
     host = settings_dict.get("HOST") or "localhost"
     port = f":{settings_dict['PORT']}" if settings_dict.get("PORT") else ""
     return f"{scheme}://{auth + '@' if auth else ''}{host}{port}/{settings_dict['NAME']}"
+
+
+def run_child_within(module: str, arg: str, needs_gpu: bool, seconds: float, tail_chars: int, on_timeout) -> tuple[int | None, str]:
+    """Run ``python -m module arg`` in a session of its own for at most ``seconds`` (then its whole
+    session is ended and ``on_timeout()`` called). Returns its exit code (None when stopped, negative
+    when killed by a signal) and the last ``tail_chars`` of what it printed."""
+    output = tempfile.NamedTemporaryFile(prefix=f"{module.rsplit('.', 1)[-1]}-", suffix=".log", dir=settings.VAR_DIR, delete=False)
+    try:
+        with output:
+            process = start_child(module, arg, env=child_env(needs_gpu), output=output)
+            try:
+                process.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                terminate_session(process)
+                on_timeout()
+        return process.returncode, tail(Path(output.name))[-tail_chars:]
+    finally:
+        Path(output.name).unlink(missing_ok=True)
+
+
+def how_it_ended(code: int | None) -> str:
+    """A child's end in words: ``was killed by SIGKILL`` or ``exited with code 1``."""
+    return f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
