@@ -92,7 +92,7 @@ def test_every_attempt_trains_the_spec_validated_at_submission_whatever_the_regi
     first, second = built
     for attempt in (first, second):
         # (may_write, attempt and write_fence: the attempt's fencing; on_full_disk: this worker's disk setting)
-        hooks = ("config", "may_write", "attempt", "write_fence", "on_full_disk")
+        hooks = ("config", "may_write", "attempt", "write_fence", "on_full_disk", "kept_checkpoints")
         assert {key: value for key, value in attempt.items() if key not in hooks} == \
                {key: value for key, value in validated.items() if key != "config"}
         # (with a shared artifact store the worker leaves checkpoint rotation to the store: where it runs)
