@@ -16,6 +16,7 @@ from django.conf import settings  # noqa: E402 (after Django's setup, as every i
 
 from webapp.celery_app import app  # noqa: E402
 from webapp.privileges import drop_root  # noqa: E402
+from workers.database import bound_idle_transactions  # noqa: E402
 from workers import housekeeping  # noqa: E402 (also connects the graceful stop on SIGTERM)
 from workers.execute import keep_spares, stop_spares  # noqa: E402
 from workers.gpus import inventory  # noqa: E402
@@ -32,8 +33,10 @@ def gpus(state) -> list[dict]:
 
 @worker_init.connect
 def _not_as_root(**kwargs) -> None:
-    """A worker started as root becomes the platform's user before it takes any task."""
+    """A worker started as root becomes the platform's user before it takes any task. Its
+    transactions (and its pool processes') are bounded (``workers.database``)."""
     drop_root(settings.VAR_DIR)
+    bound_idle_transactions()
 
 
 @worker_process_init.connect

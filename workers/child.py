@@ -19,11 +19,13 @@ django.setup()  # the modules below use the ORM at import
 from django.db import connections  # noqa: E402 (after Django's setup, as every import below)
 
 from webapp.runs.models import Run  # noqa: E402
+from workers.database import bound_idle_transactions  # noqa: E402
 from workers.execute import EXIT_REQUEUED, train_run  # noqa: E402
 from workers.processes import kill_own_session  # noqa: E402
 
 
 def main() -> int:
+    bound_idle_transactions()
     if sys.argv[1] == "--wait":
         from trl import GRPOTrainer  # noqa: F401 (what takes a new training process seconds: torch, transformers, TRL)
 

@@ -86,11 +86,13 @@ class StandInVerlJob:
         for step in range(start + 1, trainer.total_training_steps + 1):
             if self.ended.wait(self.step_seconds):
                 raise JobEnded("The actor died unexpectedly before finishing this task (stand-in).")
-            tracking.log({"critic/score/mean": step / 100, "actor/pg_loss": -step / 10, "timing_s/step": self.step_seconds},
-                         step=step)
-            self._dump_rollouts(verl, rollouts, step)
+            # verl 0.9.1's order within a step (RayPPOTrainer.fit): the checkpoint is saved, then the
+            # rollouts dumped, and only then the step's metrics logged.
             if trainer.save_freq > 0 and step % trainer.save_freq == 0:
                 self._save(checkpoints, step, saved_steps, trainer.get("max_actor_ckpt_to_keep"))
+            self._dump_rollouts(verl, rollouts, step)
+            tracking.log({"critic/score/mean": step / 100, "actor/pg_loss": -step / 10, "timing_s/step": self.step_seconds},
+                         step=step)
             self.steps.append(step)
             if self.after_step is not None:
                 self.after_step(step)

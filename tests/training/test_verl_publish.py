@@ -102,7 +102,8 @@ def test_a_checkpoint_published_while_verl_saves_the_next_one_is_whole(tmp_path)
     """verl removes the previous actor once the next is saved, before its marker moves: publishing in
     that moment (the bridge polls when it likes) must still find the marked checkpoint whole."""
     processor = verl_processor(tmp_path, 1, Ownership(1), Recorded())
-    publisher = verl_backend.VerlCheckpointPublisher(processor, processor.verl_config.trainer.default_local_dir)
+    publisher = verl_backend.VerlCheckpointPublisher(processor, processor.verl_config.trainer.default_local_dir,
+                                                     forwarded=lambda: STEPS)
     job = StandInVerlJob(processor, before_marker=lambda step: publisher.poll())
     processor.train_with(None, job.launch, job.end_job)
 
@@ -111,6 +112,26 @@ def test_a_checkpoint_published_while_verl_saves_the_next_one_is_whole(tmp_path)
     for folder in steps:
         assert (folder / "actor" / "model.pt").is_file(), f"{folder.name} was published without its actor"
         assert (folder / "actor" / "model.pt").read_text().startswith(f"weights of {folder.name.replace('global_', '').replace('_', ' ')},")
+
+
+def test_a_checkpoint_is_published_only_once_its_steps_metrics_were_forwarded(tmp_path):
+    """verl saves a step's checkpoint before it logs the step's metrics. Published in between, an
+    attempt lost right then would leave the next one resuming after a step whose metrics nobody
+    stored: the publisher waits until the bridge has forwarded the step."""
+    processor = verl_processor(tmp_path, 1, Ownership(1), Recorded())
+    written = Path(processor.verl_config.trainer.default_local_dir)
+    (written / "global_step_2" / "actor").mkdir(parents=True)
+    (written / "global_step_2" / "actor" / "model.pt").write_text("weights of step 2")
+    (written / "latest_checkpointed_iteration.txt").write_text("2")  # saved; its metrics line not written yet
+    forwarded = {"step": 1}
+    publisher = verl_backend.VerlCheckpointPublisher(processor, written, forwarded=lambda: forwarded["step"])
+
+    publisher.poll()
+    assert not (tmp_path / "checkpoints" / "global_step_2").exists()
+    forwarded["step"] = 2  # the bridge forwarded (and the sinks spooled) step 2
+    publisher.poll()
+    assert (tmp_path / "checkpoints" / "global_step_2" / "actor" / "model.pt").read_text() == "weights of step 2"
+    assert (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"
 
 
 def test_an_attempt_frozen_past_its_takeover_forwards_and_publishes_nothing_when_it_wakes(tmp_path):

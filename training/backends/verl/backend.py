@@ -604,17 +604,23 @@ class VerlCheckpointPublisher:
     whole once its marker file names N) into the run's checkpoint folder, with the marker, through
     ``TrainerProcessor.publish_checkpoint``: only while the attempt owns the run, by a rename. verl
     saves and rotates inside its own folder; what a superseded attempt's verl saves there is never
-    published."""
+    published.
 
-    def __init__(self, processor: Any, written_dir: str | Path) -> None:
+    A checkpoint is published only once its step's metrics were forwarded (``forwarded()``, the
+    last step the metrics bridge handed to the sinks, which spool it before they return): verl
+    saves a step's checkpoint before it logs the step, and an attempt lost between the two would
+    leave the next one resuming after a step whose metrics nobody stored."""
+
+    def __init__(self, processor: Any, written_dir: str | Path, forwarded: Callable[[], int]) -> None:
         self.processor = processor
         self.written_dir = Path(written_dir)
+        self.forwarded = forwarded
         self.seen: int | None = None
 
     def poll(self) -> None:
         step = marked_step(self.written_dir)
         folder = self.written_dir / f"global_step_{step}"
-        new = step is not None and step != self.seen and folder.is_dir()
+        new = step is not None and step != self.seen and step <= self.forwarded() and folder.is_dir()
         if new:
             self.seen = step
         self.processor.publish_checkpoint(folder if new else None, after=self._mark)
@@ -900,7 +906,7 @@ class VerlProcessor(BuiltinProcessor):
         env = {**_runner_env_vars(metrics_path), **verl_tracking_environment(self.config, self.path)}
         runner = _OnDriverNode(runner_cls, env)
         stopped = threading.Event()
-        publisher = VerlCheckpointPublisher(self, verl.trainer.default_local_dir)
+        publisher = VerlCheckpointPublisher(self, verl.trainer.default_local_dir, forwarded=lambda: bridge.last_step)
 
         def honour_stop() -> None:
             failed = bridge.failure is not None
