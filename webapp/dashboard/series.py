@@ -16,6 +16,7 @@ more is answered from the blocks' digests (the extremes of every ``DIGEST_SPAN``
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -391,6 +392,25 @@ def _merge(parts: list[Arrays]) -> Arrays:
 
 # -- reading ---------------------------------------------------------------------------------------
 
+def one_snapshot(read):
+    """A reader of blocks and tail that sees the store at one moment. A fold (the tail moved into
+    blocks, at every ``TAIL_FOLD_POINTS`` and when the run ends) committed between its block query
+    and its tail query would otherwise hide the points it moved from both. On PostgreSQL the reads
+    share one REPEATABLE READ transaction (inside a caller's transaction they share that one); the
+    readers also read the tail before the blocks, so where there is no snapshot a fold in between
+    shows its points twice (merged: each step once), never not at all."""
+    @functools.wraps(read)
+    def in_one_snapshot(*args, **kwargs):
+        if connection.vendor != "postgresql" or connection.in_atomic_block:
+            return read(*args, **kwargs)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            return read(*args, **kwargs)
+
+    return in_one_snapshot
+
+
 def keys_of(run_id: int) -> list[str]:
     """Every key the run has logged (kept on its row by the writer)."""
     values = Run.objects.filter(pk=run_id).values_list("latest_values", flat=True).first()
@@ -402,6 +422,7 @@ def points_after(run_id: int, after: int, through: int | None = None) -> dict[st
     return {key: _pairs(steps, values) for key, (steps, values) in arrays_after(run_id, after, through).items()}
 
 
+@one_snapshot
 def points_after_at_most(run_id: int, after: int, limit: int, keys: list[str] | None = None,
                          through: int | None = None) -> dict[str, list[list]] | None:
     """``points_after`` (of ``keys``, default all), or None when more than ``limit`` points lie in
@@ -421,8 +442,10 @@ def points_after_at_most(run_id: int, after: int, limit: int, keys: list[str] | 
     return {key: _pairs(steps, values) for key, (steps, values) in arrays.items()}
 
 
+@one_snapshot
 def arrays_after(run_id: int, after: int, through: int | None = None, keys: list[str] | None = None) -> dict[str, Arrays]:
     """``points_after`` as numpy arrays: {key: (steps, values)}, each step once, sorted by step."""
+    tail = _tail([run_id]).get(run_id, {})  # before the blocks (``one_snapshot``)
     blocks = SeriesBlock.objects.filter(run_id=run_id, last_step__gt=after)
     if through is not None:
         blocks = blocks.filter(first_step__lte=through)
@@ -431,7 +454,7 @@ def arrays_after(run_id: int, after: int, through: int | None = None, keys: list
     parts: dict[str, list[Arrays]] = {}
     for key, raw_steps, raw_values in _fetch_bytes(blocks.order_by("key", "index").values_list("key", "steps", "values")):
         parts.setdefault(key, []).append(unpack(raw_steps, raw_values))
-    for key, arrays in _tail([run_id]).get(run_id, {}).items():
+    for key, arrays in tail.items():
         if keys is None or key in keys:
             parts.setdefault(key, []).append(arrays)
     result: dict[str, Arrays] = {}
@@ -483,6 +506,7 @@ def downsample(run_id: int, key: str, start: int | None = None, end: int | None 
     return downsample_many([run_id], key, start, end, points)[run_id]
 
 
+@one_snapshot
 def downsample_many(run_ids: list[int], key: str, start: int | None = None, end: int | None = None,
                     points: int = DEFAULT_POINTS, arrays: bool = False) -> dict[int, dict]:
     """``downsample`` for several runs with a few queries in all (the compare page's runs).
@@ -498,6 +522,7 @@ def downsample_many(run_ids: list[int], key: str, start: int | None = None, end:
     same extremes at a sixteenth of the bytes. One run's chart stays exact (its points' buckets)."""
     points = max(8, min(int(points), MAX_POINTS))
     buckets = max(1, (points - 1) // 2)
+    tails = _tail(run_ids)  # before the blocks (``one_snapshot``)
     summaries = _summary_level(run_ids, key, start, end, buckets)
     blocks = SeriesBlock.objects.filter(key=key)
     if start is not None:
@@ -533,7 +558,6 @@ def downsample_many(run_ids: list[int], key: str, start: int | None = None, end:
         query = blocks.filter(run_id__in=needs_payload).order_by("run_id", "index").values_list("run_id", "steps", "values")
         for run_id, raw_steps, raw_values in _fetch_bytes(query):
             payloads.setdefault(run_id, []).append(unpack(raw_steps, raw_values))
-    tails = _tail(run_ids)
     # Runs read from digests: those with no tail points of the key (ended runs) bucketed all at once.
     at_once = [run_id for run_id in digests if key not in tails.get(run_id, {})]
     result = _from_digests(at_once, rows_of, digests, key, points) if at_once else {}
