@@ -142,7 +142,7 @@ def test_the_store_down_for_30_s_mid_run_loses_nothing(queue, fleet, slow_run, s
     assert fleet.store.exists(f"{prefix}/final_model/{STORED_MARKER}")
     log = messages(run)
     assert len([m for m in log if "artifact store unreachable" in m]) == 1, log
-    assert any("artifact store reachable again" in m for m in log), log
+    assert any("artifact store reachable again" in m for m in log), "\n".join(log)
     # Every episode of every step, those trained while the store was away too, stored once (the
     # index's unique key would refuse a second row) with its body readable from the store.
     episodes = StoredEpisode.objects.filter(run=run, split="train")
