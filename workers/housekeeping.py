@@ -96,7 +96,7 @@ def recover_lost_runs() -> dict[int, str]:
             reason = f"its worker ({run.worker}) sent no heartbeat for over {settings.RUN_STALE_SECONDS} s: it was lost."
         else:
             reason = f"Nothing was reported for over {settings.EXTERNAL_RUN_STALE_SECONDS} s; the external run is presumed dead."
-        status = run.recover(reason)
+        status = run.recover(reason, while_silent=True)  # a heartbeat since the read keeps the attempt
         if status:
             logger.warning("Run %s: %s -> %s", run.pk, reason, status)
             outcome[run.pk] = status

@@ -76,3 +76,22 @@ def test_a_heartbeat_keeps_a_run_and_uses_the_database_clock(make_run, clock):
     ticks(keeper, clock, 1000, 1001, 1002, 1003, 1004)
     assert Run.objects.get(pk=run.pk).status == Run.Status.RUNNING
     assert not Run.objects.lost().filter(pk=run.pk).exists()
+
+
+def test_a_heartbeat_between_the_sweeps_read_and_its_update_keeps_the_attempt(make_run, monkeypatch):
+    """The sweep judges runs lost from a read; a heartbeat that lands after that read (it waited
+    behind a lock on the run's row, or just came in) must keep the attempt: the re-queue is made
+    only while the row is still silent."""
+    run = lost_run(make_run)
+    read = Run.objects.lost
+
+    class HeartbeatAfterTheRead:
+        def select_related(self, *fields):
+            found = list(read().select_related(*fields))
+            assert run.heartbeat()  # the supervisor's heartbeat, committed between the read and the update
+            return found
+
+    monkeypatch.setattr(Run.objects, "lost", HeartbeatAfterTheRead)
+    assert housekeeping.recover_lost_runs() == {}
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING and run.lost_attempts == 0 and run.attempts == 1

@@ -1,11 +1,14 @@
 """The episode store on the platform: every episode a run trained (and validated) on.
 
 The training process's ``DashboardSink`` hands each step's records (``training.tracking.episodes``)
-to ``store_step`` from its writer thread, inside the transaction that holds the run's row for its
-attempt: the step's bodies go to the run's artifact store as one Parquet file
-(``<run folder>/episodes/<split>/step-<step>-a<attempt>-p<first position>.parquet``, the same
-layout the library writes in a run folder of its own), and one ``StoredEpisode`` row per episode
-indexes it. A step written again (a retried batch, a resumed attempt replaying it) replaces its rows.
+to its episode writer, whose thread stores them in two moves: the step's bodies go to the run's
+artifact store as one Parquet file per split (``put_step_bodies``:
+``<run folder>/episodes/<split>/step-<step>-a<attempt>-p<first position>.parquet``, the same
+layout the library writes in a run folder of its own), outside any transaction, so a slow store
+never holds the run's row (the heartbeats that wait for it); then, inside the transaction that
+holds the run's row for its attempt, one ``StoredEpisode`` row per episode indexes them
+(``index_step_bodies``). A file no row names is never read. A step written again (a retried batch,
+a resumed attempt replaying it) replaces its rows.
 
 Reads: ``filtered`` (the API's filters, on indexed columns), ``reward_histogram`` (one step's rewards
 in bins), ``bodies`` (records read back from
@@ -48,18 +51,34 @@ def episodes_prefix(run: Run) -> str:
 
 
 def store_step(run_id: int, attempt: int | None, step: int, records: list[dict[str, Any]]) -> int:
-    """(Inside the writer's transaction, the run's row locked for ``attempt``.) Store one step's
-    records: a Parquet file per split in the artifact store, then their index rows. Returns how
-    many episodes were stored."""
+    """Store one step's records: a Parquet file per split in the artifact store, then their index
+    rows. Returns how many episodes were stored. (The episode writer makes the two moves apart, the
+    second under the run's row lock for its attempt.)"""
+    return index_step_bodies(run_id, attempt, step, put_step_bodies(run_id, attempt, step, records))
+
+
+def put_step_bodies(run_id: int, attempt: int | None, step: int,
+                    records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Write one step's records to the artifact store, a Parquet file per split named by the step,
+    the attempt and the first position. Returns [(the file's key, its records)] for ``index_step_bodies``."""
     run = Run.objects.only("pk", "uid", "run_path").get(pk=run_id)
     prefix = episodes_prefix(run)
-    stored = 0
+    files = []
     for split in (StoredEpisode.Split.TRAIN, StoredEpisode.Split.VALIDATION):
         part = sorted((dict(r, attempt=attempt) for r in records if r.get("split") == split), key=lambda r: r["position"])
         if not part:
             continue
         key = f"{prefix}/{split}/{step_file_name(step, part[0]['position'], attempt)}"
         artifacts.store().put_bytes(to_parquet(part), key)
+        files.append((key, part))
+    return files
+
+
+def index_step_bodies(run_id: int, attempt: int | None, step: int, files: list[tuple[str, list[dict[str, Any]]]]) -> int:
+    """The index rows of the files ``put_step_bodies`` wrote (in the writer's transaction, the run's
+    row locked for ``attempt``). Returns how many episodes they index."""
+    stored = 0
+    for key, part in files:
         rows = [_index_row(run_id, step, attempt, record, key, number) for number, record in enumerate(part)]
         StoredEpisode.objects.bulk_create(
             rows, update_conflicts=True, unique_fields=["run", "step", "split", "position"],

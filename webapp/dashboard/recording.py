@@ -34,7 +34,7 @@ from webapp.dashboard import episodes as episode_store
 from webapp.dashboard import live
 from webapp.dashboard.models import EpisodeSample
 from webapp.dashboard.series import SeriesWriter
-from webapp.runs.models import AttemptSuperseded, RunLog, lock_for_attempt
+from webapp.runs.models import AttemptSuperseded, Run, RunLog, lock_for_attempt
 
 logger = logging.getLogger(__name__)
 DROPPED_KEY = "overload/dropped_points"
@@ -217,8 +217,10 @@ class DashboardSink(BackgroundFlusher):
 class EpisodeWriter(BackgroundFlusher):
     """The episode store's writer for one run's attempt: each step's records (``store``), buffered
     whole and spooled (segments ``episodes-*.jsonl`` in the run folder's spool), stored by its own
-    thread, a step per transaction: the run's row locked for this attempt first (a superseded
-    attempt writes neither a Parquet file nor a row), then ``store_step``. A batch the store
+    thread, a step at a time: asked whether this attempt still holds the run, its Parquet files
+    written (``put_step_bodies``, no lock held: a slow store never holds the run's row), then its
+    index rows in a transaction that locks the run's row for this attempt first (a superseded
+    attempt writes no row; a file of it no row names is never read). A batch the store
     refuses (the artifact store or the database away) waits, on disk with a spool, and is written
     again, oldest first, until it goes through: a step is written under the same file name and its
     rows upserted, so a step written twice is stored once. What does not fit (``max_episodes`` in
@@ -275,9 +277,17 @@ class EpisodeWriter(BackgroundFlusher):
     def write(self, batch) -> int:
         stored, dropped = batch
         for step, records in stored:
+            # The bodies go to the artifact store outside the run's row lock: a slow or unreachable
+            # store must not hold the row, which the supervisor's heartbeat waits for (held for
+            # seconds, the run was taken for lost). Asked first whether this attempt still holds
+            # the run; its file, named by its attempt, is read only once its rows are written,
+            # under the lock.
+            if not self._holds_run():
+                raise AttemptSuperseded(f"run {self.run_id} is no longer held by attempt {self.attempt}")
+            files = episode_store.put_step_bodies(self.run_id, self.attempt, step, records)
             with transaction.atomic():
                 lock_for_attempt(self.run_id, self.attempt)
-                episode_store.store_step(self.run_id, self.attempt, step, records)
+                episode_store.index_step_bodies(self.run_id, self.attempt, step, files)
         if dropped:
             with transaction.atomic():
                 lock_for_attempt(self.run_id, self.attempt)
@@ -286,6 +296,11 @@ class EpisodeWriter(BackgroundFlusher):
                     f"{self._last_step}): more waited to be stored than {self.max_episodes} episodes in memory or "
                     f"{settings.RUN_SPOOL_MAX_MB} MB of spool on disk hold."))
         return sum(len(records) for _, records in stored)
+
+    def _holds_run(self) -> bool:
+        if self.attempt is None:
+            return True
+        return Run.objects.filter(pk=self.run_id, attempts=self.attempt, status=Run.Status.RUNNING).exists()
 
 
 def episode_row(run_id: int, step: int, position: int, episode: dict[str, Any]) -> EpisodeSample:

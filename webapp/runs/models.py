@@ -58,6 +58,15 @@ def lock_for_attempt(run_id: int, attempt: int | None) -> dict | None:
     return row
 
 
+def silent() -> models.Q:
+    """Runs whose heartbeat is older than their kind allows, by the database's clock (which
+    heartbeats are written with too)."""
+    now = Now()
+    platform = models.Q(kind=Run.Kind.PLATFORM, heartbeat_at__lt=now - timedelta(seconds=settings.RUN_STALE_SECONDS))
+    external = models.Q(kind=Run.Kind.EXTERNAL, heartbeat_at__lt=now - timedelta(seconds=settings.EXTERNAL_RUN_STALE_SECONDS))
+    return platform | external
+
+
 class RunQuerySet(models.QuerySet):
     def visible_to(self, user) -> "RunQuerySet":
         """Runs ``user`` may see: the same rule as ``access.can(user, run, "view")``, as a query."""
@@ -75,11 +84,7 @@ class RunQuerySet(models.QuerySet):
     def lost(self) -> "RunQuerySet":
         """Running runs nobody vouches for: a platform run whose worker sent no heartbeat for
         ``RUN_STALE_SECONDS``, an external run that reported nothing for ``EXTERNAL_RUN_STALE_SECONDS``."""
-        now = Now()  # the database's clock, which heartbeats are written with too
-        platform = models.Q(kind=Run.Kind.PLATFORM, heartbeat_at__lt=now - timedelta(seconds=settings.RUN_STALE_SECONDS))
-        external = models.Q(kind=Run.Kind.EXTERNAL,
-                            heartbeat_at__lt=now - timedelta(seconds=settings.EXTERNAL_RUN_STALE_SECONDS))
-        return self.filter(platform | external, status=Run.Status.RUNNING)
+        return self.filter(silent(), status=Run.Status.RUNNING)
 
     def due_for_dispatch(self) -> "RunQuerySet":
         """Queued platform runs the dispatcher should send to their queue now (the outbox)."""
@@ -229,9 +234,10 @@ class Run(models.Model):
 
     # -- lifecycle: every change is a filtered update returning whether it happened ----------
     def _transition(self, allowed: tuple[str, ...], same_attempt: bool = False, attempt_end: tuple[str, str] | None = None,
-                    **changes: Any) -> bool:
+                    where: models.Q | None = None, **changes: Any) -> bool:
         """Apply ``changes`` if the run's status is one of ``allowed`` (and, with ``same_attempt``,
-        it is still in the attempt this instance holds). Sends ``run_status_changed`` on a status
+        it is still in the attempt this instance holds; with ``where``, the row still matches it
+        when the update is made). Sends ``run_status_changed`` on a status
         change: the one hook for whatever follows a run's status (live pages, alerts).
         ``attempt_end`` (cause, detail): the change ends the attempt this instance holds; its
         ``RunAttempt`` row is closed in the same transaction, only when the change was made (the
@@ -239,6 +245,8 @@ class Run(models.Model):
         rows = Run.objects.filter(pk=self.pk, status__in=allowed)
         if same_attempt:
             rows = rows.filter(attempts=self.attempts)
+        if where is not None:
+            rows = rows.filter(where)
         with transaction.atomic():
             changed = rows.update(**changes)
             if changed and attempt_end is not None and self.attempts:
@@ -272,7 +280,8 @@ class Run(models.Model):
         same_attempt = self.kind == self.Kind.PLATFORM
         return self._transition((self.Status.RUNNING,), same_attempt=same_attempt, heartbeat_at=Now())
 
-    def finish(self, status: str, error: str = "", traceback: str = "", cause: str = "", **fields: Any) -> bool:
+    def finish(self, status: str, error: str = "", traceback: str = "", cause: str = "", where: models.Q | None = None,
+               **fields: Any) -> bool:
         """Record the final status of a running run. False when it had already ended (or this
         attempt no longer holds it). ``cause``: why its attempt ended, when not the status itself
         (``RunAttempt.Cause.LOST``: its worker was lost, past the attempts its backend allows)."""
@@ -280,36 +289,41 @@ class Run(models.Model):
             raise ValueError(f"{status!r} is not a final status; use one of {', '.join(self.FINAL)}.")
         detail = (error.strip().splitlines() or [""])[0]
         return self._transition(
-            (self.Status.RUNNING,), same_attempt=self.kind == self.Kind.PLATFORM, status=status, error=error,
+            (self.Status.RUNNING,), same_attempt=self.kind == self.Kind.PLATFORM, where=where, status=status, error=error,
             traceback=traceback, finished_at=timezone.now(),
             attempt_end=(cause or RunAttempt.cause_of(status), detail), **fields,
         )
 
-    def requeue(self, reason: str, cause: str = "", **fields: Any) -> bool:
+    def requeue(self, reason: str, cause: str = "", where: models.Q | None = None, **fields: Any) -> bool:
         """Give this running attempt up and queue the run for the next one (it resumes from its last
         checkpoint in its own folder), sent to a worker at once. False when this attempt no longer
-        holds the run. ``cause``: why the attempt ended (default ``RunAttempt.Cause.REQUEUED``: it
-        stopped to be resumed, as on a deploy's SIGTERM)."""
-        if not self._transition((self.Status.RUNNING,), same_attempt=True, status=self.Status.QUEUED, worker="",
+        holds the run (or the row no longer matches ``where``). ``cause``: why the attempt ended
+        (default ``RunAttempt.Cause.REQUEUED``: it stopped to be resumed, as on a deploy's SIGTERM)."""
+        if not self._transition((self.Status.RUNNING,), same_attempt=True, where=where, status=self.Status.QUEUED, worker="",
                                 dispatch_at=None, attempt_end=(cause or RunAttempt.Cause.REQUEUED, reason), **fields):
             return False
         RunLog.objects.create(run=self, level="WARNING", message=f"Attempt {self.attempts} ended: {reason} Queued again.")
         return True
 
-    def recover(self, reason: str) -> str:
+    def recover(self, reason: str, while_silent: bool = False) -> str:
         """A running attempt nobody looks after any more: re-queue the run while its backend allows
         another attempt, fail it (naming ``reason``) once it does not. A run asked to stop ends
         cancelled (or pruned) instead: another attempt would only start in order to stop. Returns
-        the status it got ('' when the attempt had already been dealt with)."""
+        the status it got ('' when the attempt had already been dealt with). ``while_silent`` (the
+        liveness sweep, which judged the run from an earlier read): only if its heartbeat is still
+        stale when the change is made, so a heartbeat that came in meanwhile keeps the attempt."""
+        where = silent() if while_silent else None
         if self.cancel_requested():
             status = self.stopped_status()
-            return status if self.finish(status, error=f"{status.capitalize()}; {reason[0].lower()}{reason[1:]}") else ""
+            return status if self.finish(status, error=f"{status.capitalize()}; {reason[0].lower()}{reason[1:]}", where=where) else ""
         if self.kind == self.Kind.PLATFORM and self.backend_id and self.lost_attempts + 1 < self.backend.max_attempts:
-            return self.Status.QUEUED if self.requeue(reason, cause=RunAttempt.Cause.LOST, lost_attempts=self.lost_attempts + 1) else ""
+            return self.Status.QUEUED if self.requeue(reason, cause=RunAttempt.Cause.LOST, where=where,
+                                                      lost_attempts=self.lost_attempts + 1) else ""
         limit = ""
         if self.kind == self.Kind.PLATFORM:
             limit = f" {self.lost_attempts + 1} attempt(s) were lost, the most its backend allows ({self.backend.max_attempts})."
-        return self.Status.FAILED if self.finish(self.Status.FAILED, error=f"{reason}{limit}", cause=RunAttempt.Cause.LOST) else ""
+        return self.Status.FAILED if self.finish(self.Status.FAILED, error=f"{reason}{limit}", cause=RunAttempt.Cause.LOST,
+                                                 where=where) else ""
 
     def request_cancel(self, reason: str = "") -> bool:
         """Cancel: a queued run ends now; a running one is asked to stop (the worker finishes it).
