@@ -12,6 +12,7 @@ from rest_framework.exceptions import PermissionDenied
 from webapp.monitors.health import DEFAULT_WINDOW
 from django.core.exceptions import ValidationError as DjangoValidationError
 
+from webapp.integrations.models import AlertRule
 from webapp.monitors.models import MAX_WINDOW, Monitor, MonitorRule, check_threshold
 from webapp.runs.models import MAX_STEP
 from webapp.teams import roster
@@ -33,10 +34,15 @@ class MonitorRuleSerializer(serializers.ModelSerializer):
     project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.all())
     monitor = serializers.ChoiceField(choices=Monitor.choices)
     window = serializers.IntegerField(min_value=1, max_value=MAX_WINDOW, default=DEFAULT_WINDOW)
+    alert = serializers.PrimaryKeyRelatedField(
+        queryset=AlertRule.objects.filter(project__isnull=False), required=False, allow_null=True,
+        error_messages={"does_not_exist": "No such alert rule in this project."},
+        help_text="One of the project's alert rules, whose target is told the first time a run crosses this rule; "
+                  "null: shown on the run page only.")
 
     class Meta:
         model = MonitorRule
-        fields = ["id", "project", "monitor", "threshold", "window", "enabled"]
+        fields = ["id", "project", "monitor", "threshold", "window", "enabled", "alert"]
 
     def validate_threshold(self, value: float) -> float:
         try:
@@ -63,6 +69,10 @@ class MonitorRuleSerializer(serializers.ModelSerializer):
             others = others.exclude(pk=self.instance.pk)
         if others.exists():
             raise serializers.ValidationError({"monitor": ["This project has a rule for this monitor already; change that one."]})
+        alert = data.get("alert")
+        if alert is not None and alert.project_id != project.pk:
+            # As for one that does not exist: another project's alert rules are not named here.
+            raise serializers.ValidationError({"alert": ["No such alert rule in this project."]})
         return data
 
 

@@ -1,4 +1,5 @@
-"""Alerts: when a run fails, finishes, is cancelled, goes quiet, or a metric crosses a threshold.
+"""Alerts: when a run fails, finishes, is cancelled, goes quiet, a metric crosses a threshold, or a
+reward-health monitor crosses a project's monitor rule.
 
 Events become rows of an outbox (``AlertDelivery``, one per rule, run and event) in the process
 where they happen; nothing is sent there, so training and status changes never wait on a mail
@@ -26,11 +27,17 @@ from training.isolation.egress import EgressProxy, EgressRefused
 from webapp.celery_app import app as celery_app  # sends by task name: the web side never imports workers
 from webapp.integrations.models import AlertDelivery, AlertRule
 from webapp.integrations.targets import SERVER_SCHEMES, WEBHOOK_SCHEMES, egress_guard, plugin_of, server_url, target_label
+from webapp.monitors import health
+from webapp.monitors.models import MonitorCheck, MonitorRule
 from webapp.runs.models import Run, run_status_changed
 
 logger = logging.getLogger(__name__)
 
 LEASE_SECONDS = 60
+# Runs whose monitors one housekeeping sweep reads at most (newest metric points first).
+MONITOR_RUNS_PER_TICK = 20
+# A run that ended longer ago than this, and was never read, is history: no monitor alert for it.
+MONITOR_ENDED_WITHIN = timedelta(hours=1)
 FINAL_EVENTS = {"failed", "succeeded", "cancelled"}
 
 
@@ -159,6 +166,58 @@ def find_quiet_runs(now=None) -> int:
     return added
 
 
+def _evidence_url(run, step: int, window: int) -> str:
+    """The evidence the run page opens for an alert at ``step``."""
+    return f"{settings.PLATFORM_URL.rstrip('/')}/api/runs/{run.pk}/monitors/evidence/?step={step}&window={window}"
+
+
+def monitor_runs(now=None, limit: int = MONITOR_RUNS_PER_TICK) -> models.QuerySet:
+    """The runs whose monitors are to be read: team-visible runs of a project with a monitor rule that
+    alerts, running or ended within ``MONITOR_ENDED_WITHIN``, with metric points newer than the last
+    read; the newest points first, at most ``limit``."""
+    now = now or timezone.now()
+    projects = MonitorRule.objects.filter(enabled=True, alert__enabled=True).values("project_id")
+    fresh = models.Q(monitor_check__isnull=True) | models.Q(monitor_check__metrics_at__lt=models.F("metrics_at"))
+    live = models.Q(status=Run.Status.RUNNING) | models.Q(finished_at__gte=now - MONITOR_ENDED_WITHIN)
+    return (Run.objects.filter(project_id__in=projects, visibility=Run.Visibility.TEAM, metrics_at__isnull=False)
+            .filter(fresh, live).order_by("-metrics_at", "-pk")[:limit])
+
+
+def check_monitors(run) -> int:
+    """Read ``run``'s monitors against its project's alerting rules: the first crossing of each rule
+    adds one alert to the outbox (the outbox's uniqueness tells each rule and run once, however
+    many workers and sweeps read it)."""
+    rules = list(MonitorRule.objects.filter(project_id=run.project_id, enabled=True, alert__enabled=True).select_related("alert"))
+    if not rules:
+        return 0
+    data = health.RunData(run)
+    added = 0
+    for rule in rules:
+        found, source = health.crossings(data, rule)
+        if not found:
+            continue
+        step, value = found[0]
+        title = f"[monitor] run #{run.pk}: {rule.get_monitor_display()} {value:g} at step {step}"
+        body = (f"Run #{run.pk} {run.name}".strip() + f" crossed the monitor rule {rule.get_monitor_display()} > "
+                f"{rule.threshold:g} (over {rule.window} step(s), read from {source}): {value:g} at step {step}.\n"
+                f"Run: {_run_url(run)}\nEvidence: {_evidence_url(run, step, rule.window)}")
+        added += enqueue(rule.alert, run, f"monitor:{rule.pk}", title, body)
+    return added
+
+
+def find_monitor_crossings(now=None, limit: int = MONITOR_RUNS_PER_TICK) -> int:
+    """Housekeeping: read the monitors of the runs with new metric points (``monitor_runs``), each
+    marked as read through the ``metrics_at`` it had, so the next sweep skips it until it logs more."""
+    added = 0
+    for run in monitor_runs(now, limit):
+        try:
+            added += check_monitors(run)
+        except Exception:
+            logger.exception("alerts: the monitors of run %s could not be read", run.pk)
+        MonitorCheck.objects.update_or_create(run=run, defaults={"metrics_at": run.metrics_at})
+    return added
+
+
 # -- delivery -------------------------------------------------------------------------------------
 
 def backoff(attempts: int) -> timedelta:
@@ -234,7 +293,12 @@ def next_due_in(now=None) -> float | None:
 
 
 def tick() -> None:
-    """For a periodic loop (the workers' housekeeping): quiet runs, then due deliveries. Never raises."""
+    """For a periodic loop (the workers' housekeeping): quiet runs, monitor crossings, then due
+    deliveries. Never raises."""
+    try:
+        find_monitor_crossings()
+    except Exception:  # a monitor that cannot be read never holds back the deliveries
+        logger.exception("alerts: the monitor check failed")
     try:
         find_quiet_runs()
         deliver_due()

@@ -44,7 +44,7 @@ def project_integrations(request, pk: int, tracking_form=None, rule_form=None, m
         "rules": project.alert_rules.all(),
         "deliveries": AlertDelivery.objects.filter(rule__project=project).select_related("rule", "run")[:50],
         "emails_printed": emails_printed(), "email_printed_note": EMAIL_PRINTED_NOTE,
-        "monitor_rules": project.monitor_rules.all(), "monitor_form": monitor_form or MonitorRuleForm(),
+        "monitor_rules": project.monitor_rules.select_related("alert"), "monitor_form": monitor_form or MonitorRuleForm(project=project),
         "monitors": suggested_thresholds(),
     })
 
@@ -54,7 +54,7 @@ def project_integrations(request, pk: int, tracking_form=None, rule_form=None, m
 def save_monitor_rule(request, pk: int):
     """Turn a reward-health monitor's rule on (or change it: one rule per monitor)."""
     project = _project_for(request.user, pk, manage=True)
-    form = MonitorRuleForm(request.POST)
+    form = MonitorRuleForm(request.POST, project=project)
     if not form.is_valid():
         return project_integrations(request, pk, monitor_form=form)
     rule = form.save(project, request.user)

@@ -190,6 +190,13 @@ def _stretches(points: Series, threshold: float) -> Series:
     return found[:MAX_ALERTS_PER_RULE]
 
 
+def crossings(data: RunData, rule: MonitorRule) -> tuple[Series, str]:
+    """The (step, value) where ``rule``'s monitor went above its threshold (the first step of each
+    stretch), and where the monitor was read from."""
+    points, source = compute(data, rule.monitor, rule.window)
+    return _stretches(points, rule.threshold), source
+
+
 def report(run: Run) -> dict[str, Any]:
     """Every monitor of ``run`` (its values per step over the default window, or why it has none)
     and the alerts of its project's enabled rules, each naming the step whose evidence to open."""
@@ -206,8 +213,8 @@ def report(run: Run) -> dict[str, Any]:
     rules = list(MonitorRule.objects.filter(project_id=run.project_id, enabled=True)) if run.project_id else []
     alerts = []
     for rule in rules:
-        points, source = compute(data, rule.monitor, rule.window)
-        for step, value in _stretches(points, rule.threshold):
+        crossed, source = crossings(data, rule)
+        for step, value in crossed:
             alerts.append({"rule": rule.pk, "monitor": rule.monitor, "label": rule.get_monitor_display(), "step": step,
                            "value": value, "threshold": rule.threshold, "window": rule.window, "source": source})
     alerts.sort(key=lambda alert: (alert["step"], alert["monitor"]))

@@ -43,6 +43,11 @@ class MonitorRule(models.Model):
     threshold = models.FloatField(validators=[check_threshold])
     window = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1), MaxValueValidator(MAX_WINDOW)])
     enabled = models.BooleanField(default=True)
+    # Where a crossing is also delivered: one of the project's alert rules (its target). None: the
+    # rule is shown on the run page only.
+    alert = models.ForeignKey("integrations.AlertRule", on_delete=models.SET_NULL, null=True, blank=True,
+                              related_name="monitor_rules",
+                              help_text="The project's alert rule whose target is told; empty: shown on the run page only.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -52,3 +57,15 @@ class MonitorRule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_monitor_display()} > {self.threshold} over {self.window} step(s) in {self.project}"
+
+
+class MonitorCheck(models.Model):
+    """How far the housekeeping's monitor check has read a run: its ``metrics_at`` when last read, so
+    a run with no new metric point is not computed again."""
+
+    run = models.OneToOneField("runs.Run", on_delete=models.CASCADE, related_name="monitor_check")
+    metrics_at = models.DateTimeField()
+    checked_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"monitors of run {self.run_id} read through {self.metrics_at}"
