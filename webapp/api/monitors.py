@@ -12,7 +12,6 @@ from rest_framework.exceptions import PermissionDenied
 from webapp.monitors.health import DEFAULT_WINDOW
 from django.core.exceptions import ValidationError as DjangoValidationError
 
-from webapp.integrations.models import AlertRule
 from webapp.monitors.models import MAX_WINDOW, Monitor, MonitorRule, check_threshold
 from webapp.runs.models import MAX_STEP
 from webapp.teams import roster
@@ -34,15 +33,14 @@ class MonitorRuleSerializer(serializers.ModelSerializer):
     project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.all())
     monitor = serializers.ChoiceField(choices=Monitor.choices)
     window = serializers.IntegerField(min_value=1, max_value=MAX_WINDOW, default=DEFAULT_WINDOW)
-    alert = serializers.PrimaryKeyRelatedField(
-        queryset=AlertRule.objects.filter(project__isnull=False), required=False, allow_null=True,
-        error_messages={"does_not_exist": "No such alert rule in this project."},
-        help_text="One of the project's alert rules, whose target is told the first time a run crosses this rule; "
-                  "null: shown on the run page only.")
 
     class Meta:
         model = MonitorRule
         fields = ["id", "project", "monitor", "threshold", "window", "enabled", "alert"]
+        extra_kwargs = {"alert": {
+            "error_messages": {"does_not_exist": "No such alert rule in this project."},
+            "help_text": "One of the project's alert rules, whose target is told the first time a run crosses "
+                         "this rule; null: shown on the run page only."}}
 
     def validate_threshold(self, value: float) -> float:
         try:
