@@ -46,6 +46,7 @@ def test_a_crossed_rule_is_delivered_once_to_its_alerts_webhook(spiking_run, pro
     message = receiver.bodies[0]["message"]
     assert "KL spike > 5 (over 5 step(s), read from metric kl): 20 at step 15." in message
     assert f"https://rl.example.org/api/runs/{spiking_run.pk}/monitors/evidence/?step=15&window=5" in message
+    assert health.report(spiking_run)["rules"][0]["delivered"] is True
 
 
 def test_a_run_with_no_new_metric_point_is_not_read_again(spiking_run, project, project_rule, receiver, monkeypatch):
@@ -64,6 +65,8 @@ def test_a_rule_without_an_alert_is_shown_on_the_run_page_only(spiking_run, proj
     kl_rule(project)
     alerts.tick()
     assert not AlertDelivery.objects.exists() and receiver.bodies == []
+    report = health.report(spiking_run)  # the run page still shows the crossing, and says it goes nowhere
+    assert [alert["step"] for alert in report["alerts"]] == [15] and report["rules"][0]["delivered"] is False
 
 
 def test_the_webhook_is_sent_through_the_egress_guard(spiking_run, project, project_rule, receiver, settings):

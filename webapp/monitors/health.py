@@ -224,7 +224,8 @@ def report(run: Run) -> dict[str, Any]:
 
 def rule_body(rule: MonitorRule) -> dict[str, Any]:
     return {"id": rule.pk, "project": rule.project_id, "monitor": rule.monitor, "label": rule.get_monitor_display(),
-            "threshold": rule.threshold, "window": rule.window, "enabled": rule.enabled}
+            "threshold": rule.threshold, "window": rule.window, "enabled": rule.enabled,
+            "delivered": rule.alert_id is not None}
 
 
 def _prompt_of(row: StoredEpisode) -> tuple:

@@ -30,7 +30,9 @@
       el(tr, "td", m.what + (m.source ? " (" + m.source + ", window " + m.window + ")" : ""), "muted");
     }
     root.querySelector("#monitors-note").textContent = "Steps " + body.step_min + "–" + body.step_max + ". " +
-      (body.rules.length ? body.rules.length + " rule(s) of the project on." : "The project has no monitor rule on.");
+      (body.rules.length ? body.rules.length + " rule(s) of the project on, " +
+        body.rules.filter(r => r.delivered).length + " also delivered to an alert target (the others are shown here only)."
+        : "The project has no monitor rule on.");
     const alerts = root.querySelector("#monitor-alerts");
     alerts.textContent = "";
     if (!body.alerts.length) el(alerts, "li", body.rules.length ? "No rule fired." : "No alerts: no rule is on.", "muted");
