@@ -292,6 +292,8 @@ def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
                 # the project's number and the uploader clears stored ones from the scratch folder.
                 kwargs["config"]["trainer.max_checkpoints"] = 0
             trainer = AgentTrainer(**kwargs, sinks=sinks, **attempt.trainer_hooks())
+            if uploader is not None:  # the store keeps the run's best checkpoints by the backend's own rule
+                uploader.best = getattr(trainer.train_processor, "best_checkpoint_steps", None)
             spec = check_spec(kwargs, run.config_overrides)  # what the form checked, checked again where it runs
             check_platform_keys(trainer, spec["pinned"], spec["user_keys"])
             if hasattr(trainer.train_processor, "remote_ids_callback"):  # remote backends: show job/deployment ids as they appear

@@ -11,7 +11,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from training.log import logger
 from training.rollouts.outcomes import RewardTrace, learning_warnings
@@ -372,10 +372,8 @@ class TrainerProcessor(ABC):
         kept = {step for step, _ in found[-keep:]}
         metric = getattr(trainer, "metric_for_best_model", None)
         if metric:
-            values = {**read_best_metric(folder, metric), **self.best_metric.values}
-            present = {step for step, _ in found}
-            values = {step: value for step, value in values.items() if step in present}
-            kept |= set(best_steps(values, trainer.keep_best_checkpoints, greater_is_better(trainer)))
+            values = self._best_metric_values([step for step, _ in found])
+            kept |= self.best_checkpoint_steps([step for step, _ in found])
             (folder / BEST_METRIC_FILE).write_text(json.dumps(
                 {"metric": metric, "values": {str(step): values[step] for step in sorted(values) if step in kept}}))
         if self.kept_checkpoints is not None:  # named by the platform's aliases: asked at each rotation
@@ -383,6 +381,25 @@ class TrainerProcessor(ABC):
         for step, path in found:
             if step not in kept:
                 shutil.rmtree(path, ignore_errors=True)
+
+    def best_checkpoint_steps(self, steps: Iterable[int]) -> set[int]:
+        """Which of the checkpoints of ``steps`` a rotation keeps as the best: the best
+        ``trainer.keep_best_checkpoints`` by ``trainer.metric_for_best_model``, ranked by the metric's value
+        at each one's own step (empty without the metric). The one rule of the run's published checkpoints
+        (``_rotate_published``) and of the artifact store's copies (``RunUploader``'s pruning)."""
+        trainer = getattr(getattr(self, "config", None), "trainer", None)
+        if not getattr(trainer, "metric_for_best_model", None):
+            return set()
+        values = self._best_metric_values(steps)
+        return set(best_steps(values, trainer.keep_best_checkpoints, greater_is_better(trainer)))
+
+    def _best_metric_values(self, steps: Iterable[int]) -> dict[int, float]:
+        """The value of ``trainer.metric_for_best_model`` at each of ``steps`` known: those kept beside the
+        published checkpoints (``BEST_METRIC_FILE``, earlier attempts') and those this attempt logged."""
+        metric = self.config.trainer.metric_for_best_model
+        values = {**read_best_metric(self.checkpoint_dir(), metric), **self.best_metric.values}
+        wanted = set(steps)
+        return {step: value for step, value in values.items() if step in wanted}
 
     @classmethod
     def environment_status(cls, config: Any = None) -> dict[str, str | None]:

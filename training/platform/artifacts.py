@@ -238,19 +238,25 @@ class ArtifactStore:
         return target
 
 
-def prune_checkpoints(store: ArtifactStore, prefix: str, keep: int, kept: set[int] = frozenset()) -> list[str]:
-    """Remove all but the ``keep`` newest complete checkpoints under ``prefix`` and those of the
-    steps in ``kept`` (the marker first, so a half-removed one is never taken for whole). Returns
-    the names removed."""
+def prune_checkpoints(store: ArtifactStore, prefix: str, keep: int, kept: set[int] = frozenset(),
+                      best: Callable[[list[int]], set[int]] | None = None) -> list[str]:
+    """Remove all but the ``keep`` newest complete checkpoints under ``prefix``, those of the steps in
+    ``kept`` and those ``best`` picks among the stored steps (the run's best by its metric, the rule of
+    its local rotation: ``TrainerProcessor.best_checkpoint_steps``), the marker first, so a half-removed
+    one is never taken for whole. Returns the names removed."""
+    stored = store.stored_checkpoints(prefix)
+    if keep > 0 and best is not None and len(stored) > keep:
+        kept = set(kept) | set(best([step for step, _ in stored]))
     removed = []
-    for step, name in store.stored_checkpoints(prefix)[:-keep] if keep > 0 else []:
+    for step, name in stored[:-keep] if keep > 0 else []:
         if step in kept:
             continue
         store.delete(f"{prefix}/{name}/{STORED_MARKER}")
         store.delete(f"{prefix}/{name}")
         removed.append(name)
     if removed:
-        logger.info("artifact store: removed checkpoint(s) %s (the newest %d are kept)", ", ".join(removed), keep)
+        logger.info("artifact store: removed checkpoint(s) %s (the newest %d are kept, and the best and aliased ones)",
+                    ", ".join(removed), keep)
     return removed
 
 
@@ -270,7 +276,7 @@ class RunUploader:
     between tries) until it is stored. At most ``max_pending`` checkpoints wait: when the store is
     slower than training, the oldest waiting one is dropped for the newer (resuming needs the newest).
     With ``keep_last``, only that many of the newest stored checkpoints are kept (and those of the
-    steps ``kept`` names, asked at each pruning). Local copies of
+    steps ``kept`` names, asked at each pruning, and those ``best`` picks among the stored). Local copies of
     stored checkpoints older than the newest are removed from the scratch folder.
     ``finish`` stores the final model and the run files and waits until everything is stored.
     ``may_write`` (a platform attempt's fencing token) is asked before each upload: once it says
@@ -279,10 +285,14 @@ class RunUploader:
 
     def __init__(self, store: ArtifactStore, prefix: str, scratch: str | Path, log_name: str = "",
                  max_pending: int = 8, retry_max_seconds: float = 30.0, keep_last: int | None = None,
-                 may_write: Callable[[], bool] | None = None, kept: Callable[[], set[int]] | None = None) -> None:
+                 may_write: Callable[[], bool] | None = None, kept: Callable[[], set[int]] | None = None,
+                 best: Callable[[list[int]], set[int]] | None = None) -> None:
         self.store = store
         self.may_write = may_write
         self.kept = kept  # steps whose stored checkpoints are never pruned (a platform's aliases)
+        # Among the stored steps, the best checkpoints by the run's metric, never pruned either (the
+        # backend's ``best_checkpoint_steps``, which the worker sets once the trainer is built).
+        self.best = best
         self.superseded = False
         self.keep_last = keep_last
         self.prefix = prefix.strip("/")
@@ -420,7 +430,7 @@ class RunUploader:
             self._drop_local_copies(upload.local)
             if self.keep_last:
                 prune_checkpoints(self.store, upload.key.rsplit("/", 1)[0], self.keep_last,
-                                  set(self.kept()) if self.kept is not None else frozenset())
+                                  set(self.kept()) if self.kept is not None else frozenset(), best=self.best)
 
     def _drop_local_copies(self, newest: Path) -> None:
         """The scratch folder keeps only the newest stored checkpoint: older ones are in the store
