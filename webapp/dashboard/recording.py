@@ -298,9 +298,12 @@ class EpisodeWriter(BackgroundFlusher):
         return sum(len(records) for _, records in stored)
 
     def _holds_run(self) -> bool:
+        """False once the run is held by another attempt, or ended (as ``lock_for_attempt`` judges:
+        a row this connection cannot read is no answer; the write that follows fails and is retried)."""
         if self.attempt is None:
             return True
-        return Run.objects.filter(pk=self.run_id, attempts=self.attempt, status=Run.Status.RUNNING).exists()
+        row = Run.objects.filter(pk=self.run_id).values_list("status", "attempts").first()
+        return row is None or (row[0] == Run.Status.RUNNING and row[1] == self.attempt)
 
 
 def episode_row(run_id: int, step: int, position: int, episode: dict[str, Any]) -> EpisodeSample:

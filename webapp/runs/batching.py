@@ -308,7 +308,8 @@ class BackgroundFlusher:
             while len(self._waiting) > (1 if segment is not None else 0):  # older reports first
                 path = self._waiting[0]
                 self.write(self.batch_from_records(Spool.read(path)))
-                self._waiting.pop(0)
+                if self._waiting[:1] == [path]:  # (``abandon``, from another thread, may have emptied it)
+                    self._waiting.pop(0)
                 self.spool.discard(path)
             result = self.write(batch)
         except AttemptSuperseded:
@@ -325,7 +326,8 @@ class BackgroundFlusher:
                     self.keep_unspooled(batch)
             raise
         if segment is not None:
-            self._waiting.remove(segment)
+            if segment in self._waiting:
+                self._waiting.remove(segment)
             self.spool.discard(segment)
         if self._failing_since is not None:
             logger.warning("%s: the database is back; buffered reports written after %.0f s.",
