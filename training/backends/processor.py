@@ -373,7 +373,7 @@ class TrainerProcessor(ABC):
         metric = getattr(trainer, "metric_for_best_model", None)
         if metric:
             values = self._best_metric_values([step for step, _ in found])
-            kept |= self.best_checkpoint_steps([step for step, _ in found])
+            kept |= self._best_of(values)
             (folder / BEST_METRIC_FILE).write_text(json.dumps(
                 {"metric": metric, "values": {str(step): values[step] for step in sorted(values) if step in kept}}))
         if self.kept_checkpoints is not None:  # named by the platform's aliases: asked at each rotation
@@ -390,7 +390,10 @@ class TrainerProcessor(ABC):
         trainer = getattr(getattr(self, "config", None), "trainer", None)
         if not getattr(trainer, "metric_for_best_model", None):
             return set()
-        values = self._best_metric_values(steps)
+        return self._best_of(self._best_metric_values(steps))
+
+    def _best_of(self, values: dict[int, float]) -> set[int]:
+        trainer = self.config.trainer
         return set(best_steps(values, trainer.keep_best_checkpoints, greater_is_better(trainer)))
 
     def _best_metric_values(self, steps: Iterable[int]) -> dict[int, float]:
