@@ -46,7 +46,7 @@ def test_a_fork_is_shown_beside_its_parent(live_platform, browser, make_run, log
         assert page.url.endswith(f"/runs/{child.pk}/")
         assert " ".join(page.inner_text("#run-parent").split()) == (
             f"Forked from run #{parent.pk} lineage parent at step 2 · compare with it.")
-        assert "Optimizer state not carried" in page.inner_text("#run-fork-note")
+        assert "Optimizer state: carried from the checkpoint when training begins" in page.inner_text("#run-fork-note")
 
         page.click(f"#run-parent a[href='/runs/{parent.pk}/']")
         page.wait_for_selector("#run-children")

@@ -46,7 +46,8 @@ def test_a_fork_records_its_parent_and_step_and_starts_from_that_checkpoint(api_
     body = answer.json()
     assert (body["parent"], body["parent_step"], body["model"]) == (parent.pk, 2, f"run:{parent.pk}@2")
     assert body["name"] == "parent fork @2" and body["status"] == "queued"
-    assert "Optimizer state not carried" in body["fork_note"] and f"run {parent.pk}'s checkpoint at step 2" in body["fork_note"]
+    assert f"run {parent.pk}'s checkpoint at step 2" in body["fork_note"]
+    assert "Optimizer state: carried from the checkpoint when training begins" in body["fork_note"]  # a trl fork, queued
 
     shown = client.get(f"/api/runs/{body['id']}/").json()
     assert (shown["parent"], shown["parent_step"]) == (parent.pk, 2)
@@ -173,7 +174,7 @@ def test_the_run_pages_fork_through_the_form_and_show_the_lineage(page_client, o
 
     page = client.get(f"/runs/{child.pk}/").content.decode()
     assert f'Forked from <a href="/runs/{parent.pk}/">run #{parent.pk} parent</a>' in page
-    assert "at step <strong>2</strong>" in page and "Optimizer state not carried" in page
+    assert "at step <strong>2</strong>" in page and "Optimizer state: carried from the checkpoint when training begins" in page
     assert f'href="/dashboard/compare/?runs={parent.pk},{child.pk}"' in page
     page = client.get(f"/runs/{parent.pk}/").content.decode()
     assert f'<a href="/runs/{child.pk}/">#{child.pk} the fork</a> (from step 2)' in page
@@ -230,7 +231,7 @@ def test_the_command_line_forks_a_run(live_server, owner, parent, token_of, no_q
     assert code == 0, capsys.readouterr().err
     child = Run.objects.get(name="from the terminal")
     assert (child.parent_id, child.parent_step, child.config_overrides[LR]) == (parent.pk, 4, 0.001)
-    assert f"run {child.pk} queued" in out.getvalue() and "Optimizer state not carried" in out.getvalue()
+    assert f"run {child.pk} queued" in out.getvalue() and "Optimizer state: carried from the checkpoint when training begins" in out.getvalue()
 
     assert cli(["--url", live_server.url, "--token", token_of(owner), "fork", str(parent.pk), "--step", "3"]) == 1
     err = capsys.readouterr().err

@@ -1,6 +1,7 @@
 """A fork trains from its parent's checkpoint: a parent trained by the worker on the trl backend
 (the tiny model, built from a config: no download) publishes a checkpoint at every step; a fork from
-step 1 starts from exactly those weights, not the base model's nor a later checkpoint's."""
+step 1 starts from exactly those weights, not the base model's nor a later checkpoint's, and with that
+checkpoint's optimizer state (recorded on the fork, said in its note)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,7 @@ def test_a_fork_starts_from_the_weights_of_its_parents_checkpoint(make_run, sett
     assert train_run(claim(fork.pk, "w").pk) == Run.Status.SUCCEEDED, Run.objects.get(pk=fork.pk).error
     assert [value for _, value in points_after(fork.pk, -1)["lr"]] == [0.0]
     assert same(weights(fork.folder() / "final_model"), at_step_1)
+    # With the optimizer state saved in that checkpoint, as its training reported when it began.
+    fork.refresh_from_db()
+    assert fork.optimizer_state == {"carried": True, "why": ""}
+    assert "Optimizer state carried from step 1" in api_client(owner).get(f"/api/runs/{fork.pk}/").json()["fork_note"]

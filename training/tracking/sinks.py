@@ -124,6 +124,12 @@ class MultiSink:
         files (``training.platform.artifacts.CheckpointUploadSink``) define it."""
         self._each("log_checkpoint", step, path, optional=True)
 
+    def log_optimizer_state(self, record: dict[str, Any]) -> None:
+        """What a run starting from a checkpoint's weights (a fork) carried of that checkpoint's optimizer
+        state: ``{"carried": bool, "why": str}`` (why not; empty when carried). Optional for a sink: a
+        platform's defines it to record it on the run."""
+        self._each("log_optimizer_state", record, optional=True)
+
     def __enter__(self) -> "MultiSink":
         return self
 

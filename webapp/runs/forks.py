@@ -9,8 +9,11 @@ into a project where they may start runs; the fork records its parent and step (
 ``Run.parent_step``), and every way to create one (run page, playground, API, command line) goes
 through the run form and ``submission.submit``.
 
-The fork starts from the checkpoint's weights with a fresh optimizer and learning-rate schedule,
-its own step count starting at 1 (``optimizer_note`` says so on its page and in the API).
+The fork starts from the checkpoint's weights with its own learning-rate schedule, its step count
+starting at 1. On the trl backend it also starts with the checkpoint's optimizer state where it fits
+(the same trained parameters and shapes; ``training.backends.trl.optimizer_state``); its training
+reports what it carried or why not (``Run.optimizer_state``), and ``optimizer_note`` says so on its
+page and in the API. The other backends start a fork with a fresh optimizer, and the note says that.
 """
 
 from __future__ import annotations
@@ -63,11 +66,28 @@ def step_problem(parent: Run, step: int) -> str | None:
             f"steps and the oldest removed past trainer.max_checkpoints); its stored checkpoints: {stored}.")
 
 
+CARRIES_OPTIMIZER_STATE = ("trl",)  # the backends whose training carries a checkpoint's optimizer state into a fork
+
+
 def optimizer_note(run: Run) -> str:
-    """What a fork carried over from its parent, in words for its page and the API ('' for a run that is no fork)."""
+    """What a fork carried over from its parent, in words for its page and the API ('' for a run that is no fork):
+    the weights always; the optimizer state as its training reported it (``Run.optimizer_state``)."""
     if run.parent_step is None:
         return ""
     parent = f"run {run.parent_id}" if run.parent_id else "its parent run (since deleted)"
-    return (f"Started from the weights of {parent}'s checkpoint at step {run.parent_step}, with its own steps counted "
-            "from 1. Optimizer state not carried: a fork starts with a fresh optimizer and learning-rate schedule "
-            "(the platform carries no optimizer state into a fork on any backend yet).")
+    weights = (f"Started from the weights of {parent}'s checkpoint at step {run.parent_step}, with its own steps counted "
+               "from 1 and its own learning-rate schedule (the parent's schedule is not carried).")
+    record = run.optimizer_state
+    if record and record.get("carried"):
+        return (f"{weights} Optimizer state carried from step {run.parent_step} (the optimizer's moments; its "
+                "learning rate and other settings are the fork's own).")
+    if record:
+        return f"{weights} Optimizer state not carried: {record.get('why') or 'no reason given'}; it trained with a fresh optimizer."
+    processor = run.backend.processor if run.backend_id else ""
+    if processor not in CARRIES_OPTIMIZER_STATE:
+        return (f"{weights} Optimizer state not carried: the {processor or 'chosen'} backend starts a fork with a fresh "
+                "optimizer (only the trl backend carries a checkpoint's optimizer state).")
+    if run.status == Run.Status.QUEUED or (run.status == Run.Status.RUNNING and not run.steps):
+        return (f"{weights} Optimizer state: carried from the checkpoint when training begins, where it fits this run's "
+                "trained parameters (said here then).")
+    return f"{weights} Optimizer state: not reported (the fork ended before its training began, or ran before this was recorded)."

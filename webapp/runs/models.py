@@ -132,6 +132,12 @@ class Run(models.Model):
     parent = models.ForeignKey("self", on_delete=models.SET_NULL, related_name="forks", null=True, blank=True,
                                help_text="The run this one was forked from.")
     parent_step = models.PositiveIntegerField(null=True, blank=True, help_text="The parent's checkpoint step it started from.")
+    # What its training carried of the optimizer state saved beside the weights it started from (a
+    # fork's: its parent's checkpoint), as the backend reported it when training began
+    # (``MultiSink.log_optimizer_state``, trl only): {"carried": bool, "why": str}; ``forks.optimizer_note``
+    # words it. Null: nothing reported (not begun yet, or a backend that never carries it); a resumed
+    # attempt loads its own checkpoint's optimizer and leaves the first attempt's record.
+    optimizer_state = models.JSONField(null=True, blank=True)
     # What the run trains, resolved once when it was submitted and checked in the sandbox
     # (``trainer_args.run_spec``): every attempt builds its trainer from this, never from the
     # registry rows as they are later. Null: a run from before specs (resolved at its next attempt).

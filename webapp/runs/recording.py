@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from webapp.runs.batching import BackgroundFlusher
-from webapp.runs.models import RunLog, lock_for_attempt, run_logs_written
+from webapp.runs.models import Run, RunLog, lock_for_attempt, run_logs_written
 
 
 class RunRecorder(BackgroundFlusher):
@@ -106,6 +106,19 @@ class DatabaseSink:
 
     def log_episodes(self, step: int, episodes: list[dict[str, Any]]) -> None:
         pass  # webapp.dashboard.recording.DashboardSink stores them for the episode viewer
+
+    def log_optimizer_state(self, record: dict[str, Any]) -> None:
+        """What a fork carried of its parent checkpoint's optimizer state, on the run's row while this
+        attempt holds it (``forks.optimizer_note`` words it). Once, as training begins: a database away
+        then costs the record (the note says it was not reported), never the run."""
+        rows = Run.objects.filter(pk=self.recorder.run_id, status=Run.Status.RUNNING)
+        if self.recorder.attempt is not None:
+            rows = rows.filter(attempts=self.recorder.attempt)
+        try:
+            rows.update(optimizer_state={"carried": bool(record.get("carried")), "why": str(record.get("why") or "")})
+        except DatabaseError as exc:
+            logging.getLogger("training").warning("Run %s: what the fork carried of its optimizer state was not recorded "
+                                                  "(%s).", self.recorder.run_id, exc.__class__.__name__)
 
     def close(self) -> None:
         self.recorder.flush()

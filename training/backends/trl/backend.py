@@ -8,6 +8,11 @@ what the model produced.
 Step semantics: one training step is one optimizer step of TRL (``trainer.total_training_steps``
 maps to ``max_steps``); with the defaults each step generates ``data.train_batch_size`` prompts x
 ``actor_rollout_ref.rollout.n`` episodes.
+
+A run whose model path is a trainer checkpoint folder (a platform fork's is its parent's
+``checkpoint-<n>``) starts with that checkpoint's optimizer state where it fits, with its own learning
+rate and schedule (``training.backends.trl.optimizer_state``); the sinks are told what was carried
+(``log_optimizer_state``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 
 from training.backends.base import BuiltinProcessor, TrainResult
 from training.backends.trl.names import TRL_IMPORTANCE_SAMPLING, TRL_LOSS_TYPES
+from training.backends.trl.optimizer_state import OPTIMIZER_FILE, TRAINER_STATE_FILE, carry_optimizer_state
 from training.config import Config
 from training.data import dataset_to_tasks
 from training.log import logger
@@ -287,6 +293,23 @@ class _TRLRun:
             run_path=self.processor.run_path, steps=steps, metrics=dict(self.last_metrics),
             checkpoint=str(final_dir), stopped=False,
         )
+
+    def start_optimizer(self, optimizer: Any) -> None:
+        """At a run's fresh start from a model folder (a fork's is its parent's ``checkpoint-<n>``): carry
+        the optimizer state saved beside those weights into the fresh ``optimizer`` where it fits
+        (``carry_optimizer_state``), and tell the sinks what was carried or why not
+        (``log_optimizer_state``: ``{"carried": bool, "why": str}``). Not on a resume: that loads its own
+        checkpoint's optimizer and schedule."""
+        folder = Path(self.config.actor_rollout_ref.model.path)
+        if not folder.is_dir():  # a hub id: weights only
+            return
+        why = carry_optimizer_state(optimizer, folder)
+        if why is None:
+            logger.info("optimizer state carried from %s (the learning rate and its schedule are this run's own, "
+                        "counted from step 1)", folder)
+        elif any((folder / name).is_file() for name in (OPTIMIZER_FILE, TRAINER_STATE_FILE)):
+            logger.warning("optimizer state not carried from %s: %s; training with a fresh optimizer", folder, why)
+        self.processor.sinks.log_optimizer_state({"carried": why is None, "why": why or ""})
 
     # -- single turn -----------------------------------------------------------------------
     def single_turn_reward(self, prompts: list, completions: list, **columns: Any) -> list[float]:
@@ -687,7 +710,9 @@ def _make_sink_callback(run: _TRLRun):
         """Routes TRL's logs to our sinks, scores the test dataset on schedule, and polls the
         cooperative stop flag once per step."""
 
-        def on_train_begin(self, args, state, control, **kwargs):
+        def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+            if state.global_step == 0:  # a resume has loaded its own checkpoint's optimizer
+                run.start_optimizer(optimizer)
             # Not again when resuming from a checkpoint: the run scored its start before its first step.
             if run.val_tasks and run.config.trainer.val_before_train and state.global_step == 0:
                 run.log_validation(state.global_step, run.validate(state.global_step))
