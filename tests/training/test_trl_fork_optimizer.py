@@ -1,7 +1,7 @@
 """A run of the trl backend that starts from another run's checkpoint (a fork: its model path is that
 ``checkpoint-<n>`` folder) starts with that checkpoint's optimizer state where it fits, with its own
-learning rate; where it does not fit (a LoRA fork of a fully fine-tuned checkpoint) it starts with a
-fresh optimizer and says why. The tiny model is built from a config: no download."""
+learning rate; where it does not fit (a LoRA fork of a fully fine-tuned checkpoint, any fork of a LoRA
+checkpoint) it starts with a fresh optimizer and says why. The tiny model is built from a config: no download."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from training import AgentTrainer
+from training.config import Config
+from training.rollouts.models import load_policy
 from training.backends.trl.optimizer_state import state_mismatch
 
 PROMPTS = [{"prompt": p} for p in ("x=", "y=")]
@@ -100,6 +102,28 @@ def test_a_lora_fork_of_a_full_checkpoint_starts_fresh_and_says_why(parent_check
     assert record["carried"] is False
     assert "parameter tensors" in record["why"] and "LoRA against full fine-tuning" in record["why"], record
     assert first_step_optimizer[0]["state"] == {}  # a fresh optimizer: no moments yet
+
+
+def test_a_fork_of_a_lora_checkpoint_starts_fresh_and_says_why(tmp_path, first_step_optimizer):
+    """Its adapter is merged into the fork's weights and the fork trains a new one of the same shapes:
+    the saved moments are not of it."""
+    lora = {"actor_rollout_ref.model.lora_rank": 4}
+    config = {**SMALL, "actor_rollout_ref.model.path": "tiny-char", "trainer.total_training_steps": 1,
+              "trainer.save_freq": 1, **lora}
+    AgentTrainer(train_dataset=PROMPTS, reward_func=odd_first_character, backend="trl", run_path=str(tmp_path / "parent"),
+                 config=config).train()
+    checkpoint = tmp_path / "parent" / "checkpoints" / "checkpoint-1"
+    assert (checkpoint / "optimizer.pt").is_file() and (checkpoint / "adapter_config.json").is_file()
+    sink = OptimizerStateSink()
+    AgentTrainer(train_dataset=PROMPTS, reward_func=odd_first_character, backend="trl", run_path=str(tmp_path / "fork"),
+                 config=fork(checkpoint, tmp_path, **lora), sinks=[sink]).train()
+
+    [record] = sink.records
+    assert record["carried"] is False and "the checkpoint is a LoRA adapter" in record["why"], record
+    assert first_step_optimizer[0]["state"] == {}
+    # A fork that trains every weight instead gets them all to train (peft's merge leaves them frozen).
+    model, _, _ = load_policy(Config.build(fork(checkpoint, tmp_path)), str(tmp_path / "full"))
+    assert all(param.requires_grad for param in model.parameters())
 
 
 def test_a_state_of_other_shapes_or_another_optimizer_does_not_fit():

@@ -37,6 +37,8 @@ def load_policy(config: Config, run_path: str | Path):
     model_cfg = config.actor_rollout_ref.model
     if is_adapter(path):  # a LoRA run's trained model (run:<id>): its base with the adapter merged in
         model, tokenizer = load_trained(path, dtype=model_cfg.dtype, trust_remote_code=model_cfg.trust_remote_code)
+        # peft loads an adapter frozen and its merge keeps the weights so: this run trains them (or a new adapter).
+        model.requires_grad_(True)
         # A new adapter trained on these merged weights names the adapter folder as its base, not the first base.
         model.config._name_or_path = str(Path(path).resolve())
         return model, tokenizer, path

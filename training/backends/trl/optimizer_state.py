@@ -5,14 +5,17 @@ Only the state is carried (AdamW's moments and its step counts, per parameter); 
 parameter groups (learning rate, weight decay, betas) stay the new run's own, so a learning rate
 changed for the fork takes effect. The learning-rate schedule is not carried: the new run counts
 its own steps from 1. The state is carried only where it fits: the same parameter groups holding
-the same number of parameters of the same shapes, saved by the same kind of optimizer; else the run
-starts with a fresh optimizer, and the reason is said.
+the same number of parameters of the same shapes, saved by the same kind of optimizer, and not a
+LoRA adapter's (which the new run merges into its weights, training a new adapter of the same shapes);
+else the run starts with a fresh optimizer, and the reason is said.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from training.rollouts.models import is_adapter
 
 OPTIMIZER_FILE = "optimizer.pt"  # what transformers' Trainer saves in each checkpoint (OPTIMIZER_NAME)
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -24,6 +27,9 @@ def carry_optimizer_state(optimizer: Any, checkpoint: str | Path) -> str | None:
     parameter-group settings. Returns None when carried, else why not (``optimizer`` is then as it was)."""
     import torch  # brings in torch: imported on first use
 
+    if is_adapter(checkpoint):
+        return ("the checkpoint is a LoRA adapter, which a run starting from it merges into its weights before it "
+                "trains new parameters (a new adapter, or every weight): the saved state is of the merged adapter")
     path = Path(checkpoint) / OPTIMIZER_FILE
     if not path.is_file():
         saved_by_trainer = (Path(checkpoint) / TRAINER_STATE_FILE).is_file()
