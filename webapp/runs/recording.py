@@ -115,7 +115,7 @@ class DatabaseSink:
         if self.recorder.attempt is not None:
             rows = rows.filter(attempts=self.recorder.attempt)
         try:
-            rows.update(optimizer_state={"carried": bool(record.get("carried")), "why": str(record.get("why") or "")})
+            rows.update(optimizer_state={"carried": bool(record.get("carried")), "why": str(record.get("why") or "")[:1000]})
         except DatabaseError as exc:
             logging.getLogger("training").warning("Run %s: what the fork carried of its optimizer state was not recorded "
                                                   "(%s).", self.recorder.run_id, exc.__class__.__name__)
