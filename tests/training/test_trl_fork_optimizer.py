@@ -6,6 +6,7 @@ checkpoint) it starts with a fresh optimizer and says why. The tiny model is bui
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from training import AgentTrainer
 from training.config import Config
 from training.rollouts.models import load_policy
-from training.backends.trl.optimizer_state import state_mismatch
+from training.backends.trl.optimizer_state import carry_optimizer_state, state_mismatch
 
 PROMPTS = [{"prompt": p} for p in ("x=", "y=")]
 SMALL = {"actor_rollout_ref.rollout.n": 2, "data.train_batch_size": 2, "data.max_response_length": 2,
@@ -137,3 +138,27 @@ def test_a_state_of_other_shapes_or_another_optimizer_does_not_fit():
     sgd = {"state": {0: {"momentum_buffer": torch.zeros(3, 2)}}, "param_groups": [{"params": [0], "momentum": 0.9, "nesterov": False}]}
     assert "another kind" in state_mismatch(groups, sgd)
     assert "holds no optimizer state" in state_mismatch(groups, [1, 2])
+
+
+class Planted:
+    """An object whose unpickling would run code (touch a file): what a parent run's own process could
+    write into its checkpoint's optimizer.pt."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def test_an_optimizer_file_that_holds_more_than_tensors_is_not_loaded(tmp_path):
+    weight = torch.nn.Parameter(torch.zeros(3, 2))
+    optimizer = torch.optim.AdamW([weight])
+    marker = tmp_path / "ran"
+    torch.save({"state": {}, "param_groups": [{"params": [0]}], "planted": Planted(marker)}, tmp_path / "optimizer.pt")
+    why = carry_optimizer_state(optimizer, tmp_path)
+    assert why.startswith("the checkpoint's optimizer.pt could not be read (UnpicklingError"), why
+    assert not marker.exists() and optimizer.state_dict()["state"] == {}
+    (tmp_path / "optimizer.pt").unlink()
+    (tmp_path / "trainer_state.json").write_text("{}")
+    assert carry_optimizer_state(optimizer, tmp_path) == "the checkpoint holds no optimizer.pt (saved with the weights only)"
