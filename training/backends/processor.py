@@ -477,11 +477,18 @@ def best_steps(values: dict[int, float], count: int, greater: bool) -> list[int]
 def read_best_metric(folder: Path, metric: str) -> dict[int, float]:
     """The values ``BEST_METRIC_FILE`` in ``folder`` keeps for ``metric`` (empty: none, or another metric's)."""
     try:
-        kept = json.loads((folder / BEST_METRIC_FILE).read_text())
+        return parse_best_metric(json.loads((folder / BEST_METRIC_FILE).read_text()), metric)
+    except (OSError, ValueError):
+        return {}
+
+
+def parse_best_metric(kept: Any, metric: str) -> dict[int, float]:
+    """The values a ``BEST_METRIC_FILE``'s content (parsed) keeps for ``metric`` (empty: another metric's, or not one)."""
+    try:
         if kept.get("metric") != metric:
             return {}
         return {int(step): float(value) for step, value in kept.get("values", {}).items()}
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         return {}
 
 
