@@ -13,6 +13,7 @@ from django.core.management import call_command
 
 from training.backends.processor import write_best_metric
 from training.platform.artifacts import RunUploader
+from webapp.checkpoints.models import CheckpointAlias
 from webapp.runs import artifacts
 from webapp.runs.models import Run
 
@@ -86,3 +87,11 @@ def test_without_the_metric_only_the_newest_are_kept(trained_run, project):
     project.save()
     call_command("artifacts", "retention", stdout=io.StringIO())
     assert kept_steps(trained_run) == [4, 5]
+
+
+def test_retention_keeps_a_checkpoint_a_project_alias_names(trained_run, project):
+    CheckpointAlias.objects.create(project=project, name="candidate", run=trained_run, step=2)
+    project.keep_checkpoints = 2
+    project.save()
+    call_command("artifacts", "retention", stdout=io.StringIO())
+    assert kept_steps(trained_run) == [1, 2, 4, 5]  # the newest two, the best by reward, the aliased one

@@ -127,23 +127,24 @@ def keep_checkpoints(run) -> int | None:
 
 def apply_retention(run) -> list[str]:
     """Remove the checkpoints of ``run`` past the newest ``keep_checkpoints(run)`` from the store, except
-    its best ones (``best_checkpoints``, the rule of its own rotation): at most ``keep_checkpoints(run)``
-    + ``trainer.keep_best_checkpoints`` are kept. The final model is never one of them. Returns the keys
-    removed."""
+    its best ones (``best_checkpoints``) and those a project alias names, as its own rotation keeps
+    them: at most ``keep_checkpoints(run)`` + ``trainer.keep_best_checkpoints`` are kept, and the aliased
+    ones besides. The final model is never one of them. Returns the keys removed."""
     keep = keep_checkpoints(run)
     if not keep:
         return []
     prefix = run_prefix(run)
     if prefix is None:
         return []
+    aliased = set(run.aliases.values_list("step", flat=True))  # the checkpoints app's aliases, read through the relation
     if shared():
-        return [f"{prefix}/checkpoints/{name}"
-                for name in prune_checkpoints(store(), f"{prefix}/checkpoints", keep, best=lambda steps: best_checkpoints(run, steps))]
+        return [f"{prefix}/checkpoints/{name}" for name in prune_checkpoints(
+            store(), f"{prefix}/checkpoints", keep, aliased, best=lambda steps: best_checkpoints(run, steps))]
     removed = []
     found = run_checkpoints(run)
-    best = best_checkpoints(run, [step for step, _ in found]) if len(found) > keep else set()
+    kept = aliased | (best_checkpoints(run, [step for step, _ in found]) if len(found) > keep else set())
     for step, key in found[:-keep]:
-        if step not in best:
+        if step not in kept:
             store().delete(key)
             removed.append(key)
     return removed
