@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from training import AgentTrainer
-from training.platform.artifacts import ArtifactStore, RunUploader, prune_checkpoints
+from training.platform.artifacts import ArtifactStore, RunUploader, fetch_run_files, prune_checkpoints
 
 
 @pytest.fixture(params=["s3", "folder"])
@@ -68,3 +68,38 @@ def test_without_the_metric_only_the_newest_are_kept(store, tmp_path):
         ranking.sinks.log_metrics(step, {"reward": 1.0 if step == 1 else 0.0})
         store.put_dir(write_checkpoint(tmp_path / f"checkpoint-{step}", step), f"q/checkpoint-{step}")
     assert prune_checkpoints(store, "q", 1, best=ranking.best_checkpoint_steps) == ["checkpoint-1", "checkpoint-2"]
+
+
+def test_an_attempt_on_another_machine_keeps_the_first_attempts_best(store, tmp_path):
+    """The values that rank the best are stored beside the checkpoints: attempt 2, on a machine whose
+    scratch folder never saw attempt 1, fetches them with the run's files and ranks attempt 1's best too."""
+    keys = {"trainer.metric_for_best_model": "reward", "trainer.keep_best_checkpoints": 1}
+    machine_a, machine_b = tmp_path / "a" / "run", tmp_path / "b" / "run"
+
+    first = processor(machine_a, **keys)
+    uploader = RunUploader(store, "runs/4-c", machine_a, keep_last=1, best=first.best_checkpoint_steps)
+    for step, reward in {1: 0.1, 2: 0.9, 3: 0.2}.items():  # step 2 is the best of the run
+        first.sinks.log_metrics(step, {"reward": reward})
+        uploader.checkpoint_saved(write_checkpoint(machine_a / "checkpoints" / f"checkpoint-{step}", step))
+    uploader.finish(None, timeout=60)
+    assert stored_steps(store, "runs/4-c/checkpoints") == [2, 3]
+
+    assert "checkpoints/best_metric.json" in fetch_run_files(store, "runs/4-c", machine_b)
+    second = processor(machine_b, **keys)  # built after the fetch, as the worker builds it
+    uploader = RunUploader(store, "runs/4-c", machine_b, keep_last=1, best=second.best_checkpoint_steps)
+    for step, reward in {4: 0.3, 5: 0.4, 6: 0.0}.items():  # each better than step 1 and 3, none than step 2
+        second.sinks.log_metrics(step, {"reward": reward})
+        uploader.checkpoint_saved(write_checkpoint(machine_b / "checkpoints" / f"checkpoint-{step}", step))
+    uploader.finish(None, timeout=60)
+    assert stored_steps(store, "runs/4-c/checkpoints") == [2, 6]
+
+
+def test_a_copy_left_by_an_earlier_attempt_on_this_machine_gives_way_to_the_stored_one(store, tmp_path):
+    """Attempt 1 on machine A, attempt 2 on B, attempt 3 on A again: A's copy of the values is attempt 1's."""
+    scratch = tmp_path / "a"
+    (scratch / "checkpoints").mkdir(parents=True)
+    (scratch / "checkpoints" / "best_metric.json").write_text('{"metric": "reward", "values": {"2": 0.9}}')
+    store.put_bytes(b'{"metric": "reward", "values": {"2": 0.9, "7": 1.5}}', "runs/5-d/checkpoints/best_metric.json")
+    fetch_run_files(store, "runs/5-d", scratch)
+    ranking = processor(scratch, **{"trainer.metric_for_best_model": "reward", "trainer.keep_best_checkpoints": 1})
+    assert ranking.best_checkpoint_steps([2, 7, 8]) == {7}

@@ -41,7 +41,7 @@ def test_a_crossed_rule_is_delivered_once_to_its_alerts_webhook(spiking_run, pro
     alerts.tick()
 
     delivery = AlertDelivery.objects.get()
-    assert (delivery.rule, delivery.run, delivery.event, delivery.status) == (hook, spiking_run, f"monitor:{rule.pk}", "sent")
+    assert (delivery.rule, delivery.run, delivery.event, delivery.status) == (hook, spiking_run, f"monitor:{rule.pk}@15", "sent")
     assert len(receiver.bodies) == 1
     message = receiver.bodies[0]["message"]
     assert "KL spike > 5 (over 5 step(s), read from metric kl): 20 at step 15." in message

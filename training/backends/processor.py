@@ -370,12 +370,8 @@ class TrainerProcessor(ABC):
         found = sorted((step, path) for path in folder.iterdir()
                        if path.is_dir() and (step := checkpoint_step(path.name)) is not None)
         kept = {step for step, _ in found[-keep:]}
-        metric = getattr(trainer, "metric_for_best_model", None)
-        if metric:
-            values = self._best_metric_values([step for step, _ in found])
-            kept |= self._best_of(values)
-            (folder / BEST_METRIC_FILE).write_text(json.dumps(
-                {"metric": metric, "values": {str(step): values[step] for step in sorted(values) if step in kept}}))
+        if getattr(trainer, "metric_for_best_model", None):
+            kept |= self._rank_and_record([step for step, _ in found], also=kept)
         if self.kept_checkpoints is not None:  # named by the platform's aliases: asked at each rotation
             kept |= set(self.kept_checkpoints())
         for step, path in found:
@@ -386,11 +382,24 @@ class TrainerProcessor(ABC):
         """Which of the checkpoints of ``steps`` a rotation keeps as the best: the best
         ``trainer.keep_best_checkpoints`` by ``trainer.metric_for_best_model``, ranked by the metric's value
         at each one's own step (empty without the metric). The one rule of the run's published checkpoints
-        (``_rotate_published``) and of the artifact store's copies (``RunUploader``'s pruning)."""
+        (``_rotate_published``) and of the artifact store's copies (``RunUploader``'s pruning, which
+        stores the ``BEST_METRIC_FILE`` this writes, so an attempt on another machine ranks them too)."""
         trainer = getattr(getattr(self, "config", None), "trainer", None)
         if not getattr(trainer, "metric_for_best_model", None):
             return set()
-        return self._best_of(self._best_metric_values(steps))
+        return self._rank_and_record(steps)
+
+    def _rank_and_record(self, steps: Iterable[int], also: Iterable[int] = ()) -> set[int]:
+        """The best of ``steps``; their values (and those of ``also``, known ones) are written to
+        ``BEST_METRIC_FILE`` beside the published checkpoints, for a later attempt to rank them."""
+        values = self._best_metric_values(steps)
+        best = self._best_of(values)
+        recorded = best | set(also)
+        folder = self.checkpoint_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        write_best_metric(folder, self.config.trainer.metric_for_best_model,
+                          {step: values[step] for step in values if step in recorded})
+        return best
 
     def _best_of(self, values: dict[int, float]) -> set[int]:
         trainer = self.config.trainer
@@ -468,12 +477,26 @@ def best_steps(values: dict[int, float], count: int, greater: bool) -> list[int]
 def read_best_metric(folder: Path, metric: str) -> dict[int, float]:
     """The values ``BEST_METRIC_FILE`` in ``folder`` keeps for ``metric`` (empty: none, or another metric's)."""
     try:
-        kept = json.loads((folder / BEST_METRIC_FILE).read_text())
+        return parse_best_metric(json.loads((folder / BEST_METRIC_FILE).read_text()), metric)
+    except (OSError, ValueError):
+        return {}
+
+
+def parse_best_metric(kept: Any, metric: str) -> dict[int, float]:
+    """The values a ``BEST_METRIC_FILE``'s content (parsed) keeps for ``metric`` (empty: another metric's, or not one)."""
+    try:
         if kept.get("metric") != metric:
             return {}
         return {int(step): float(value) for step, value in kept.get("values", {}).items()}
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         return {}
+
+
+def write_best_metric(folder: Path, metric: str, values: dict[int, float]) -> None:
+    """Write ``BEST_METRIC_FILE`` in ``folder`` whole (a reader never sees half of it)."""
+    partial = folder / f".{BEST_METRIC_FILE}.partial"
+    partial.write_text(json.dumps({"metric": metric, "values": {str(step): values[step] for step in sorted(values)}}))
+    os.replace(partial, folder / BEST_METRIC_FILE)
 
 
 def _link_or_copy(source: str, target: str) -> None:

@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
+from training.backends.processor import BEST_METRIC_FILE
 from training.errors import ArtifactStoreError
 from training.utils import checkpoint_step
 
@@ -34,6 +35,9 @@ STORED_MARKER = ".stored"
 # The run's own small files, copied to the store beside its checkpoints (each time one is stored, and
 # at the end); a resumed attempt elsewhere starts from them (trackers.json: the same W&B/MLflow runs).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "episodes.jsonl", "trackers.json")
+# Beside the checkpoints (``checkpoints/<name>`` in the store): the metric values that rank the run's best
+# checkpoints, stored after each pruning, so that an attempt on another machine keeps the same best.
+CHECKPOINT_FILES = (BEST_METRIC_FILE,)
 # verl writes this beside its global_step_N folders once step N is saved whole.
 VERL_LATEST = "latest_checkpointed_iteration.txt"
 
@@ -245,7 +249,7 @@ def prune_checkpoints(store: ArtifactStore, prefix: str, keep: int, kept: set[in
     its local rotation: ``TrainerProcessor.best_checkpoint_steps``), the marker first, so a half-removed
     one is never taken for whole. Returns the names removed."""
     stored = store.stored_checkpoints(prefix)
-    if keep > 0 and best is not None and len(stored) > keep:
+    if best is not None and stored:  # asked even with nothing to remove: it records the values it ranks by
         kept = set(kept) | set(best([step for step, _ in stored]))
     removed = []
     for step, name in stored[:-keep] if keep > 0 else []:
@@ -428,9 +432,13 @@ class RunUploader:
             self.stored.add(upload.key)
         if upload.checkpoint:
             self._drop_local_copies(upload.local)
-            if self.keep_last:
-                prune_checkpoints(self.store, upload.key.rsplit("/", 1)[0], self.keep_last,
+            folder = upload.key.rsplit("/", 1)[0]
+            if self.keep_last or self.best is not None:
+                prune_checkpoints(self.store, folder, self.keep_last or 0,
                                   set(self.kept()) if self.kept is not None else frozenset(), best=self.best)
+            for name in CHECKPOINT_FILES:  # written by ``best`` just now: what it ranked by, for a later attempt
+                if (upload.local.parent / name).is_file():
+                    self.store.put_file(upload.local.parent / name, f"{folder}/{name}")
 
     def _drop_local_copies(self, newest: Path) -> None:
         """The scratch folder keeps only the newest stored checkpoint: older ones are in the store
@@ -500,7 +508,9 @@ class CheckpointUploadSink:
 
 def fetch_run_files(store: ArtifactStore, prefix: str, scratch: str | Path) -> list[str]:
     """The run files (metrics, episodes, config) of an earlier attempt, into a scratch folder that
-    lacks them, so this attempt appends to them. Returns the names fetched."""
+    lacks them, so this attempt appends to them, and the files beside its checkpoints
+    (``CHECKPOINT_FILES``), always: the stored copy is the newest (each pruning stores it), a copy
+    left here by an earlier attempt on this machine may be older. Returns the names fetched."""
     fetched = []
     stored = set(store.list(prefix))
     for name in RUN_FILES:
@@ -508,6 +518,15 @@ def fetch_run_files(store: ArtifactStore, prefix: str, scratch: str | Path) -> l
         if name in stored and not target.exists():
             store.get_file(f"{prefix}/{name}", target)
             fetched.append(name)
+    for name in CHECKPOINT_FILES:
+        key = f"checkpoints/{name}"
+        if key in stored:
+            target = Path(scratch) / key
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f".{name}.partial")
+            store.get_file(f"{prefix}/{key}", partial)
+            os.replace(partial, target)
+            fetched.append(key)
     return fetched
 
 

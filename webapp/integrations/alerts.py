@@ -34,10 +34,15 @@ from webapp.runs.models import Run, run_status_changed
 logger = logging.getLogger(__name__)
 
 LEASE_SECONDS = 60
-# Runs whose monitors one housekeeping sweep reads at most (newest metric points first).
+# Runs whose monitors one housekeeping sweep reads at most (newest metric points first): those
+# running or ended within MONITOR_ENDED_WITHIN, and besides them, at most MONITOR_BACKLOG_PER_TICK of
+# the runs that ended earlier with points no sweep has read (ended while every worker was down).
 MONITOR_RUNS_PER_TICK = 20
-# A run that ended longer ago than this, and was never read, is history: no monitor alert for it.
 MONITOR_ENDED_WITHIN = timedelta(hours=1)
+MONITOR_BACKLOG_PER_TICK = 5
+# Alerts one monitor rule sends at most for one run: one per crossing (the first step of a stretch
+# above its threshold), the earliest crossings first.
+MONITOR_ALERTS_PER_RUN = 10
 FINAL_EVENTS = {"failed", "succeeded", "cancelled"}
 
 
@@ -171,37 +176,69 @@ def _evidence_url(run, step: int, window: int) -> str:
     return f"{settings.PLATFORM_URL.rstrip('/')}/api/runs/{run.pk}/monitors/evidence/?step={step}&window={window}"
 
 
-def monitor_runs(now=None, limit: int = MONITOR_RUNS_PER_TICK) -> models.QuerySet:
+def monitor_runs(now=None, limit: int = MONITOR_RUNS_PER_TICK, backlog: int = MONITOR_BACKLOG_PER_TICK) -> list[Run]:
     """The runs whose monitors are to be read: team-visible runs of a project with a monitor rule that
-    alerts, running or ended within ``MONITOR_ENDED_WITHIN``, with metric points newer than the last
-    read; the newest points first, at most ``limit``."""
+    alerts, with metric points newer than the last read (or never read), newest points first: at most
+    ``limit`` of those running or ended within ``MONITOR_ENDED_WITHIN``, and at most ``backlog`` of those
+    that ended earlier (a run that ended while every worker was down is read late, not never). A run
+    that ended before every such rule of its project was made is not read: a new rule does not alert
+    for the project's history."""
     now = now or timezone.now()
-    projects = MonitorRule.objects.filter(enabled=True, alert__enabled=True).values("project_id")
+    rules = MonitorRule.objects.filter(project_id=models.OuterRef("project_id"), enabled=True, alert__enabled=True)
+    watched = (models.Q(finished_at__isnull=True) & models.Exists(rules)) | models.Exists(
+        rules.filter(created_at__lte=models.OuterRef("finished_at")))
     fresh = models.Q(monitor_check__isnull=True) | models.Q(monitor_check__metrics_at__lt=models.F("metrics_at"))
-    live = models.Q(status=Run.Status.RUNNING) | models.Q(finished_at__gte=now - MONITOR_ENDED_WITHIN)
-    return (Run.objects.filter(project_id__in=projects, visibility=Run.Visibility.TEAM, metrics_at__isnull=False)
-            .filter(fresh, live).order_by("-metrics_at", "-pk")[:limit])
+    unread = (Run.objects.filter(visibility=Run.Visibility.TEAM, metrics_at__isnull=False, project__isnull=False)
+              .filter(watched, fresh).order_by("-metrics_at", "-pk"))
+    live = models.Q(status=Run.Status.RUNNING) | models.Q(finished_at__isnull=True) | models.Q(finished_at__gte=now - MONITOR_ENDED_WITHIN)
+    return [*unread.filter(live)[:limit], *unread.exclude(live)[:backlog]]
 
 
 def check_monitors(run) -> int:
-    """Read ``run``'s monitors against its project's alerting rules: the first crossing of each rule
-    adds one alert to the outbox (the outbox's uniqueness tells each rule and run once, however
-    many workers and sweeps read it)."""
+    """Read ``run``'s monitors against its project's alerting rules: each crossing of a rule (the first
+    step of a stretch above its threshold, ``health.crossings``) adds one alert to the outbox, keyed
+    ``monitor:<rule>@<step>``, so the outbox's uniqueness tells each crossing once however many
+    workers and sweeps read it, and a run whose monitor falls back under the threshold and crosses
+    it again is told again. At most ``MONITOR_ALERTS_PER_RUN`` per rule and run (the earliest; counted
+    under the rule's row lock, so two sweeps at once never pass it). A rule made after the run ended
+    does not alert for it."""
     rules = list(MonitorRule.objects.filter(project_id=run.project_id, enabled=True, alert__enabled=True).select_related("alert"))
+    rules = [rule for rule in rules if run.finished_at is None or rule.created_at <= run.finished_at]
     if not rules:
         return 0
     data = health.RunData(run)
     added = 0
     for rule in rules:
         found, source = health.crossings(data, rule)
-        if not found:
-            continue
-        step, value = found[0]
-        title = f"[monitor] run #{run.pk}: {rule.get_monitor_display()} {value:g} at step {step}"
-        body = (f"Run #{run.pk} {run.name}".strip() + f" crossed the monitor rule {rule.get_monitor_display()} > "
-                f"{rule.threshold:g} (over {rule.window} step(s), read from {source}): {value:g} at step {step}.\n"
-                f"Run: {_run_url(run)}\nEvidence: {_evidence_url(run, step, rule.window)}")
-        added += enqueue(rule.alert, run, f"monitor:{rule.pk}", title, body)
+        if found:
+            added += _tell_crossings(rule, run, found, source)
+    return added
+
+
+def monitor_event(rule: MonitorRule, step: int) -> str:
+    """The outbox event of ``rule``'s crossing at ``step``."""
+    return f"monitor:{rule.pk}@{step}"
+
+
+def _tell_crossings(rule: MonitorRule, run, found: list[tuple[int, float]], source: str) -> int:
+    added = 0
+    with transaction.atomic():
+        MonitorRule.objects.select_for_update().filter(pk=rule.pk).first()  # one sweep at a time counts this rule's alerts
+        told = set(AlertDelivery.objects.filter(rule=rule.alert, run=run, event__startswith=f"monitor:{rule.pk}@")
+                   .values_list("event", flat=True))
+        for step, value in found:
+            event = monitor_event(rule, step)
+            if event in told:
+                continue
+            if len(told) >= MONITOR_ALERTS_PER_RUN:
+                logger.info("alerts: monitor rule %s has told run %s %d times; no more alerts for it", rule.pk, run.pk, len(told))
+                break
+            title = f"[monitor] run #{run.pk}: {rule.get_monitor_display()} {value:g} at step {step}"
+            body = (f"Run #{run.pk} {run.name}".strip() + f" crossed the monitor rule {rule.get_monitor_display()} > "
+                    f"{rule.threshold:g} (over {rule.window} step(s), read from {source}): {value:g} at step {step}.\n"
+                    f"Run: {_run_url(run)}\nEvidence: {_evidence_url(run, step, rule.window)}")
+            added += enqueue(rule.alert, run, event, title, body)
+            told.add(event)
     return added
 
 

@@ -144,7 +144,8 @@ class AlertDelivery(models.Model):
 
     rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="deliveries")
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="alert_deliveries")
-    event = models.CharField(max_length=20)
+    # "failed", "threshold", ...; a monitor rule's crossing: "monitor:<rule id>@<step>" (one row per crossing).
+    event = models.CharField(max_length=40)
     title = models.CharField(max_length=300)
     body = models.TextField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING, db_index=True)

@@ -180,9 +180,10 @@ def _divergence(data: RunData, window: int) -> tuple[Series, str]:
     return found, "metrics reward and val/*/reward"
 
 
-def _stretches(points: Series, threshold: float) -> Series:
-    """The first point of each stretch of points above ``threshold``."""
-    found, above = [], False
+def _stretches(points: Series, threshold: float, began_before: bool = False) -> Series:
+    """The first point of each stretch of points above ``threshold`` (``began_before``: one already
+    above at the first point began before the points, and is left out)."""
+    found, above = [], began_before and bool(points) and points[0][1] > threshold
     for step, value in points:
         if value > threshold and not above:
             found.append((step, value))
@@ -192,9 +193,10 @@ def _stretches(points: Series, threshold: float) -> Series:
 
 def crossings(data: RunData, rule: MonitorRule) -> tuple[Series, str]:
     """The (step, value) where ``rule``'s monitor went above its threshold (the first step of each
-    stretch), and where the monitor was read from."""
+    stretch), and where the monitor was read from. Where the run has more steps than are read
+    (``MAX_MONITOR_STEPS``), a stretch already above at the first point read began earlier: not one."""
     points, source = compute(data, rule.monitor, rule.window)
-    return _stretches(points, rule.threshold), source
+    return _stretches(points, rule.threshold, began_before=data.low > 1), source
 
 
 def report(run: Run) -> dict[str, Any]:

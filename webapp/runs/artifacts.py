@@ -22,6 +22,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone as dt_timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import IO, Iterable
 
 from django.conf import settings
@@ -32,6 +33,7 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils.deconstruct import deconstructible
 
+from training.backends.processor import BEST_METRIC_FILE, best_steps, greater_is_better, parse_best_metric
 from training.platform.artifacts import STORED_MARKER, ArtifactStore, RunUploader, checkpoint_step, fetch_run_files, prune_checkpoints
 
 from training.errors import ArtifactStoreError
@@ -124,21 +126,45 @@ def keep_checkpoints(run) -> int | None:
 
 
 def apply_retention(run) -> list[str]:
-    """Remove all but the newest ``keep_checkpoints(run)`` checkpoints of ``run`` from the store (the
-    final model is never one of them). Returns the keys removed."""
+    """Remove the checkpoints of ``run`` past the newest ``keep_checkpoints(run)`` from the store, except
+    its best ones (``best_checkpoints``) and those a project alias names, as its own rotation keeps
+    them: at most ``keep_checkpoints(run)`` + ``trainer.keep_best_checkpoints`` are kept, and the aliased
+    ones besides. The final model is never one of them. Returns the keys removed."""
     keep = keep_checkpoints(run)
     if not keep:
         return []
     prefix = run_prefix(run)
     if prefix is None:
         return []
+    aliased = set(run.aliases.values_list("step", flat=True))  # the checkpoints app's aliases, read through the relation
     if shared():
-        return [f"{prefix}/checkpoints/{name}" for name in prune_checkpoints(store(), f"{prefix}/checkpoints", keep)]
+        return [f"{prefix}/checkpoints/{name}" for name in prune_checkpoints(
+            store(), f"{prefix}/checkpoints", keep, aliased, best=lambda steps: best_checkpoints(run, steps))]
     removed = []
-    for _, key in run_checkpoints(run)[:-keep]:
-        store().delete(key)
-        removed.append(key)
+    found = run_checkpoints(run)
+    kept = aliased | (best_checkpoints(run, [step for step, _ in found]) if len(found) > keep else set())
+    for step, key in found[:-keep]:
+        if step not in kept:
+            store().delete(key)
+            removed.append(key)
     return removed
+
+
+def best_checkpoints(run, steps: Iterable[int]) -> set[int]:
+    """Which of ``steps`` are ``run``'s best checkpoints by its ``trainer.metric_for_best_model`` (as it
+    trained: its final config), by the rule of its rotation (``training.backends.processor.best_steps``),
+    ranked by the values its training recorded beside its checkpoints (``BEST_METRIC_FILE``). Empty
+    without the metric, or without values (a local run trained with ``trainer.max_checkpoints`` 0
+    records none: nothing was rotated)."""
+    trainer = (run.final_config or {}).get("trainer") if isinstance(run.final_config, dict) else None
+    metric = trainer.get("metric_for_best_model") if isinstance(trainer, dict) else None
+    if not metric:
+        return set()
+    wanted = set(steps)
+    values = {step: value for step, value in parse_best_metric(read_json(run, f"checkpoints/{BEST_METRIC_FILE}"), metric).items()
+              if step in wanted}
+    ranking = SimpleNamespace(metric_for_best_model=metric, greater_is_better=trainer.get("greater_is_better"))
+    return set(best_steps(values, int(trainer.get("keep_best_checkpoints") or 1), greater_is_better(ranking)))
 
 
 # -- deletion and orphans ---------------------------------------------------------------------
@@ -365,10 +391,12 @@ def fetch_trained_model(model_choice: str) -> Path | None:
 
 
 def read_json(run, name: str) -> dict:
-    """A small JSON file of ``run`` in the shared store ({} when it is not there or unreadable)."""
+    """A small JSON file of ``run`` in the store ({} when it is not there or unreadable)."""
     import json
 
     prefix = run_prefix(run)
+    if prefix is None:
+        return {}
     try:
         with store().open(f"{prefix}/{name}") as handle:
             value = json.loads(handle.read())
