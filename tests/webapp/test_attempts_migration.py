@@ -1,5 +1,5 @@
 """Runs claimed before attempts were recorded get one attempt row from their own fields (migration
-``runs.0017_run_attempts_from_runs``, its function called on real rows), and the way back removes
+``runs.0018_run_attempts_from_runs``, its function called on real rows), and the way back removes
 only those rows."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from webapp.runs.models import Run, RunAttempt
 
-migration = importlib.import_module("webapp.runs.migrations.0017_run_attempts_from_runs")
+migration = importlib.import_module("webapp.runs.migrations.0018_run_attempts_from_runs")
 
 
 def old_run(make_run, **fields) -> Run:

@@ -34,7 +34,7 @@ def remove_attempts_from_runs(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("runs", "0016_run_attempt"),
+        ("runs", "0017_run_optimizer_state"),
     ]
 
     operations = [
