@@ -309,7 +309,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         """The episode store: every episode of the run, filtered (``step_min``, ``step_max``,
         ``reward_min``, ``reward_max``, ``termination``, ``data_source``, ``group``, ``row_index``,
         ``drift``, ``q``, ``split``),
-        a page at a time (``limit``, ``offset``); ``format=jsonl`` or ``format=parquet`` streams the
+        a page at a time (``limit``; ``next`` goes on from the page's last episode, ``cursor``; ``offset``
+        skips that many); ``format=jsonl`` or ``format=parquet`` streams the
         whole filtered set with each episode's body, for at most ``EPISODE_EXPORT_MAX_SECONDS``: a cut
         export ends with a note (``export_cut``) naming the id to go on from (``after_id``)."""
         run, query = self._episode_run(only=())  # the store reads nothing of the run but its id
