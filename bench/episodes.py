@@ -4,7 +4,8 @@
 
 1. listing   ``GET /api/runs/<id>/episodes/`` (the API view through Django's test client) over a run of
              LISTING_EPISODES synthetic episodes, among OTHER_RUNS x OTHER_EPISODES more of other runs,
-             inserted in bulk by PostgreSQL itself (generate_series); p50/p99 of each filter
+             inserted in bulk by PostgreSQL itself (generate_series); p50/p99 of each filter (and of a
+             page a next link leads to, deep in the run), after one warm-up request each
 2. detail    ``GET /api/runs/<id>/episodes/<id>/`` of random episodes of DETAIL_STEPS steps x
              DETAIL_PER_STEP episodes of DETAIL_TOKENS tokens each, written by the real writer
              (Parquet in a local artifact store); p50/p99
@@ -92,6 +93,17 @@ def insert_synthetic(run_id: int, count: int, per_step: int = 100) -> None:
         cursor.execute("analyze dashboard_storedepisode")
 
 
+def settle() -> None:
+    """VACUUM the table, as autovacuum does a while after a bulk load (or the runs the bench deleted
+    first): without it the first read of each page sets its rows' hint bits and prunes the deleted
+    ones, and a query's time is mostly those writes (a random step range then took 100-300 ms, the
+    same range read again 11 ms)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("vacuum analyze dashboard_storedepisode")
+
+
 def bench_listing(user, tmp: Path) -> dict:
     from rest_framework.test import APIClient
 
@@ -101,6 +113,7 @@ def bench_listing(user, tmp: Path) -> dict:
     for _ in range(OTHER_RUNS):
         insert_synthetic(new_run(user, tmp).pk, OTHER_EPISODES)
     inserted = time.perf_counter() - started
+    settle()
     client = APIClient()
     client.force_authenticate(user)
     rng = random.Random(0)
@@ -113,11 +126,14 @@ def bench_listing(user, tmp: Path) -> dict:
         "data source + steps": lambda: {"data_source": rng.choice(["math", "code"]), "step_min": (s := rng.randrange(steps)), "step_max": s + 100},
         "group": lambda: {"group": __import__("hashlib").md5(str(rng.randrange(LISTING_EPISODES // 8) + run.pk * 10_000_000).encode()).hexdigest()},
         "reward + termination, deep page": lambda: {"reward_min": 0.9, "termination": "error", "offset": 2000},
+        # Where a page's next link leads, anywhere in the run (its cursor: after a step's 50th episode).
+        "no filter, a next page deep in the run": lambda: {"cursor": f"{rng.randrange(1, steps + 1)}:train:49"},
         "text (q) in a step range": lambda: {"q": f"answer {rng.randrange(997)}", "step_min": (s := rng.randrange(steps)), "step_max": s + 100},
         "text (q) over the whole run": lambda: {"q": f"solve {rng.randrange(10**6):x}"},
     }
     results = {}
     for name, params in cases.items():
+        client.get(f"/api/runs/{run.pk}/episodes/", {"limit": 50, **params()})  # warm-up: the first request's imports
         times, sizes = [], []
         for _ in range(LISTING_REQUESTS if "whole run" not in name else 20):
             query = {"limit": 50, **params()}
@@ -126,7 +142,8 @@ def bench_listing(user, tmp: Path) -> dict:
             times.append(time.perf_counter() - began)
             assert response.status_code == 200, response.content
             sizes.append(len(response.json()["results"]))
-        results[name] = {**percentiles(times), "mean_results": round(statistics.mean(sizes), 1)}
+        results[name] = {**percentiles(times), "mean_results": round(statistics.mean(sizes), 1),
+                         "load_average_after": round(os.getloadavg()[0], 1)}
         print(f"listing {name}: {results[name]}", flush=True)
     return {"episodes_in_run": LISTING_EPISODES, "episodes_in_table": LISTING_EPISODES + OTHER_RUNS * OTHER_EPISODES,
             "page_size": 50, "insert_seconds": round(inserted, 1), "cases": results}
@@ -137,6 +154,7 @@ def bench_histogram(user, tmp: Path) -> dict:
     insert_synthetic(run.pk, LISTING_EPISODES)
     for _ in range(OTHER_RUNS):
         insert_synthetic(new_run(user, tmp).pk, OTHER_EPISODES)
+    settle()
     return measure_histogram(user, run)
 
 
@@ -162,6 +180,7 @@ def measure_histogram(user, run) -> dict:
         times[name].append(time.perf_counter() - began)
         return value
 
+    client.get(f"/api/runs/{run.pk}/episodes/histogram/", {"bins": 20})  # warm-up: the first request's imports
     for _ in range(LISTING_REQUESTS):
         step = rng.randrange(1, steps + 1)
         response = timed("histogram", lambda: client.get(f"/api/runs/{run.pk}/episodes/histogram/", {"step": step, "bins": 20}))
@@ -175,7 +194,7 @@ def measure_histogram(user, run) -> dict:
         counts.append(bar["count"])
     result = {"episodes_in_run": LISTING_EPISODES, "episodes_per_step": 100, "bins": 20,
               **{name: percentiles(samples) for name, samples in times.items()},
-              "bar_mean_results": round(statistics.mean(counts), 1)}
+              "bar_mean_results": round(statistics.mean(counts), 1), "load_average_after": round(os.getloadavg()[0], 1)}
     print(f"histogram: {result}", flush=True)
     return result
 
@@ -196,6 +215,7 @@ def bench_detail(user, tmp: Path) -> dict:
     client = APIClient()
     client.force_authenticate(user)
     ids = list(StoredEpisode.objects.filter(run=run).values_list("id", flat=True))
+    client.get(f"/api/runs/{run.pk}/episodes/{ids[0]}/")  # warm-up: the first request's imports
     times = []
     for _ in range(DETAIL_REQUESTS):
         episode_id = rng.choice(ids)
@@ -208,6 +228,7 @@ def bench_detail(user, tmp: Path) -> dict:
     export_seconds = time.perf_counter() - began
     result = {"episodes": len(ids), "tokens_per_episode": DETAIL_TOKENS, "turns_per_episode": 4,
               "write_seconds_per_step": round(written / DETAIL_STEPS, 3), **percentiles(times),
+              "load_average_after": round(os.getloadavg()[0], 1),
               "parquet_export_5_steps": {"episodes": 5 * DETAIL_PER_STEP, "seconds": round(export_seconds, 2),
                                          "bytes": len(exported)}}
     print(f"detail: {result}", flush=True)

@@ -181,9 +181,16 @@ def read_records(handle: IO[bytes], rows: Iterable[int] | None = None) -> list[d
     found: dict[int, dict[str, Any]] = {}
     sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
     starts = [sum(sizes[:g]) for g in range(len(sizes))]
-    for group in sorted({_group_of(r, starts, sizes) for r in wanted} - {None}):
-        for offset, row in enumerate(parquet.read_row_group(group).to_pylist()):
-            found[starts[group] + offset] = row
+    by_group: dict[int, set[int]] = {}
+    for row in wanted:
+        group = _group_of(row, starts, sizes)
+        if group is not None:
+            by_group.setdefault(group, set()).add(row)
+    for group, numbers in sorted(by_group.items()):
+        table = parquet.read_row_group(group)
+        # Only the rows asked become Python objects (a row group's other rows' tokens cost as much).
+        for number in numbers:
+            found[number] = table.slice(number - starts[group], 1).to_pylist()[0]
     return [_from_row(found[r]) for r in wanted if r in found]
 
 

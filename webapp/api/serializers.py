@@ -308,6 +308,8 @@ class EpisodeQuerySerializer(serializers.Serializer):
                                      help_text="json: a page; jsonl or parquet: the whole filtered set, streamed.")
     after_id = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1, help_text=(
         "Only episodes whose id is above it: where an export cut at its time limit goes on (its note's last_id)."))
+    cursor = serializers.RegexField(r"^[0-9]{1,10}:(train|val):[0-9]{1,10}$", required=False, help_text=(
+        "step:split:position of the last episode listed: the page after it (a page's next link carries it)."))
     share = serializers.CharField(required=False, max_length=100, help_text="A share link's token (read-only access).")
 
     def validate(self, data):
@@ -321,6 +323,11 @@ class EpisodeQuerySerializer(serializers.Serializer):
         for name in ("data_source", "group", "q"):
             if "\x00" in data.get(name, ""):
                 errors[name] = ["must not contain a NUL character."]
+        if data.get("cursor"):
+            step, split, position = data["cursor"].split(":")
+            if int(step) > MAX_STEP or int(position) > 2**31 - 1:
+                errors["cursor"] = [f"step must not be above {MAX_STEP}, position not above {2**31 - 1}."]
+            data["cursor"] = (int(step), split, int(position))
         if errors:
             raise serializers.ValidationError(errors)
         return data

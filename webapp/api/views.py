@@ -101,9 +101,13 @@ class _ParquetRenderer(_JsonlRenderer):
 
 
 def _with_query(request, **changes) -> str:
+    """The request's address with ``changes`` to its query (None: the parameter left out)."""
     query = request.GET.copy()
     for name, value in changes.items():
-        query[name] = str(value)
+        if value is None:
+            query.pop(name, None)
+        else:
+            query[name] = str(value)
     return f"{request.path}?{query.urlencode()}"
 
 
@@ -305,10 +309,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         """The episode store: every episode of the run, filtered (``step_min``, ``step_max``,
         ``reward_min``, ``reward_max``, ``termination``, ``data_source``, ``group``, ``row_index``,
         ``drift``, ``q``, ``split``),
-        a page at a time (``limit``, ``offset``); ``format=jsonl`` or ``format=parquet`` streams the
+        a page at a time (``limit``; ``next`` goes on from the page's last episode, ``cursor``; ``offset``
+        skips that many); ``format=jsonl`` or ``format=parquet`` streams the
         whole filtered set with each episode's body, for at most ``EPISODE_EXPORT_MAX_SECONDS``: a cut
         export ends with a note (``export_cut``) naming the id to go on from (``after_id``)."""
-        run, query = self._episode_run()
+        run, query = self._episode_run(only=())  # the store reads nothing of the run but its id
         rows = episode_store.filtered(run, query)
         if query["format"] != "json":
             limit = settings.EPISODE_EXPORT_MAX_SECONDS
@@ -319,11 +324,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
             response["X-Export-Time-Limit"] = str(limit)  # past it the file ends with a note (export_cut)
             return response
         limit, offset = query["limit"], query["offset"]
-        page = list(rows[offset:offset + limit + 1])
+        page = list(rows.values(*episode_store.LIST_FIELDS)[offset:offset + limit + 1])
         following = None
-        if len(page) > limit:
-            following = request.build_absolute_uri(_with_query(request, offset=offset + limit))
-        return Response({"results": [episode_store.listed(row) for row in page[:limit]], "next": following})
+        if len(page) > limit:  # keyset: the next page starts after this one's last episode, not at an offset
+            following = request.build_absolute_uri(
+                _with_query(request, cursor=episode_store.cursor_of(page[limit - 1]), offset=None))
+        return Response({"results": page[:limit], "next": following})
 
     @extend_schema(parameters=[HistogramQuerySerializer], responses={200: inline_serializer("EpisodeHistogram", {
         "split": serializers.CharField(), "step": serializers.IntegerField(allow_null=True),
@@ -337,7 +343,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         default train): each bin's edges (``low``, ``high``), how many episodes it holds, and the least
         and greatest reward in it (``reward_min``, ``reward_max``: the listing's filters that open
         exactly its episodes); ``no_reward`` counts the step's episodes without a reward."""
-        run, query = self._episode_run(HistogramQuerySerializer)
+        run, query = self._episode_run(HistogramQuerySerializer, only=())
         return Response(episode_store.reward_histogram(run, query["split"], query.get("step"), query["bins"]))
 
     @extend_schema(operation_id="runs_episode_retrieve", responses={200: OpenApiTypes.OBJECT})
@@ -346,7 +352,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         """One episode whole: its turns, ``prompt_ids``, ``token_ids`` (and ``token_texts``, each decoded
         alone) with their ``mask`` (1: the model's, trained on; 0: the environment's) and sampling
         ``logprobs``, its ``advantage`` and reward components."""
-        run, _ = self._episode_run()
+        run, _ = self._episode_run(only=())
         row = StoredEpisode.objects.filter(run=run, pk=episode_id).first()
         if row is None:
             raise Http404("No such episode.")
@@ -382,15 +388,16 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         run, query = self._episode_run(EvidenceQuerySerializer)
         return Response(health.evidence(run, query["step"], query["window"]))
 
-    def _episode_run(self, query_class=EpisodeQuerySerializer) -> tuple[Run, dict]:
-        """The run and the validated query; access as every run resource (a share link's token,
-        ``?share=``, opens it read-only; a run one may not see is a 404)."""
+    def _episode_run(self, query_class=EpisodeQuerySerializer, only: tuple[str, ...] | None = None) -> tuple[Run, dict]:
+        """The run (``only``: those of its fields, as ``get_run_for_user``) and the validated query;
+        access as every run resource (a share link's token, ``?share=``, opens it read-only; a run
+        one may not see is a 404)."""
         query = query_class(data=self.request.query_params)
         query.is_valid(raise_exception=True)
         token = query.validated_data.get("share")
         if not token and not self.request.user.is_authenticated:
             raise NotAuthenticated()
-        run = get_run_for_user(self.request.user, self.kwargs["pk"], "view", share_token=token)
+        run = get_run_for_user(self.request.user, self.kwargs["pk"], "view", share_token=token, only=only)
         return run, query.validated_data
 
     def _external_running(self) -> Run:

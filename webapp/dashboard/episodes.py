@@ -26,6 +26,8 @@ import time
 from typing import Any, Iterable, Iterator
 
 from django.db import connection
+from django.db.models import Q, Value
+from django.db.models.functions import StrIndex, Upper
 
 from training.tracking.episodes import read_records, search_text, step_file_name, to_parquet, to_table
 from webapp.dashboard.models import StoredEpisode
@@ -124,10 +126,46 @@ def filtered(run: Run, filters: dict[str, Any]):
     if filters.get("drift") is not None:
         rows = rows.filter(retokenization_drift=filters["drift"])
     if filters.get("q"):
-        rows = rows.filter(text__icontains=filters["q"])
+        rows = _with_text(rows, run, filters)
     if filters.get("after_id") is not None:  # an export cut at its time limit goes on here
         rows = rows.filter(id__gt=filters["after_id"])
+    if filters.get("cursor"):  # a page's next: the episodes after the last one listed, in the listing's order
+        step, split, position = filters["cursor"]
+        rows = rows.filter(Q(step__gt=step) | Q(split__gt=split) | Q(split=split, position__gt=position), step__gte=step)
     return rows.order_by("step", "split", "position")
+
+
+def cursor_of(row: dict[str, Any]) -> str:
+    """The ``cursor`` that lists the episodes after ``row`` (a listed one): its step, split and
+    position, the listing's order. Each page starts where the last ended (the unique index's range),
+    however deep, where an offset would walk past every episode before it."""
+    return f"{row['step']}:{row['split']}:{row['position']}"
+
+
+# A step range of at most this many episodes is searched for ``q`` row by row (a substring test
+# each: about 1 ms per 1,000 short texts); a wider one, or none, through the trigram index. The
+# planner cannot weigh the two (its guess of a pattern's selectivity is blind): given both, it ANDed
+# the trigram index with a range of 10,000 episodes, 45 ms where the range's own scan took 11
+# (bench/episodes.py). The range is counted, not estimated (at most this many entries of the unique
+# index, about 1.5 ms): the planner's estimate multiplies the run's share of the table by the range's
+# share over every run, 2.5 times too many where other runs' steps overlap.
+TEXT_SCAN_MAX_EPISODES = 20_000
+
+
+def _with_text(rows, run: Run, filters: dict[str, Any]):
+    """``rows`` whose text holds ``q`` (case-insensitive)."""
+    query = filters["q"]
+    if filters.get("step_min") is None and filters.get("step_max") is None:
+        return rows.filter(text__icontains=query)
+    in_range = StoredEpisode.objects.filter(run=run).order_by().values("step")
+    if filters.get("step_min") is not None:
+        in_range = in_range.filter(step__gte=filters["step_min"])
+    if filters.get("step_max") is not None:
+        in_range = in_range.filter(step__lte=filters["step_max"])
+    if in_range[:TEXT_SCAN_MAX_EPISODES + 1].count() > TEXT_SCAN_MAX_EPISODES:
+        return rows.filter(text__icontains=query)
+    # STRPOS is what icontains's LIKE tests, in a form no index answers: the range's scan is the plan.
+    return rows.alias(found_at=StrIndex(Upper("text"), Upper(Value(query)))).filter(found_at__gt=0)
 
 
 # One round trip: the split's first and last steps, the step's totals and its bins (each bin's count,
