@@ -10,6 +10,7 @@ import json
 import pandas as pd
 import pytest
 
+from training.errors import ArtifactStoreError
 from training.tracking import sinks as library_sinks
 from training.tracking.episodes import episode_record
 from training.types import Episode, Step, TerminationReason, Trajectory
@@ -363,3 +364,28 @@ def test_an_export_past_its_time_limit_ends_with_a_note_and_goes_on_from_it(stor
 def test_after_id_out_of_bounds_is_a_400(stored_run, api_client, owner):
     response = api_client(owner).get(URL.format(stored_run.pk), {"format": "jsonl", "after_id": -1})
     assert response.status_code == 400 and "after_id" in response.json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_body_whose_file_is_gone_says_so_and_a_store_that_does_not_answer_is_a_503(stored_run, api_client, owner, monkeypatch):
+    client = api_client(owner)
+    row = StoredEpisode.objects.filter(run=stored_run, step=2).order_by("position").first()
+    url = f"{URL.format(stored_run.pk)}{row.pk}/"
+    assert client.get(url).json()["body_missing"] is False
+
+    store = artifacts.store()
+
+    def away(key):
+        raise ArtifactStoreError(f"reading {key}: ConnectionError: secret-host:9000 refused")
+
+    monkeypatch.setattr(type(store), "open", lambda self, key: away(key))
+    answer = client.get(url)
+    assert answer.status_code == 503 and "artifact store did not answer" in answer.json()["detail"]
+    assert "secret-host" not in answer.content.decode()  # the store's own words stay in the log
+    monkeypatch.undo()
+
+    store.delete(row.body_key)
+    detail = client.get(url)
+    assert detail.status_code == 200, detail.content
+    body = detail.json()
+    assert body["body_missing"] is True and body["token_ids"] == [] and body["step"] == 2

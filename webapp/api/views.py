@@ -4,6 +4,8 @@ through. Every run endpoint asks ``webapp.runs.access`` (a run the user may not 
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.db import transaction
 from django.http import Http404, StreamingHttpResponse
@@ -19,6 +21,7 @@ from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRen
 from rest_framework.response import Response
 
 from training.config import flatten
+from training.errors import ArtifactStoreError
 from webapp.api import ingest
 from webapp.api.monitors import EVIDENCE_SCHEMA, MONITORS_SCHEMA, EvidenceQuerySerializer, MonitorsQuerySerializer
 from webapp.api.serializers import (
@@ -42,6 +45,8 @@ from webapp.runs.models import Run, last_step_of
 from webapp.runs.submission import QuotaExceeded
 from webapp.runs.trainer_args import clone_overrides
 from webapp.teams.access import can_in_project, projects_for
+
+logger = logging.getLogger(__name__)
 
 
 # Ids in paths are numbers: anything else is a 404 from the router, never a lookup.
@@ -356,7 +361,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Update
         row = StoredEpisode.objects.filter(run=run, pk=episode_id).first()
         if row is None:
             raise Http404("No such episode.")
-        return Response(episode_store.detail(row))
+        try:
+            return Response(episode_store.detail(row))
+        except ArtifactStoreError:
+            logger.exception("episode %s of run %s: its body could not be read", row.pk, run.pk)  # the store's words, for admins
+            return Response({"detail": "The episode's body could not be read: the artifact store did not answer "
+                                       "(details in the server's log). Try again later."}, status=503)
 
     @extend_schema(parameters=[LedgerQuerySerializer], responses={200: OpenApiTypes.OBJECT})
     @action(detail=True, methods=["get"], permission_classes=[AllowAny])

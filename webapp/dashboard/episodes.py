@@ -29,6 +29,7 @@ from django.db import connection
 from django.db.models import Q, Value
 from django.db.models.functions import StrIndex, Upper
 
+from training.errors import ArtifactStoreError
 from training.tracking.episodes import read_records, search_text, step_file_name, to_parquet, to_table
 from webapp.dashboard.models import StoredEpisode
 from webapp.runs import artifacts
@@ -220,7 +221,9 @@ def listed(row: StoredEpisode) -> dict[str, Any]:
 
 def bodies(rows: Iterable[StoredEpisode]) -> Iterator[tuple[StoredEpisode, dict[str, Any]]]:
     """Each row with its record read back from its Parquet file (each file opened once), in the
-    rows' order. A row whose file or record is missing gets an empty record."""
+    rows' order. A row whose file is gone (its run's folder deleted by hand, a store emptied) or
+    whose record is missing gets ``{"body_missing": True}``; a store that cannot be read raises
+    ArtifactStoreError (the API answers 503 naming it)."""
     rows = list(rows)
     by_key: dict[str, list[int]] = {}
     for row in rows:
@@ -228,11 +231,20 @@ def bodies(rows: Iterable[StoredEpisode]) -> Iterator[tuple[StoredEpisode, dict[
     found: dict[tuple[str, int], dict[str, Any]] = {}
     store = artifacts.store()
     for key, numbers in by_key.items():
-        with store.open(key) as handle:
+        try:
+            handle = store.open(key)
+        except ArtifactStoreError:
+            if store.exists(key):  # there but unreadable, or the store is away: say so
+                raise
+            continue
+        with handle:
             for number, record in zip(numbers, read_records(handle, numbers)):
                 found[(key, number)] = record
     for row in rows:
-        yield row, found.get((row.body_key, row.body_row), {})
+        yield row, found.get((row.body_key, row.body_row), MISSING_BODY)
+
+
+MISSING_BODY = {"body_missing": True}
 
 
 def detail(row: StoredEpisode) -> dict[str, Any]:
@@ -250,6 +262,7 @@ def _body(record: dict[str, Any]) -> dict[str, Any]:
         "reward_components": record.get("reward_components") or {},
         "generation_seconds": record.get("generation_seconds"), "env_seconds": record.get("env_seconds"),
         "episode_seconds": record.get("episode_seconds"), "traceback": record.get("traceback") or "",
+        "body_missing": bool(record.get("body_missing")),
     }
 
 
