@@ -8,7 +8,10 @@ rollouts dumped to ``trainer.rollout_data_dir`` (``<step>.jsonl``, by verl's own
 ``RayPPOTrainer._write_generations``: ``data.train_batch_size`` prompts, ``rollout.n`` samples each,
 with a ``uid`` per prompt; for our agent loop each sample's ``reward_extra_info`` is made by the
 agent loop's own ``episode_to_output`` and ``add_episode_record`` from a scripted two-turn episode,
-for verl's single-turn loop it is ``acc`` as our ``compute_score`` returns it), and every ``trainer.save_freq``
+for verl's single-turn loop it is ``acc`` as our ``compute_score`` returns it), its validation as
+``RayPPOTrainer._validate`` dumps it to ``trainer.validation_data_dir`` (before the first step with
+``trainer.val_before_train``, every ``trainer.test_freq`` steps and after the last: each row of
+``data.val_files`` ``val_kwargs.n`` times, with ``reward`` among the extra values), and every ``trainer.save_freq``
 steps ``global_step_N`` (``actor/`` and ``data.pt``) saved in ``trainer.default_local_dir``, older
 ones rotated (``trainer.max_actor_ckpt_to_keep``) and the marker file written last, as
 ``RayPPOTrainer._save_checkpoint`` does. It resumes as verl does (``trainer.resume_mode``,
@@ -83,6 +86,8 @@ class StandInVerlJob:
         rollouts = Path(trainer.rollout_data_dir)
         rollouts.mkdir(parents=True, exist_ok=True)
         saved_steps: list[int] = []
+        if trainer.val_before_train:  # RayPPOTrainer.fit: validation at the resumed step, logged at it
+            tracking.log(self._validate(verl, start), step=start)
         for step in range(start + 1, trainer.total_training_steps + 1):
             if self.ended.wait(self.step_seconds):
                 raise JobEnded("The actor died unexpectedly before finishing this task (stand-in).")
@@ -91,8 +96,10 @@ class StandInVerlJob:
             if trainer.save_freq > 0 and step % trainer.save_freq == 0:
                 self._save(checkpoints, step, saved_steps, trainer.get("max_actor_ckpt_to_keep"))
             self._dump_rollouts(verl, rollouts, step)
-            tracking.log({"critic/score/mean": step / 100, "actor/pg_loss": -step / 10, "timing_s/step": self.step_seconds},
-                         step=step)
+            metrics = {"critic/score/mean": step / 100, "actor/pg_loss": -step / 10, "timing_s/step": self.step_seconds}
+            if trainer.test_freq > 0 and (step == trainer.total_training_steps or step % trainer.test_freq == 0):
+                metrics.update(self._validate(verl, step))  # dumped, then logged with the step's metrics
+            tracking.log(metrics, step=step)
             self.steps.append(step)
             if self.after_step is not None:
                 self.after_step(step)
@@ -117,6 +124,33 @@ class StandInVerlJob:
                 for key, value in info.items():
                     extra.setdefault(key, []).append(value)
         RayPPOTrainer._write_generations(inputs, outputs, gts, scores, extra, str(rollouts), step)
+
+    def _validate(self, verl: Any, step: int) -> dict[str, float]:
+        """verl's validation dump (``RayPPOTrainer._validate``): every validation row ``val_kwargs.n``
+        times, a uid per row, the scores again as ``reward`` among the extra values. Reward: 1 for
+        even rows."""
+        import pyarrow.parquet as pq
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+        prompts = pq.ParquetFile(str(verl.data.val_files)).metadata.num_rows
+        n = int(verl.actor_rollout_ref.rollout.val_kwargs.n)
+        agent_loop = verl.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_LOOP_NAME
+        inputs, scores, extra = [], [], {"reward": []}
+        for prompt in range(prompts):
+            uid = str(uuid.uuid4())
+            for sample in range(n):
+                reward = float(prompt % 2 == 0)
+                inputs.append(f"go{prompt}>")
+                scores.append(reward)
+                extra["reward"].append(reward)
+                info = (_agent_loop_extra_info(verl, step, prompt, sample, uid, reward) if agent_loop
+                        else {"acc": reward})
+                for key, value in info.items():
+                    extra.setdefault(key, []).append(value)
+        if verl.trainer.get("validation_data_dir"):  # verl dumps only where the key names a folder
+            RayPPOTrainer._write_generations(inputs, ["a"] * len(inputs), ["a"] * len(inputs), scores, extra,
+                                             str(verl.trainer.validation_data_dir), step)
+        return {"val-core/guess/reward/mean@1": sum(scores) / max(1, len(scores))}
 
     def end_job(self, runner: Any) -> None:
         self.ended.set()

@@ -5,13 +5,17 @@ stand-in of its trainer loop that dumps each step's rollouts with verl's own wri
 (``RayPPOTrainer._write_generations``), each sample's ``reward_extra_info`` made by our agent
 loop's own functions. Our agent loop itself runs in ``test_verl_agent_loop`` against a scripted
 server; here the driver side: the metrics bridge reading the dump into records, the share kept,
-and the run folder's Parquet files."""
+and the run folder's Parquet files, the advantages recomputed with verl's own estimators, and the
+validation episodes verl dumps."""
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 
+import numpy as np
 import pytest
+import torch
 
 from standins.verl_trainer import StandInVerlJob
 from test_verl_agent_loop import AGENT_ENV, EchoAgent, GuessEnv, base_verl_config, run_loop  # noqa: F401 - a fixture
@@ -29,10 +33,13 @@ def one_gpu(monkeypatch):
     monkeypatch.setattr(verl_backend, "cuda_device_count", lambda: 1)  # check_config composes for one GPU
 
 
-def verl_run(tmp_path, **config):
+def verl_run(tmp_path, test_dataset=None, single_turn=False, **config):
+    agent = {"reward_func": "exact_match"} if single_turn else {"agent_class": EchoAgent, "env_class": GuessEnv}
+    if single_turn:
+        config.setdefault("data.answer_key", "target")
     trainer = AgentTrainer(
-        backend="verl", agent_class=EchoAgent, env_class=GuessEnv,
-        train_dataset=[{"prompt": "go>", "target": "b"}, {"prompt": "go>", "target": "c"}],
+        backend="verl", **agent,
+        train_dataset=[{"prompt": "go>", "target": "b"}, {"prompt": "go>", "target": "c"}], test_dataset=test_dataset,
         run_path=str(tmp_path), config={
             "actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 3,
             "trainer.total_training_steps": STEPS, "trainer.save_freq": -1, "trainer.logger": [], **config},
@@ -43,9 +50,9 @@ def verl_run(tmp_path, **config):
     return processor
 
 
-def stored(tmp_path) -> list[dict]:
+def stored(tmp_path, split="train") -> list[dict]:
     records = []
-    for path in sorted((tmp_path / "episodes" / "train").glob("step-*.parquet")):
+    for path in sorted((tmp_path / "episodes" / split).glob("step-*.parquet")):
         with open(path, "rb") as handle:
             records.extend(read_records(handle))
     return records
@@ -72,7 +79,101 @@ def test_a_verl_run_stores_every_episode_with_what_verl_and_our_agent_loop_give(
     assert first["token_texts"] == ["a", "n", "o", ">", "b"]  # each response token decoded alone
     assert first["prompt_length"] == 4 and first["response_length"] == 2 and first["num_turns"] == 2
     assert [t["response"] for t in first["turns"]] == ["a", "b"]
-    assert first["advantage"] is None  # verl's dump carries no advantage
+    assert first["advantage"] == pytest.approx(verl_grpo([1.0, 0.0, 1.0], True)[0])  # recomputed: verl's dump has none
+
+
+def verl_grpo(rewards: list[float], norm_by_std: bool) -> list[float]:
+    """verl's GRPO advantages of one group, as its trainer calls the estimator."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    advantages, _ = compute_grpo_outcome_advantage(
+        token_level_rewards=torch.tensor(rewards).unsqueeze(-1), response_mask=torch.ones(len(rewards), 1),
+        index=np.array(["g"] * len(rewards), dtype=object), norm_adv_by_std_in_grpo=norm_by_std)
+    return advantages[:, 0].tolist()
+
+
+def verl_rloo(rewards: list[float]) -> list[float]:
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.core_algos import compute_rloo_outcome_advantage
+
+    advantages, _ = compute_rloo_outcome_advantage(
+        token_level_rewards=torch.tensor(rewards).unsqueeze(-1), response_mask=torch.ones(len(rewards), 1),
+        index=np.array(["g"] * len(rewards), dtype=object), config=AlgoConfig(adv_estimator="rloo"))
+    return advantages[:, 0].tolist()
+
+
+def by_group(records: list[dict]) -> dict[tuple[int, str], list[dict]]:
+    groups = defaultdict(list)
+    for record in records:
+        groups[(record["step"], record["group"])].append(record)
+    return groups
+
+
+@pytest.mark.parametrize("algorithm, expected", [
+    ({"algorithm.adv_estimator": "grpo"}, lambda rewards: verl_grpo(rewards, True)),
+    ({"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False}, lambda rewards: verl_grpo(rewards, False)),
+    ({"algorithm.adv_estimator": "rloo"}, verl_rloo),
+], ids=["grpo", "dr-grpo", "rloo"])
+@pytest.mark.parametrize("single_turn", [False, True], ids=["our agent loop", "verl's single-turn loop"])
+def test_each_episode_has_the_advantage_verls_estimator_gives_its_group(tmp_path, algorithm, expected, single_turn):
+    verl_run(tmp_path, single_turn=single_turn, **algorithm)
+    groups = by_group(stored(tmp_path))
+    assert len(groups) == 2 * STEPS
+    for group in groups.values():
+        rewards = [r["reward"] for r in group]
+        assert sorted(rewards) != [rewards[0]] * 3  # the stand-in's groups are mixed: advantages are not all 0
+        assert [r["advantage"] for r in group] == pytest.approx(expected(rewards), abs=1e-6)
+
+
+def test_an_estimator_over_the_batchs_tokens_gets_each_episodes_mask(tmp_path):
+    """REINFORCE++ with baseline whitens over every trained token of the step: our agent loop's
+    masks (1 on the model's tokens, 0 on the environment's) are what it whitens over."""
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.core_algos import compute_reinforce_plus_plus_baseline_outcome_advantage
+
+    verl_run(tmp_path, **{"algorithm.adv_estimator": "reinforce_plus_plus_baseline"})
+    step = [r for r in stored(tmp_path) if r["step"] == 1]
+    mask = torch.tensor([r["mask"] for r in step], dtype=torch.float32)
+    scores = torch.zeros_like(mask)
+    scores[:, -1] = torch.tensor([r["reward"] for r in step])  # on the response's last token, as verl places it
+    advantages, _ = compute_reinforce_plus_plus_baseline_outcome_advantage(
+        token_level_rewards=scores, response_mask=mask, index=np.array([r["group"] for r in step], dtype=object),
+        config=AlgoConfig(adv_estimator="reinforce_plus_plus_baseline"))
+    expected = ((advantages * mask).sum(dim=1) / mask.sum(dim=1)).tolist()
+    assert [r["advantage"] for r in step] == pytest.approx(expected, abs=1e-6)
+    assert len(set(round(a, 6) for a in expected)) > 1
+
+
+def test_advantages_the_dump_cannot_give_are_left_empty():
+    rows = [{"input": "2+3=", "output": "5", "gts": "5", "score": score, "step": 1, "acc": score} for score in (1.0, 0.0)]
+    for estimator, kl_in_reward in [("gae", False), ("reinforce_plus_plus", False), ("grpo", True)]:
+        algorithm = _algorithm(adv_estimator=estimator, use_kl_in_reward=kl_in_reward)
+        assert [r["advantage"] for r in rollout_rows_to_records(rows, 1, "train", algorithm=algorithm)] == [None, None]
+    grpo = rollout_rows_to_records(rows, 1, "train", algorithm=_algorithm(adv_estimator="grpo"))
+    assert [r["advantage"] for r in grpo] == pytest.approx(verl_grpo([1.0, 0.0], True))
+
+
+def _algorithm(**values):
+    from verl.trainer.config import AlgoConfig
+
+    return AlgoConfig(**values)
+
+
+@pytest.mark.parametrize("single_turn", [False, True], ids=["our agent loop", "verl's single-turn loop"])
+def test_verls_validation_episodes_are_stored_as_val_at_the_step_they_were_scored(tmp_path, single_turn):
+    test_rows = [{"prompt": "go>", "target": t} for t in "bcd"]
+    verl_run(tmp_path, test_dataset=test_rows, single_turn=single_turn,
+             **{"trainer.test_freq": 2, "actor_rollout_ref.rollout.val_kwargs.n": 2})
+    val = stored(tmp_path, "val")
+    # Before the first step, every test_freq steps and after the last: 3 rows, val_kwargs.n each.
+    assert [(r["step"], r["position"]) for r in val] == [(s, p) for s in (0, 2, 3) for p in range(6)]
+    assert {r["split"] for r in val} == {"val"} and all(r["advantage"] is None for r in val)
+    assert [r["reward"] for r in val[:6]] == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    assert [r["group_position"] for r in val[:6]] == [0, 1, 0, 1, 0, 1]
+    assert "reward" not in val[0]["reward_components"]  # verl's validation dump repeats the score as "reward"
+    if not single_turn:
+        assert val[0]["group"] != val[2]["group"] and val[0]["token_ids"] and val[0]["termination_reason"] == "env_done"
+    assert [r["step"] for r in stored(tmp_path)] == [s for s in range(1, STEPS + 1) for _ in range(6)]
 
 
 def test_the_share_the_config_keeps_is_what_is_stored(tmp_path):

@@ -65,3 +65,37 @@ def test_multi_turn_agent_end_to_end(tmp_path, sink):
     check_run(trainer.train(), sink, tmp_path)
     assert "num_turns/mean" in sink.metrics[-1]
 
+
+
+def stored_records(run_path, split: str) -> list[dict]:
+    from training.tracking.episodes import read_records
+
+    records = []
+    for path in sorted((run_path / "episodes" / split).glob("step-*.parquet")):
+        with open(path, "rb") as handle:
+            records.extend(read_records(handle))
+    return records
+
+
+def test_multi_turn_episodes_keep_verls_advantages_and_its_validation(tmp_path, sink):
+    """Each stored episode's advantage, recomputed from verl's dump with verl's estimator, agrees
+    with what verl trained with (its critic/advantages/max, min and mean over every trained token),
+    and verl's validation generations are stored as val episodes at the steps they were scored."""
+    from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv, make_tasks
+    trainer = AgentTrainer(
+        agent_class=FrozenLakeAgent, env_class=FrozenLakeEnv, train_dataset="frozenlake:train",
+        test_dataset=make_tasks(4, seed=1), backend="verl", run_path=str(tmp_path),
+        config=tiny_verl_config(**{"rllm.agent.max_steps": 3, "rllm.agent.max_tokens_per_turn": 1, "trainer.test_freq": 1}),
+        sinks=[sink],
+    )
+    trainer.train()
+    train = stored_records(tmp_path, "train")
+    for metrics in (m for m in sink.metrics if "critic/advantages/max" in m):
+        trained = [(r["advantage"], sum(r["mask"])) for r in train if r["step"] == metrics["step"] and sum(r["mask"])]
+        assert max(a for a, _ in trained) == pytest.approx(metrics["critic/advantages/max"], abs=1e-4)
+        assert min(a for a, _ in trained) == pytest.approx(metrics["critic/advantages/min"], abs=1e-4)
+        mean = sum(a * n for a, n in trained) / sum(n for _, n in trained)
+        assert mean == pytest.approx(metrics["critic/advantages/mean"], abs=1e-4)
+    val = stored_records(tmp_path, "val")
+    assert sorted({r["step"] for r in val}) == [0, 1, 2] and {r["split"] for r in val} == {"val"}
+    assert all(r["token_ids"] and r["group"] for r in val)

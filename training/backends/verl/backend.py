@@ -34,7 +34,7 @@ from training.log import logger
 from training.rollouts.outcomes import OutcomeMonitor
 from training.algorithms.recipes import clip_range
 from training.rewards import RewardFunction, load_reward
-from training.tracking.episodes import TRAIN, episode_record, keep_for_store
+from training.tracking.episodes import TRAIN, VALIDATION, episode_record, keep_for_store
 from training.tracking.sinks import MultiSink
 from training.tracking.trackers import VERL_TRACKERS, verl_tracker_names, verl_tracking_environment
 from training.types import Episode, Step, TerminationReason, Trajectory
@@ -79,9 +79,14 @@ EPISODE_RECORD_KEY = "episode_record"
 # A dump with fewer rows than a step has is read again for this long (verl may still be writing it;
 # a filtered batch stays short).
 DUMP_SETTLE_SECONDS = 10.0
-# Keys of a rollout dump row that are verl's or ours, not reward components.
-_DUMP_KEYS = {"input", "output", "gts", "score", "step", "request_id", "termination_reason", "error", "traceback",
-              EPISODE_RECORD_KEY}
+# Keys of a rollout dump row that are verl's or ours, not reward components (a validation dump
+# repeats the score as ``reward``).
+_DUMP_KEYS = {"input", "output", "gts", "score", "reward", "step", "request_id", "termination_reason", "error",
+              "traceback", EPISODE_RECORD_KEY}
+# verl estimators whose advantages depend on how many tokens each episode trained on (a length-weighted
+# baseline, a whitening over the batch's tokens): rows dumped without their token mask (verl's own
+# single-turn loop) cannot have them recomputed.
+_TOKEN_COUNT_ESTIMATORS = {"opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -195,6 +200,7 @@ def _our_keys_in_verl(config: Config, run_path: Path) -> dict[str, Any]:
         # trackers the user named are verl's own (training/tracking/trackers.py says where they write).
         "trainer.logger": ["file", *verl_tracker_names(config)],
         "trainer.rollout_data_dir": str(run_path / "verl_rollouts"),
+        "trainer.validation_data_dir": str(run_path / "verl_validation"),
     }
     overlong = config.reward_model.overlong_buffer
     if overlong.enable:  # verl's DAPO reward manager applies the soft overlong punishment
@@ -462,10 +468,14 @@ class VerlMetricsBridge:
     """Reads what verl's ``Tracking`` ``file`` backend writes (one ``{"step", "data"}`` JSON line
     per step, at ``VERL_FILE_LOGGER_PATH``) and the rollouts it dumps to ``trainer.rollout_data_dir``
     (``<step>.jsonl``), and sends them to our sinks, so a verl run shows like any other. With
-    ``keep_episodes`` (the share of a step's records the config keeps), each dumped step's
-    episodes go to the episode store too (``rollout_rows_to_records``). verl writes a dump in the
-    background: a step whose file has a torn last line or fewer than ``rows_per_step`` rows is
-    read again at the next poll (the last poll, at ``stop``, takes what is there).
+    ``keep_episodes(step, records, split)`` (the share of a step's records the config keeps), each
+    dumped step's episodes go to the episode store too (``rollout_rows_to_records``, with the
+    advantages verl trained them with when ``algorithm``, verl's ``algorithm`` config, is given),
+    and so do the validation episodes verl dumps to ``trainer.validation_data_dir``
+    (``validation_dir``, ``<step>.jsonl`` of the step they were scored at), as split ``val``.
+    verl writes a dump in the background: a step whose file has a torn last line or fewer than
+    ``rows_per_step`` (``val_rows_per_step``) rows is read again at the next poll (the last poll,
+    at ``stop``, takes what is there).
 
     ``poll`` reads what is new; ``start`` polls on a thread until ``stop``. ``on_poll`` runs after
     each poll (the processor uses it to honour stop requests). With an ``outcomes`` monitor, each
@@ -481,14 +491,20 @@ class VerlMetricsBridge:
         on_poll: Callable[[], None] | None = None,
         outcomes: OutcomeMonitor | None = None,
         may_forward: Callable[[str], None] | None = None,
-        keep_episodes: Callable[[int, list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+        keep_episodes: Callable[[int, list[dict[str, Any]], str], list[dict[str, Any]]] | None = None,
         rows_per_step: int | None = None,
+        validation_dir: str | Path | None = None,
+        val_rows_per_step: int | None = None,
+        algorithm: Any = None,
     ) -> None:
         self.sinks = sinks
         self.keep_episodes = keep_episodes
         self.rows_per_step = rows_per_step
+        self.validation_dir = Path(validation_dir) if validation_dir else None
+        self.val_rows_per_step = val_rows_per_step
+        self.algorithm = algorithm
         self._final = False
-        self._first_seen: dict[int, float] = {}
+        self._first_seen: dict[tuple[str, int], float] = {}
         self.may_forward = may_forward
         self.superseded: RunSuperseded | None = None
         self.metrics_path = Path(metrics_path)
@@ -501,7 +517,7 @@ class VerlMetricsBridge:
         self.last_metrics: dict[str, float] = {}
         self._offset = 0
         self._partial = b""
-        self._episode_steps_done: set[int] = set()
+        self._episode_steps_done: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -541,33 +557,43 @@ class VerlMetricsBridge:
         self.last_step = max(self.last_step, step)
 
     def _forward_episodes(self) -> None:
-        if self.rollout_dir is None or not self.rollout_dir.is_dir():
+        self._forward_dumps(self.rollout_dir, TRAIN, self.rows_per_step)
+        if self.keep_episodes is not None:  # validation episodes go to the episode store only
+            self._forward_dumps(self.validation_dir, VALIDATION, self.val_rows_per_step)
+
+    def _forward_dumps(self, folder: Path | None, split: str, rows_per_step: int | None) -> None:
+        if folder is None or not folder.is_dir():
             return
-        for path in sorted(self.rollout_dir.glob("*.jsonl")):
-            if not path.stem.isdigit() or int(path.stem) in self._episode_steps_done:
+        for path in sorted(folder.glob("*.jsonl")):
+            if not path.stem.isdigit() or (split, int(path.stem)) in self._episode_steps_done:
                 continue
             step = int(path.stem)
             if step > self.last_step:  # verl writes the dump in the background; wait for its step
                 continue
             if self.may_forward is not None:
-                self.may_forward(f"verl's episodes of step {step}")
+                self.may_forward(f"verl's {split} episodes of step {step}")
             rows = _dump_rows(path)
-            first_seen = self._first_seen.setdefault(step, time.monotonic())
-            short = self.rows_per_step and len(rows or ()) < self.rows_per_step
+            first_seen = self._first_seen.setdefault((split, step), time.monotonic())
+            short = rows_per_step and len(rows or ()) < rows_per_step
             if not self._final and (rows is None or (short and time.monotonic() - first_seen < DUMP_SETTLE_SECONDS)):
                 continue  # verl is still writing it
             rows = rows or []
-            episodes = [rollout_row_to_episode(row) for row in rows]
-            self.sinks.log_episodes(step, episodes[:SAMPLE_EPISODES_PER_STEP])
             if self.keep_episodes is not None:
-                self.sinks.store_episodes(step, self.keep_episodes(step, rollout_rows_to_records(rows, step, TRAIN)))
-            self._episode_steps_done.add(step)
-            judged = [episode for episode in episodes if episode["termination_reason"]]  # our agent loop's rows
-            if self.outcomes is not None and judged and self.failure is None:
-                try:
-                    self.outcomes.check_episodes(judged, step)
-                except TrainingFailed as exc:
-                    self.failure = exc
+                records = rollout_rows_to_records(rows, step, split, algorithm=self.algorithm)
+                self.sinks.store_episodes(step, self.keep_episodes(step, records, split))
+            self._episode_steps_done.add((split, step))
+            if split == TRAIN:
+                self._forward_train_episodes(rows, step)
+
+    def _forward_train_episodes(self, rows: list[dict[str, Any]], step: int) -> None:
+        episodes = [rollout_row_to_episode(row) for row in rows]
+        self.sinks.log_episodes(step, episodes[:SAMPLE_EPISODES_PER_STEP])
+        judged = [episode for episode in episodes if episode["termination_reason"]]  # our agent loop's rows
+        if self.outcomes is not None and judged and self.failure is None:
+            try:
+                self.outcomes.check_episodes(judged, step)
+            except TrainingFailed as exc:
+                self.failure = exc
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="verl-metrics-bridge", daemon=True)
@@ -663,11 +689,13 @@ def episode_for_dump(episode: Episode, *, group: str, data_source: str, row_inde
     return json.dumps(record, default=str)
 
 
-def rollout_rows_to_records(rows: list[dict[str, Any]], step: int, split: str) -> list[dict[str, Any]]:
-    """One step's rollout dump (verl's rows, in its order) as episode store records. A row from our
-    agent loop carries its whole record (``episode_for_dump``); a row of verl's own single-turn loop
-    has what verl dumps: the prompt and response as text, the score, the ground truth and the
-    reward function's other values (as reward components), grouped by their prompt."""
+def rollout_rows_to_records(rows: list[dict[str, Any]], step: int, split: str, algorithm: Any = None) -> list[dict[str, Any]]:
+    """One step's rollout (or validation) dump (verl's rows, in its order) as episode store records.
+    A row from our agent loop carries its whole record (``episode_for_dump``); a row of verl's own
+    single-turn loop has what verl dumps: the prompt and response as text, the score, the ground
+    truth and the reward function's other values (as reward components), grouped by their prompt.
+    With ``algorithm`` (verl's ``algorithm`` config), a training step's records get the advantage
+    verl trained them with (``verl_advantages``)."""
     records: list[dict[str, Any]] = []
     group_sizes: dict[str, int] = {}
     for position, row in enumerate(rows):
@@ -683,7 +711,49 @@ def rollout_rows_to_records(rows: list[dict[str, Any]], step: int, split: str) -
         record.update(split=split, step=int(step), position=position, group_position=group_sizes.get(group, 0))
         group_sizes[group] = record["group_position"] + 1
         records.append(record)
+    if algorithm is not None and split == TRAIN:
+        for record, advantage in zip(records, verl_advantages(rows, records, algorithm)):
+            record["advantage"] = advantage
     return records
+
+
+def verl_advantages(rows: list[dict[str, Any]], records: list[dict[str, Any]], algorithm: Any) -> list[float | None]:
+    """Each episode's advantage as verl computes it after the dump (which does not carry it): verl's
+    own estimator (``training.algorithms.advantages.compute_advantages``: verl's registry, called as
+    verl's trainer calls it) on the step's dumped scores, grouped by ``group`` (verl's ``uid``; the
+    prompt's text for verl's own single-turn loop, which does not dump its uid), with the run's
+    ``algorithm`` settings; per episode, the mean over its trained tokens (``mask``). None where the
+    dump cannot give it: an estimator that needs more than rewards (``gae``'s critic values, ...),
+    a KL penalty folded into the reward (``algorithm.use_kl_in_reward``, per token), or an estimator
+    that counts tokens (``_TOKEN_COUNT_ESTIMATORS``) for rows dumped without their token mask or
+    when verl's rejection sampling (``algorithm.rollout_correction.rollout_rs``) masked tokens out
+    first, by log-probabilities the dump does not carry."""
+    import numpy as np
+    import torch
+
+    from training.algorithms.advantages import NEEDS, compute_advantages  # brings in torch and verl: imported on first use
+
+    with_masks = any(EPISODE_RECORD_KEY in row for row in rows)  # our agent loop's rows carry their mask
+    rejection = (getattr(algorithm, "rollout_correction", None) or {}).get("rollout_rs")
+    estimator = str(algorithm.adv_estimator)
+    if (not records or estimator in NEEDS or getattr(algorithm, "use_kl_in_reward", False)
+            or ((rejection or not with_masks) and estimator in _TOKEN_COUNT_ESTIMATORS)):
+        return [None] * len(records)
+    # verl's own single-turn rows: one trained token each; the estimators left spread one number
+    # per episode over its tokens, so its mean over them does not depend on how many there were.
+    masks = [list(record.get("mask") or []) if with_masks else [1] for record in records]
+    width = max([1, *map(len, masks)])
+    response_mask = torch.zeros(len(masks), width)
+    sequence_mask = torch.zeros(len(masks), width)
+    for i, mask in enumerate(masks):
+        response_mask[i, :len(mask)] = torch.tensor(mask, dtype=torch.float32)
+        sequence_mask[i, :len(mask)] = 1.0  # verl puts the score on the response's last token
+    rewards = torch.tensor([float(row.get("score") or 0.0) for row in rows])
+    index = np.array([record["group"] for record in records], dtype=object)
+    advantages = compute_advantages(rewards, response_mask, 1, algorithm, sequence_mask=sequence_mask, index=index)
+    trained = response_mask.sum(dim=1)
+    per_episode = (advantages * response_mask).sum(dim=1) / trained.clamp(min=1)
+    return [float(value) if count > 0 else None for value, count in zip(per_episode.tolist(), trained.tolist())]
 
 
 def _prompt_group(prompt: Any) -> str:
@@ -851,6 +921,7 @@ class VerlProcessor(BuiltinProcessor):
             # checkpoint whose actor was gone. With two, the marked one outlives the marker's move.
             _set_verl_key(verl, "trainer.max_actor_ckpt_to_keep", 2)
             _set_verl_key(verl, "trainer.rollout_data_dir", str(self.attempt_dir().resolve() / "verl_rollouts"))
+            _set_verl_key(verl, "trainer.validation_data_dir", str(self.attempt_dir().resolve() / "verl_validation"))
         return verl
 
     def write_verl_config(self) -> Path:
@@ -925,15 +996,17 @@ class VerlProcessor(BuiltinProcessor):
         outcomes = OutcomeMonitor(self.config.trainer.max_episode_error_rate)
         trainer_config = self.config.trainer
 
-        def keep_episodes(step: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        def keep_episodes(step: int, records: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
             return keep_for_store(records, trainer_config.log_episodes_fraction, trainer_config.log_episodes_per_step,
-                                  trainer_config.seed + step * 2)
+                                  trainer_config.seed + step * 2 + (split == VALIDATION))
 
         stores = trainer_config.log_episodes and self.sinks.stores_episodes
         bridge = VerlMetricsBridge(
             self.sinks, metrics_path, verl.trainer.rollout_data_dir, on_poll=after_poll, outcomes=outcomes,
             may_forward=self.check_may_write, keep_episodes=keep_episodes if stores else None,
             rows_per_step=self.config.data.train_batch_size * self.config.actor_rollout_ref.rollout.n,
+            validation_dir=verl.trainer.validation_data_dir, val_rows_per_step=_validation_rows(verl),
+            algorithm=verl.algorithm,
         )
         with self.sinks:  # closed once the run is judged, so a sink that records the outcome has it
             bridge.start()
@@ -955,6 +1028,16 @@ class VerlProcessor(BuiltinProcessor):
             checkpoint=latest_checkpoint(self.checkpoint_dir()),
             stopped=stopped.is_set(),
         )
+
+
+def _validation_rows(verl: Any) -> int | None:
+    """How many rows verl's validation dumps: its validation file's rows, ``val_kwargs.n`` each."""
+    import pyarrow.parquet as pq  # a dependency of datasets; imported where the file is read
+
+    try:
+        return pq.ParquetFile(str(verl.data.val_files)).metadata.num_rows * int(verl.actor_rollout_ref.rollout.val_kwargs.n)
+    except (OSError, ValueError):
+        return None
 
 
 def _runner_env_vars(metrics_path: Path) -> dict[str, str]:
