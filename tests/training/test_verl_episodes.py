@@ -153,6 +153,13 @@ def test_advantages_the_dump_cannot_give_are_left_empty():
     assert [r["advantage"] for r in grpo] == pytest.approx(verl_grpo([1.0, 0.0], True))
 
 
+def test_an_estimator_that_refuses_the_dump_leaves_the_advantage_empty_and_the_episodes_stored():
+    rows = [{"input": "2+3=", "output": "5", "gts": "5", "score": 1.0, "step": 1, "acc": 1.0}]
+    # verl's pass@k estimator raises on a group of one episode
+    records = rollout_rows_to_records(rows, 1, "train", algorithm=_algorithm(adv_estimator="grpo_passk"))
+    assert [(r["step"], r["reward"], r["advantage"]) for r in records] == [(1, 1.0, None)]
+
+
 def _algorithm(**values):
     from verl.trainer.config import AlgoConfig
 

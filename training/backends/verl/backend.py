@@ -712,7 +712,12 @@ def rollout_rows_to_records(rows: list[dict[str, Any]], step: int, split: str, a
         group_sizes[group] = record["group_position"] + 1
         records.append(record)
     if algorithm is not None and split == TRAIN:
-        for record, advantage in zip(records, verl_advantages(rows, records, algorithm)):
+        try:
+            advantages = verl_advantages(rows, records, algorithm)
+        except Exception:  # noqa: BLE001 (an estimator that fails on a dump must not keep its step's episodes from the store)
+            logger.exception("verl episodes: could not recompute the advantages of step %d; stored without them", step)
+            advantages = [None] * len(records)
+        for record, advantage in zip(records, advantages):
             record["advantage"] = advantage
     return records
 
