@@ -37,11 +37,12 @@ run: install jail
 demo: install
 	$(PY) -m training demo
 
-## The tests, against this machine's PostgreSQL and Redis (started if they are down), in two
-## processes (pytest-xdist). Each process is a platform of its own: its own test database
+## The tests, against this machine's PostgreSQL and Redis (started if they are down), in four
+## processes (pytest-xdist) on two cores: a test that waits on its servers, workers or browser
+## leaves the CPU to the others (-n 2 left the cores idle for a third of the run). Each process is a platform of its own: its own test database
 ## (pytest-django), Redis database and var folder (tests/platform_slots.py), so the servers,
 ## Celery workers and browsers one process starts never see the other's runs.
-PYTEST := PYTHONPATH=tests $(PY) -m pytest -p platform_slots -n 2 --dist worksteal
+PYTEST := PYTHONPATH=tests $(PY) -m pytest -p platform_slots -n 4 --dist worksteal
 test: install swift-env chromium jail
 	bash scripts/services.sh
 	$(VENV)/bin/lint-imports  # the floors (pyproject.toml: [tool.importlinter])
