@@ -44,7 +44,7 @@ OTHER_RUNS, OTHER_EPISODES = 4, 250_000
 LISTING_REQUESTS = 200
 DETAIL_STEPS, DETAIL_PER_STEP, DETAIL_TOKENS = 20, 64, 1024
 DETAIL_REQUESTS = 200
-TRAINING_PAIRS = 12
+TRAINING_PAIRS = int(os.environ.get("BENCH_TRAINING_PAIRS", "12"))  # more pairs, a narrower interval
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -263,15 +263,18 @@ def bench_training(user, tmp: Path) -> dict:
 
     MultiSink.store_episodes = timed
     stored = {"seconds": 0.0}
-    store_step = episodes_module.store_step
+    writes = {name: getattr(episodes_module, name) for name in ("put_step_bodies", "index_step_bodies")}
 
-    def timed_store(*args):  # the writer thread's share: a step's Parquet file and index rows
-        began = time.perf_counter()
-        result = store_step(*args)
-        stored["seconds"] += time.perf_counter() - began
-        return result
+    def timed_write(write):  # the writer thread's share: a step's Parquet file, then its index rows
+        def timed(*args, **kwargs):
+            began = time.perf_counter()
+            result = write(*args, **kwargs)
+            stored["seconds"] += time.perf_counter() - began
+            return result
+        return timed
 
-    episodes_module.store_step = timed_store
+    for name, write in writes.items():
+        setattr(episodes_module, name, timed_write(write))
 
     def once(store_on: bool) -> float:
         run = new_run(user, tmp)
@@ -297,12 +300,21 @@ def bench_training(user, tmp: Path) -> dict:
                       "writer_storing_episodes_s": round(stored["seconds"], 3)})
         print(f"training pair {index}: {pairs[-1]}", flush=True)
     MultiSink.store_episodes = handed
-    episodes_module.store_step = store_step
+    for name, write in writes.items():
+        setattr(episodes_module, name, write)
     ratios = [p["ratio"] for p in pairs]
     return {"steps": 15, "episodes_per_step": 32, "response_tokens_max": 16, "pairs": pairs,
             "median_ratio_on_over_off": round(statistics.median(ratios), 3),
+            "median_ratio_95_interval": median_interval(ratios),
             "min_max_ratio": [min(ratios), max(ratios)],
             "note": "platform sink (DashboardSink) in both; on: every episode stored (Parquet + index rows); CPU, 1 torch thread"}
+
+
+def median_interval(ratios: list[float], resamples: int = 10_000, seed: int = 0) -> list[float]:
+    """A 95 % bootstrap interval of the median of the paired ratios (pairs resampled with replacement)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return [round(medians[int(0.025 * resamples)], 3), round(medians[int(0.975 * resamples) - 1], 3)]
 
 
 def bench_store_call(user, tmp: Path) -> dict:
