@@ -251,13 +251,10 @@ def test_the_learning_rate_follows_the_cosine_schedule_and_the_test_dataset_is_s
 
 
 def test_a_run_keeps_every_episode_with_its_tokens_group_and_advantage(platform, tmp_path):
-    from training.tracking.episodes import read_records
+    from training.tracking.episodes import read_run_folder
 
     trainer(platform, tmp_path, 2, extra={"actor_rollout_ref.rollout.n": 4}).train()
-    train = []
-    for path in sorted((tmp_path / "episodes" / "train").glob("step-*.parquet")):
-        with open(path, "rb") as handle:
-            train.extend(read_records(handle))
+    train = read_run_folder(tmp_path)
     assert [(r["step"], r["position"]) for r in train] == [(s, p) for s in (1, 2) for p in range(16)]
     assert len({r["group"] for r in train[:4]}) == 1 and train[0]["group"] != train[4]["group"]
     for record in train:

@@ -25,13 +25,9 @@ REWARD = str(Path(__file__).with_name("task_rewards.py")) + ":starts_a_to_m"
 
 
 def stored_records(run_path):
-    from training.tracking.episodes import read_records
+    from training.tracking.episodes import read_run_folder
 
-    records = []
-    for path in sorted((run_path / "episodes" / "train").glob("step-*.parquet")):
-        with open(path, "rb") as handle:
-            records.extend(read_records(handle))
-    return records
+    return read_run_folder(run_path)
 
 
 def config(steps, **extra):

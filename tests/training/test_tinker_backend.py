@@ -311,13 +311,9 @@ def published(run: Path) -> dict[str, str]:
 
 
 def stored_records(run_path, split):
-    from training.tracking.episodes import read_records
+    from training.tracking.episodes import read_run_folder
 
-    records = []
-    for path in sorted((run_path / "episodes" / split).glob("step-*.parquet")):
-        with open(path, "rb") as handle:
-            records.extend(read_records(handle))
-    return records
+    return read_run_folder(run_path, split)
 
 
 def test_a_run_keeps_every_episode_with_its_tokens_group_and_advantage(service, tmp_path):

@@ -23,7 +23,7 @@ from training import AgentTrainer
 from training.backends.verl import backend as verl_backend
 from training.backends.verl.backend import EPISODE_RECORD_KEY, rollout_rows_to_records
 from training.rollouts.tiny import build_char_tokenizer
-from training.tracking.episodes import read_records
+from training.tracking.episodes import read_run_folder
 
 STEPS = 3
 
@@ -51,11 +51,7 @@ def verl_run(tmp_path, test_dataset=None, single_turn=False, **config):
 
 
 def stored(tmp_path, split="train") -> list[dict]:
-    records = []
-    for path in sorted((tmp_path / "episodes" / split).glob("step-*.parquet")):
-        with open(path, "rb") as handle:
-            records.extend(read_records(handle))
-    return records
+    return read_run_folder(tmp_path, split)
 
 
 def test_a_verl_run_stores_every_episode_with_what_verl_and_our_agent_loop_give(tmp_path):

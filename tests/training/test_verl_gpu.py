@@ -68,13 +68,9 @@ def test_multi_turn_agent_end_to_end(tmp_path, sink):
 
 
 def stored_records(run_path, split: str) -> list[dict]:
-    from training.tracking.episodes import read_records
+    from training.tracking.episodes import read_run_folder
 
-    records = []
-    for path in sorted((run_path / "episodes" / split).glob("step-*.parquet")):
-        with open(path, "rb") as handle:
-            records.extend(read_records(handle))
-    return records
+    return read_run_folder(run_path, split)
 
 
 def test_multi_turn_episodes_keep_verls_advantages_and_its_validation(tmp_path, sink):

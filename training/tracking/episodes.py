@@ -281,6 +281,16 @@ class ParquetEpisodeSink:
                 self._queue.popleft()
 
 
+def read_run_folder(run_path: str | Path, split: str = "train") -> list[dict[str, Any]]:
+    """The episodes ``ParquetEpisodeSink`` kept in ``<run path>/episodes/<split>/``, step by step (a
+    run trained with the library alone; the platform's runs are read through its API)."""
+    records: list[dict[str, Any]] = []
+    for path in sorted((Path(run_path) / "episodes" / split).glob("step-*.parquet")):
+        with open(path, "rb") as handle:
+            records.extend(read_records(handle))
+    return records
+
+
 def _plain(value: Any) -> Any:
     """JSON-able: dicts, lists and scalars as they are, anything else as its text."""
     if isinstance(value, dict):
