@@ -9,9 +9,11 @@
 2. detail    ``GET /api/runs/<id>/episodes/<id>/`` of random episodes of DETAIL_STEPS steps x
              DETAIL_PER_STEP episodes of DETAIL_TOKENS tokens each, written by the real writer
              (Parquet in a local artifact store); p50/p99
-3. training  the tiny model trained on the CPU through the platform's sink (DashboardSink), with the
-             store on and off in pairs (same seed, order alternated): the ratio of their wall times,
-             and the time the training thread spent handing records to the sinks
+3. training  the tiny model trained on the CPU in a training process of its own, through the
+             platform's sink as a worker's training process uses it (episodes spooled, stored by the
+             supervising process: this one), with the store on and off in pairs (same seed, order
+             alternated): the ratio of their ``train()`` times, the time the training thread spent
+             handing records to the sinks, and the supervisor's time storing them
 4. histogram one step's reward histogram, ``GET /api/runs/<id>/episodes/histogram/?step=`` (20 bins), over
              the listing's stored set (its run of LISTING_EPISODES among the others); p50/p99, and the
              listing a bar opens (that step, the bar's reward range)
@@ -235,19 +237,29 @@ def bench_detail(user, tmp: Path) -> dict:
     return result
 
 
-def bench_training(user, tmp: Path) -> dict:
+TRAINING_CONFIG = {"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4,
+                   "data.max_response_length": 16, "trainer.total_training_steps": 15, "trainer.logger": [],
+                   "trainer.system_metrics_interval": 0, "trainer.test_freq": -1, "trainer.val_before_train": False}
+
+
+def training_process(runs_dir: str) -> None:
+    """``python bench/episodes.py --training-process <runs dir>``: the platform's training process,
+    alone: for each line ``<run id> <run folder> <0|1>`` on stdin it trains the tiny model through
+    the platform's sink as ``workers.child --episodes-drained`` does (episodes spooled, stored by the
+    supervising process: the bench's), with the episode store on (1) or off (0), and prints the
+    seconds ``train()`` took and those the training thread spent handing records to the sinks."""
+    import django
+
+    django.setup()
     import torch
+    from django.conf import settings
 
     from training import AgentTrainer
-    from webapp.dashboard.models import StoredEpisode
     from training.tracking.sinks import MultiSink
-    from webapp.dashboard import episodes as episodes_module
     from webapp.dashboard.recording import DashboardSink
 
+    settings.RUNS_DIR, settings.ARTIFACTS_URL = Path(runs_dir), ""
     torch.set_num_threads(1)
-    config = {"actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4,
-              "data.max_response_length": 16, "trainer.total_training_steps": 15, "trainer.logger": [],
-              "trainer.system_metrics_interval": 0, "trainer.test_freq": -1, "trainer.val_before_train": False}
     prompts = [{"prompt": f"{a}{b}{c}=", "data_source": "copy"} for a in "abc" for b in "abc" for c in "abc"]
 
     def reward(task, response):
@@ -262,10 +274,31 @@ def bench_training(user, tmp: Path) -> dict:
         in_thread["seconds"] += time.perf_counter() - began
 
     MultiSink.store_episodes = timed
+    for line in sys.stdin:
+        run_id, run_path, store_on = line.split()
+        in_thread["seconds"] = 0.0
+        sink = DashboardSink(int(run_id), publish=False, spool_dir=run_path, episodes_drained=True)
+        trainer = AgentTrainer(train_dataset=prompts, reward_func=reward, backend="trl", run_path=run_path,
+                               config={**TRAINING_CONFIG, "trainer.log_episodes": store_on == "1"}, sinks=[sink])
+        began = time.perf_counter()
+        trainer.train()  # its end included: the sinks closed, the episodes stored
+        print(json.dumps({"seconds": time.perf_counter() - began, "handing": in_thread["seconds"]}), flush=True)
+
+
+def bench_training(user, tmp: Path) -> dict:
+    """The production path: a training process of its own (``training_process``) spools the
+    episodes, and this process, as the worker supervising it, stores them (``EpisodeDrain``, also
+    running, with nothing to store, when the store is off)."""
+    import subprocess
+
+    from webapp.dashboard import episodes as episodes_module
+    from webapp.dashboard.models import StoredEpisode
+    from webapp.dashboard.recording import EpisodeDrain
+
     stored = {"seconds": 0.0}
     writes = {name: getattr(episodes_module, name) for name in ("put_step_bodies", "index_step_bodies")}
 
-    def timed_write(write):  # the writer thread's share: a step's Parquet file, then its index rows
+    def timed_write(write):  # the supervisor's share: a step's Parquet file, then its index rows
         def timed(*args, **kwargs):
             began = time.perf_counter()
             result = write(*args, **kwargs)
@@ -275,31 +308,35 @@ def bench_training(user, tmp: Path) -> dict:
 
     for name, write in writes.items():
         setattr(episodes_module, name, timed_write(write))
+    child = subprocess.Popen([sys.executable, __file__, "--training-process", str(tmp)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ))
 
-    def once(store_on: bool) -> float:
+    def once(store_on: bool) -> dict:
         run = new_run(user, tmp)
-        sink = DashboardSink(run.pk, publish=False, spool_dir=run.run_path)
-        trainer = AgentTrainer(train_dataset=prompts, reward_func=reward, backend="trl", run_path=run.run_path,
-                               config={**config, "trainer.log_episodes": store_on}, sinks=[sink])
-        began = time.perf_counter()
-        trainer.train()
-        seconds = time.perf_counter() - began
-        stored = StoredEpisode.objects.filter(run=run).count()
-        assert stored == (15 * 32 if store_on else 0), stored
-        return seconds
+        drain = EpisodeDrain(run.pk, run.run_path, attempt=None)
+        child.stdin.write(f"{run.pk} {run.run_path} {int(store_on)}\n")
+        child.stdin.flush()
+        answer = child.stdout.readline()
+        if not answer:
+            sys.exit(f"the training process ended (exit code {child.wait()})")
+        drain.close()
+        count = StoredEpisode.objects.filter(run=run).count()
+        assert count == (15 * 32 if store_on else 0), count
+        return json.loads(answer)
 
     once(True)  # warm-up: imports, the tiny model's first build
     pairs = []
     for index in range(TRAINING_PAIRS):
         order = (True, False) if index % 2 == 0 else (False, True)
-        in_thread["seconds"] = stored["seconds"] = 0.0
+        stored["seconds"] = 0.0
         seconds = {mode: once(mode) for mode in order}
-        pairs.append({"on_s": round(seconds[True], 2), "off_s": round(seconds[False], 2),
-                      "ratio": round(seconds[True] / seconds[False], 3),
-                      "handing_records_to_sinks_s": round(in_thread["seconds"], 3),
-                      "writer_storing_episodes_s": round(stored["seconds"], 3)})
+        pairs.append({"on_s": round(seconds[True]["seconds"], 3), "off_s": round(seconds[False]["seconds"], 3),
+                      "ratio": round(seconds[True]["seconds"] / seconds[False]["seconds"], 3),
+                      "handing_records_to_sinks_s": round(seconds[True]["handing"], 3),
+                      "supervisor_storing_episodes_s": round(stored["seconds"], 3)})
         print(f"training pair {index}: {pairs[-1]}", flush=True)
-    MultiSink.store_episodes = handed
+    child.stdin.close()
+    child.wait()
     for name, write in writes.items():
         setattr(episodes_module, name, write)
     ratios = [p["ratio"] for p in pairs]
@@ -307,7 +344,10 @@ def bench_training(user, tmp: Path) -> dict:
             "median_ratio_on_over_off": round(statistics.median(ratios), 3),
             "median_ratio_95_interval": median_interval(ratios),
             "min_max_ratio": [min(ratios), max(ratios)],
-            "note": "platform sink (DashboardSink) in both; on: every episode stored (Parquet + index rows); CPU, 1 torch thread"}
+            "note": ("the platform's path: the training process (its own, as a worker's) spools every episode and its "
+                     "supervising process (this one) stores them (Parquet + index rows); off: the store off, the "
+                     "supervisor's drain running all the same; CPU, 1 torch thread; train() timed in the training "
+                     "process, its end (the sinks closed, every episode stored) included")}
 
 
 def median_interval(ratios: list[float], resamples: int = 10_000, seed: int = 0) -> list[float]:
@@ -357,6 +397,8 @@ def detail_records(rng: random.Random, step: int) -> list[dict]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--training-process"]:
+        return training_process(sys.argv[2])
     wanted = sys.argv[1:] or ["listing", "detail", "training", "large_steps"]
     migrated_postgres()
     from django.conf import settings

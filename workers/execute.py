@@ -32,7 +32,7 @@ from django.utils import timezone
 from training.platform.artifacts import CheckpointUploadSink
 from training.platform.probe import check_platform_keys
 from training.trainer import AgentTrainer
-from webapp.dashboard.recording import DashboardSink
+from webapp.dashboard.recording import DashboardSink, EpisodeDrain
 from webapp.integrations.tracking import prepare_run
 from webapp.policy.checks import check_spec, load_training_plugins, private_values
 from webapp.registry.models import Backend
@@ -55,6 +55,8 @@ POLL_SECONDS = 0.5
 BUSY_RETRY_SECONDS = 30
 # The training process's exit code when it stopped to be resumed by a later attempt.
 EXIT_REQUEUED = 75
+# The training process's flag: its supervisor (``_supervise``) stores the episodes it spools.
+DRAINED = "--episodes-drained"
 
 
 def claim(run_id: int, worker_name: str, retried: bool = False) -> str | Run:
@@ -119,7 +121,7 @@ def execute_run(run_id: int, worker_name: str) -> str:
             process = None
         if process is None:
             with open(output_path, "ab") as output:
-                process = start_child("workers.child", str(run.pk), env=env, output=output)
+                process = start_child("workers.child", str(run.pk), DRAINED, env=env, output=output)
     except Exception as exc:
         run.finish(Run.Status.FAILED, error=f"Could not start the training process: {exc}", traceback=traceback_module.format_exc())
         return Run.Status.FAILED
@@ -153,7 +155,7 @@ def start_spare() -> None:
         return
     try:
         env = child_env(needs_gpu=False)  # no GPU run can use it
-        process = start_child("workers.child", "--wait", env=env, output=subprocess.DEVNULL, stdin=subprocess.PIPE)
+        process = start_child("workers.child", "--wait", DRAINED, env=env, output=subprocess.DEVNULL, stdin=subprocess.PIPE)
     except Exception:  # noqa: BLE001 (no spare: the next run starts a process of its own)
         logger.warning("Could not start a spare training process.", exc_info=True)
         return
@@ -197,6 +199,15 @@ def _hand_over(process: subprocess.Popen, run_id: int, output_path: Path) -> boo
 
 
 def _supervise(run: Run, process: subprocess.Popen, output_path: Path) -> str:
+    # The episode store's records the training process spools are stored from here, off its interpreter.
+    drain = EpisodeDrain(run.pk, run.folder(), run.attempts)
+    try:
+        return _watch(run, process, output_path, drain)
+    finally:
+        drain.stop()
+
+
+def _watch(run: Run, process: subprocess.Popen, output_path: Path, drain: EpisodeDrain) -> str:
     last_beat = time.monotonic()
     cancel_seen_at: float | None = None
     database_down = False
@@ -226,10 +237,22 @@ def _supervise(run: Run, process: subprocess.Popen, output_path: Path) -> str:
         if cancel_seen_at is not None and now - cancel_seen_at > settings.RUN_CANCEL_GRACE_SECONDS:
             _log(run, "WARNING", f"The training process did not stop within {settings.RUN_CANCEL_GRACE_SECONDS} s; terminating it.")
             terminate_session(process)
+            _store_spooled_episodes(run, drain)
             status = run.stopped_status()
             run.finish(status, error=f"{status.capitalize()}; the training process was terminated.")
             return status
+    _store_spooled_episodes(run, drain)
     return with_database(lambda: _after_exit(run, process, output_path), "record how the run ended")
+
+
+def _store_spooled_episodes(run: Run, drain: EpisodeDrain) -> None:
+    """What the training process spooled and the drain has not stored yet (it was killed, or ended
+    without waiting), stored while this attempt still holds the run."""
+    try:
+        drain.close()
+    except Exception as exc:  # noqa: BLE001 (the store still away: they wait in the spool for a resumed attempt)
+        logger.warning("Run %s: episodes spooled by the training process were not stored (%s: %s).",
+                       run.pk, type(exc).__name__, exc)
 
 
 def _given_up(run: Run) -> bool:
@@ -269,12 +292,14 @@ def _log(run: Run, level: str, message: str) -> None:
 
 # -- the training process ------------------------------------------------------------------------
 
-def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
+def train_run(run_id: int, on_lost: Callable[[], None] | None = None, episodes_drained: bool = False) -> str:
     """Train a claimed (running) run in this process and record its end. Returns the run's status
     after it: final, or queued when the run stopped to be resumed by a later attempt.
 
     ``on_lost`` is called once the attempt is found superseded; the training process passes
-    ``workers.processes.kill_own_session``. Without it the attempt stops at its next step or file write."""
+    ``workers.processes.kill_own_session``. Without it the attempt stops at its next step or file write.
+    ``episodes_drained``: the supervising worker process stores the episode store's records
+    (``EpisodeDrain`` in ``_supervise``); this process only spools them."""
     with Attempt(run_id, on_lost) as attempt:
         run, run_path = attempt.run, attempt.run_path
         load_training_plugins()
@@ -282,7 +307,8 @@ def train_run(run_id: int, on_lost: Callable[[], None] | None = None) -> str:
         attempt.hide(private_values(kwargs))  # what the run's viewers read
         uploader = attempt.start_uploads()  # a shared store: what earlier attempts stored
         artifacts.fetch_trained_model(run.model)  # a model another run trained, from the store
-        dashboard = attempt.fence.guard(DashboardSink(run.pk, spool_dir=run_path, attempt=run.attempts))
+        dashboard = attempt.fence.guard(DashboardSink(run.pk, spool_dir=run_path, attempt=run.attempts,
+                                                         episodes_drained=episodes_drained))
         sinks = [dashboard]
         try:  # the trainer closes its sinks when it trains; one that is never built must close them here
             sinks = [DatabaseSink(attempt.recorder), dashboard, *prepare_run(run, kwargs)]  # the project's trackers, alerts

@@ -12,8 +12,7 @@ import pytest
 
 from training.errors import ArtifactStoreError
 from training.tracking import sinks as library_sinks
-from training.tracking.episodes import episode_record
-from training.types import Episode, Step, TerminationReason, Trajectory
+from training.types import TerminationReason
 from webapp.dashboard import episodes as episode_store
 from webapp.dashboard.models import StoredEpisode
 from webapp.dashboard.recording import DashboardSink
@@ -23,23 +22,9 @@ from webapp.runs.models import Run
 from webapp.teams.models import Membership, Project, ShareLink, Team
 from workers.execute import claim, train_run
 
+from episode_records import synthetic
+
 URL = "/api/runs/{}/episodes/"
-
-
-def synthetic(step: int, position: int, reward: float, *, source: str = "copy", text: str = "abc=",
-              termination: TerminationReason = TerminationReason.ENV_DONE, error: str = "") -> dict:
-    episode = Episode(
-        task={"prompt": text, "data_source": source},
-        trajectories=[Trajectory(steps=[Step(chat_completions=[{"role": "user", "content": text}], model_response="ab",
-                                             reward=reward, done=True)], reward=reward)],
-        prompt_ids=[1, 2, 3], response_ids=[4, 5, 6], response_mask=[1, 0, 1], response_logprobs=[-0.5, 0.0, -1.5],
-        termination_reason=termination, error=error or None,
-    )
-    if error:
-        episode.info["traceback"] = f"Traceback (most recent call last):\n  ...\n{error}"
-    return episode_record(episode, split="train", step=step, position=position, group=f"g{step}-{position // 2}",
-                          group_position=position % 2, row_index=position, advantage=reward - 0.5,
-                          reward_components={"format": 1.0})
 
 
 @pytest.fixture

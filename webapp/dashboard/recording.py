@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from webapp.runs.batching import BackgroundFlusher
+from webapp.runs.batching import BackgroundFlusher, Spool, tell_run
 from webapp.dashboard import episodes as episode_store
 from webapp.dashboard import live
 from webapp.dashboard.models import EpisodeSample
@@ -37,6 +40,9 @@ from webapp.dashboard.series import SeriesWriter
 from webapp.runs.models import AttemptSuperseded, Run, RunLog, lock_for_attempt
 
 logger = logging.getLogger(__name__)
+training_logger = logging.getLogger("training")  # what the attempt's log handler puts in the run's log
+# How often a training process that handed its episodes to its supervisor looks whether they are stored, at its end.
+HANDOFF_POLL_SECONDS = 0.05
 DROPPED_KEY = "overload/dropped_points"
 DROPPED_EPISODES_KEY = "overload/dropped_episodes"
 
@@ -55,7 +61,7 @@ class DashboardSink(BackgroundFlusher):
     spool_kind = "dashboard"
 
     def __init__(self, run_id: int, flush_seconds: float = 0.5, publish: bool = True,
-                 spool_dir: str | Path | None = None, attempt: int | None = None) -> None:
+                 spool_dir: str | Path | None = None, attempt: int | None = None, episodes_drained: bool = False) -> None:
         super().__init__(f"run-{run_id}-dashboard", flush_seconds, spool_dir, attempt)
         self.run_id = run_id
         self.attempt = attempt  # the fencing token: points of an attempt that no longer holds the run are refused
@@ -71,9 +77,13 @@ class DashboardSink(BackgroundFlusher):
         self._dropped_episodes_charted = 0  # the episode writer's drops already charted
         self._last_step = 0
         # The episode store's records: their own writer, thread and spool (an artifact store away
-        # holds them, not the metrics).
-        self.episode_writer = EpisodeWriter(run_id, flush_seconds, spool_dir, attempt)
-        self.episode_writer.on_superseded = self._episodes_superseded
+        # holds them, not the metrics). With ``episodes_drained`` (a training process under its
+        # worker's supervision, and a spool) another process stores them: this one only spools them.
+        if episodes_drained and spool_dir is not None:
+            self.episode_writer: EpisodeWriter | EpisodeHandoff = EpisodeHandoff(run_id, spool_dir, attempt)
+        else:
+            self.episode_writer = EpisodeWriter(run_id, flush_seconds, spool_dir, attempt)
+            self.episode_writer.on_superseded = self._episodes_superseded
         if publish:
             # Start the publisher thread now: it loads the channel layer (~70 ms of imports) while
             # the run starts up, instead of delaying the first logged step's push.
@@ -304,6 +314,85 @@ class EpisodeWriter(BackgroundFlusher):
             return True
         row = Run.objects.filter(pk=self.run_id).values_list("status", "attempts").first()
         return row is None or (row[0] == Run.Status.RUNNING and row[1] == self.attempt)
+
+
+class EpisodeDrain(EpisodeWriter):
+    """The episode store's writer in the process that supervises a training process (the worker's,
+    ``workers.execute``): it stores the segments the training process's ``EpisodeHandoff``
+    publishes in the run folder's spool (this attempt's, oldest first, found at each flush) as
+    ``EpisodeWriter`` stores its own: Parquet, then index rows under the attempt's fence, a segment
+    deleted once stored, retried while the store or the database is away. The training process's
+    steps never wait on it, nor share an interpreter lock with it."""
+
+    def __init__(self, run_id: int, spool_dir: str | Path, attempt: int | None, flush_seconds: float = 0.2) -> None:
+        super().__init__(run_id, flush_seconds, spool_dir, attempt)
+
+    def store(self, step: int, records: list[dict[str, Any]]) -> None:
+        raise TypeError("an EpisodeDrain stores what the training process spooled; it takes no records")
+
+    def flush(self) -> Any:
+        if not self.superseded:
+            known = set(self._waiting)
+            self._waiting.extend(path for path in self.spool.segments() if path not in known)
+        return super().flush()
+
+
+class EpisodeHandoff:
+    """The training process's side of the episode store when its supervising worker process stores
+    the episodes (``EpisodeDrain``): each step's records are written to the run folder's spool as a
+    segment of their own, whole, and nothing else is done here: no thread, no Parquet, no database.
+    (Stored from a thread of the training process, the episodes slowed its steps: the two threads
+    share one interpreter lock. bench/episodes.py, training.) Nothing is held in memory; past
+    ``RUN_SPOOL_MAX_MB`` on disk a step's episodes are dropped whole, counted in ``dropped``.
+
+    ``close`` waits until the supervisor has stored every segment this attempt spooled. When the
+    supervising process is gone (it was killed: the run will be resumed), this process stores them
+    itself, as ``EpisodeWriter`` does."""
+
+    def __init__(self, run_id: int, spool_dir: str | Path, attempt: int | None) -> None:
+        self.run_id = run_id
+        self.attempt = attempt
+        self.spool_dir = spool_dir
+        self.spool = Spool(Path(spool_dir) / "spool", EpisodeWriter.spool_kind, settings.RUN_SPOOL_MAX_MB * 1024 * 1024, attempt)
+        self.dropped = 0
+        self.superseded = False
+        self._dropping = False
+        self._parent = os.getppid()
+        self._lock = threading.Lock()
+
+    def store(self, step: int, records: list[dict[str, Any]]) -> None:
+        with self._lock:
+            if self.superseded:
+                return
+            kept = self.spool.publish({"stored": [step, records]})
+            if not kept:
+                self.dropped += len(records)
+            told, self._dropping = self._dropping, not kept
+        if not kept and not told:  # once per stretch of drops, in the run's log (the attempt's log handler)
+            training_logger.error("The episodes of step %s and of the steps after it are not kept in the episode store "
+                                  "until the store catches up (%s dropped in all): %s.", step, self.dropped,
+                                  self.spool.refused_because)
+
+    def tell(self, level: str, message: str) -> None:
+        tell_run(self.run_id, self.attempt, level, message, f"run-{self.run_id}-episodes")
+
+    def abandon(self) -> None:
+        with self._lock:
+            self.superseded = True
+            self.spool.abandon()
+
+    def close(self) -> None:
+        """Wait (up to ``RUN_DATABASE_RETRY_SECONDS``) until the supervisor has stored what this
+        attempt spooled; raise if it has not by then (it waits in the spool for the next attempt)."""
+        deadline = time.monotonic() + settings.RUN_DATABASE_RETRY_SECONDS
+        while not self.superseded and self.spool.segments():
+            if os.getppid() != self._parent:  # no supervisor any more: stored from here
+                EpisodeWriter(self.run_id, 3600, self.spool_dir, self.attempt).close()
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.spool.segments())} step(s) of episodes were not stored by the worker "
+                                   f"within {settings.RUN_DATABASE_RETRY_SECONDS} s")
+            time.sleep(HANDOFF_POLL_SECONDS)
 
 
 def episode_row(run_id: int, step: int, position: int, episode: dict[str, Any]) -> EpisodeSample:

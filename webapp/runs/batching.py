@@ -91,6 +91,38 @@ class Spool:
         self._bytes += len(line)
         return True
 
+    def publish(self, record: Any) -> bool:
+        """Write ``record`` as a segment of its own, whole: written under a name no reader lists,
+        then renamed into place, so that another process storing this spool's segments
+        (``webapp.dashboard.recording.EpisodeDrain``) never reads one half written. False when the
+        spool is full (counted from the disk: the other process deletes what it stored)."""
+        line = _encoded(record) + b"\n"
+        if self._bytes + len(line) > self.max_bytes:
+            self._bytes = sum(_size(path) for path in self.folder.glob(f"{self.kind}-*.jsonl"))
+            if self._bytes + len(line) > self.max_bytes:
+                self.refused_because = f"more waited to be stored than {self.max_bytes // (1024 * 1024)} MB of spool on disk hold"
+                return False
+        self._count += 1
+        tag = f"-a{self.attempt}" if self.attempt is not None else ""
+        path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}{tag}.jsonl"
+        partial = path.with_name(path.name + ".partial")
+        try:
+            partial.write_bytes(line)
+            partial.replace(path)
+        except OSError as exc:  # a full disk (ENOSPC) or a failing one: the record is dropped and counted, training goes on
+            partial.unlink(missing_ok=True)
+            self.refused_because = f"the spool's disk refused it ({exc.strerror or exc})"
+            self.disk_full = exc.errno == errno.ENOSPC
+            return False
+        self.disk_full = False
+        self._created.append(path)
+        self._bytes += len(line)
+        return True
+
+    def segments(self) -> list[Path]:
+        """This spool's attempt's segments in the folder now, oldest first."""
+        return [path for path in sorted(self.folder.glob(f"{self.kind}-*.jsonl")) if written_by(path) == self.attempt]
+
     def _adopt(self) -> list[Path]:
         found = sorted(self.folder.glob(f"{self.kind}-*.jsonl"))
         if self.attempt is None:
@@ -104,16 +136,15 @@ class Spool:
             return []
         kept = []
         for path in found:
-            match = _ATTEMPT_TAG.search(path.name)
-            written_by = int(match.group(1)) if match else None  # untagged: an older version's, kept
-            if written_by is not None and written_by < holder:
+            writer = written_by(path)  # None, untagged: an older version's, kept
+            if writer is not None and writer < holder:
                 logger.warning("%s was written by attempt %s after attempt %s took the run over: deleted, not stored.",
-                               path, written_by, holder)
+                               path, writer, holder)
                 path.unlink(missing_ok=True)
                 continue
-            if written_by is not None and written_by > self.attempt:
+            if writer is not None and writer > self.attempt:
                 continue  # a later attempt's (this one is being superseded): left to it
-            if written_by is not None and written_by != self.attempt:
+            if writer is not None and writer != self.attempt:
                 adopted = path.with_name(_ATTEMPT_TAG.sub(f"-a{self.attempt}.jsonl", path.name))
                 path.rename(adopted)
                 path = adopted
@@ -163,6 +194,26 @@ class Spool:
 _paused_runs: set = set()  # runs told that a full disk paused them
 _paused_lock = threading.Lock()
 _ATTEMPT_TAG = re.compile(r"-a(\d+)\.jsonl$")
+
+
+def written_by(path: Path) -> int | None:
+    """The attempt a spool segment is named for; None for an untagged one."""
+    match = _ATTEMPT_TAG.search(path.name)
+    return int(match.group(1)) if match else None
+
+
+def tell_run(run_id: int | None, attempt: int | None, level: str, message: str, writer: str) -> None:
+    """A line in the run's log written now, not through a spool (its disk may be full), while
+    ``attempt`` holds the run; also in this process's log."""
+    logger.warning("%s", message)
+    if run_id is None:
+        return
+    try:
+        with transaction.atomic():
+            lock_for_attempt(run_id, attempt)
+            RunLog.objects.create(run_id=run_id, level=level, time=timezone.now(), message=message)
+    except (AttemptSuperseded, DatabaseError) as exc:
+        logger.warning("%s: could not tell the run's log (%s)", writer, exc)
 
 
 def _encoded(record: Any) -> bytes:
@@ -282,16 +333,7 @@ class BackgroundFlusher:
 
     def tell(self, level: str, message: str) -> None:
         """A line in the run's log written now, not through the spool (its disk may be full)."""
-        logger.warning("%s", message)
-        run_id = getattr(self, "run_id", None)
-        if run_id is None:
-            return
-        try:
-            with transaction.atomic():
-                lock_for_attempt(run_id, getattr(self, "attempt", None))
-                RunLog.objects.create(run_id=run_id, level=level, time=timezone.now(), message=message)
-        except (AttemptSuperseded, DatabaseError) as exc:
-            logger.warning("%s: could not tell the run's log (%s)", self._thread.name, exc)
+        tell_run(getattr(self, "run_id", None), getattr(self, "attempt", None), level, message, self._thread.name)
 
     # -- the writer ------------------------------------------------------------------------------
     def flush(self) -> Any:
@@ -343,6 +385,12 @@ class BackgroundFlusher:
             if self.spool is not None:
                 self.spool.abandon()
         self._waiting = []
+
+    def stop(self) -> None:
+        """Stop the thread; what is left stays (in memory, or in the spool for a later attempt)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
 
     def close(self) -> None:
         """Stop the thread and write what is left (from the calling thread), retrying for up to
