@@ -256,7 +256,7 @@ def training_process(runs_dir: str) -> None:
 
     from training import AgentTrainer
     from training.tracking.sinks import MultiSink
-    from webapp.dashboard.recording import DashboardSink
+    from webapp.dashboard.recording import DashboardSink, EpisodeHandoff
 
     settings.RUNS_DIR, settings.ARTIFACTS_URL = Path(runs_dir), ""
     torch.set_num_threads(1)
@@ -274,15 +274,25 @@ def training_process(runs_dir: str) -> None:
         in_thread["seconds"] += time.perf_counter() - began
 
     MultiSink.store_episodes = timed
+    waited = {"seconds": 0.0}
+    close = EpisodeHandoff.close
+
+    def timed_close(self):  # the run's end waiting for the supervisor to store the last steps
+        began = time.perf_counter()
+        close(self)
+        waited["seconds"] += time.perf_counter() - began
+
+    EpisodeHandoff.close = timed_close
     for line in sys.stdin:
         run_id, run_path, store_on = line.split()
-        in_thread["seconds"] = 0.0
+        in_thread["seconds"] = waited["seconds"] = 0.0
         sink = DashboardSink(int(run_id), publish=False, spool_dir=run_path, episodes_drained=True)
         trainer = AgentTrainer(train_dataset=prompts, reward_func=reward, backend="trl", run_path=run_path,
                                config={**TRAINING_CONFIG, "trainer.log_episodes": store_on == "1"}, sinks=[sink])
         began = time.perf_counter()
         trainer.train()  # its end included: the sinks closed, the episodes stored
-        print(json.dumps({"seconds": time.perf_counter() - began, "handing": in_thread["seconds"]}), flush=True)
+        print(json.dumps({"seconds": time.perf_counter() - began, "handing": in_thread["seconds"],
+                          "end_wait": waited["seconds"]}), flush=True)
 
 
 def bench_training(user, tmp: Path) -> dict:
@@ -333,6 +343,7 @@ def bench_training(user, tmp: Path) -> dict:
         pairs.append({"on_s": round(seconds[True]["seconds"], 3), "off_s": round(seconds[False]["seconds"], 3),
                       "ratio": round(seconds[True]["seconds"] / seconds[False]["seconds"], 3),
                       "handing_records_to_sinks_s": round(seconds[True]["handing"], 3),
+                      "end_waiting_for_the_store_s": round(seconds[True]["end_wait"], 3),
                       "supervisor_storing_episodes_s": round(stored["seconds"], 3)})
         print(f"training pair {index}: {pairs[-1]}", flush=True)
     child.stdin.close()

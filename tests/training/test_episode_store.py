@@ -132,3 +132,22 @@ def test_token_pieces_are_each_token_decoded_alone():
     ids = tokenizer.encode("ab= c\n", add_special_tokens=False)
     assert token_pieces(tokenizer, ids) == ["a", "b", "=", " ", "c", "\n"]
     assert token_pieces(tokenizer, []) == []
+
+
+def test_a_token_is_decoded_once_per_tokenizer(monkeypatch):
+    tokenizer = build_char_tokenizer()
+    asked: list[list[list[int]]] = []
+    decode = type(tokenizer).batch_decode
+
+    def counting(self, sequences, *args, **kwargs):
+        asked.append(sequences)
+        return decode(self, sequences, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "batch_decode", counting)
+    first = tokenizer.encode("abba", add_special_tokens=False)
+    second = tokenizer.encode("cab", add_special_tokens=False)
+    assert token_pieces(tokenizer, first) == ["a", "b", "b", "a"]
+    assert token_pieces(tokenizer, second) == ["c", "a", "b"]
+    assert token_pieces(tokenizer, first) == ["a", "b", "b", "a"]
+    assert sorted(len(sequences) for sequences in asked) == [1, 2]  # a and b, then c alone; then nothing
+    assert token_pieces(build_char_tokenizer(), second) == ["c", "a", "b"]  # another tokenizer decodes its own

@@ -30,6 +30,7 @@ import logging
 import math
 import random
 import threading
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import IO, Any, Iterable
@@ -137,9 +138,22 @@ def keep_for_store(records: list[dict[str, Any]], fraction: float, per_step: int
 
 
 def token_pieces(tokenizer: Any, token_ids: list[int]) -> list[str]:
-    """Each token of ``token_ids`` decoded alone (one batched call): what a reader shows for a token.
-    A token that is part of a multi-byte character decodes to the replacement character."""
-    return [str(piece) for piece in tokenizer.batch_decode([[t] for t in token_ids])] if token_ids else []
+    """Each token of ``token_ids`` decoded alone: what a reader shows for a token. A token that is
+    part of a multi-byte character decodes to the replacement character. A token decodes alone the
+    same way every time, so each tokenizer's pieces are kept (at most its vocabulary): a run decodes
+    a token once, in one batched call with the others it meets first, not at every step (decoding
+    every token of every step was two thirds of the training thread's cost of the episode store)."""
+    try:
+        known = _pieces.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that cannot be a weak key: decoded each time
+        known = {}
+    missing = sorted({t for t in token_ids if t not in known})
+    if missing:
+        known.update(zip(missing, (str(piece) for piece in tokenizer.batch_decode([[t] for t in missing]))))
+    return [known[t] for t in token_ids]
+
+
+_pieces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {token id: its piece}
 
 
 def search_text(record: dict[str, Any]) -> str:

@@ -42,7 +42,7 @@ from webapp.runs.models import AttemptSuperseded, Run, RunLog, lock_for_attempt
 logger = logging.getLogger(__name__)
 training_logger = logging.getLogger("training")  # what the attempt's log handler puts in the run's log
 # How often a training process that handed its episodes to its supervisor looks whether they are stored, at its end.
-HANDOFF_POLL_SECONDS = 0.05
+HANDOFF_POLL_SECONDS = 0.01
 DROPPED_KEY = "overload/dropped_points"
 DROPPED_EPISODES_KEY = "overload/dropped_episodes"
 
@@ -324,7 +324,7 @@ class EpisodeDrain(EpisodeWriter):
     deleted once stored, retried while the store or the database is away. The training process's
     steps never wait on it, nor share an interpreter lock with it."""
 
-    def __init__(self, run_id: int, spool_dir: str | Path, attempt: int | None, flush_seconds: float = 0.2) -> None:
+    def __init__(self, run_id: int, spool_dir: str | Path, attempt: int | None, flush_seconds: float = 0.05) -> None:
         super().__init__(run_id, flush_seconds, spool_dir, attempt)
 
     def store(self, step: int, records: list[dict[str, Any]]) -> None:
