@@ -14,6 +14,11 @@ the user + sys seconds of pytest and every process it waited for (its servers, w
 processes), with the outcome line:
 
     python bench/suite_time.py --cpu tests/api/test_schema_fuzz.py [more files or node ids]
+
+A whole run's CPU per file: run the suite with ``SUITE_CPU_REPORT=<folder>`` (tests/platform_slots.py
+writes each test process's CPU per test there) and sum it:
+
+    SUITE_CPU_REPORT=/tmp/cpu make test; python bench/suite_time.py --cpu-report /tmp/cpu
 """
 
 from __future__ import annotations
@@ -65,14 +70,32 @@ def cpu_of(target: str, python: str, pytest_args: list[str]) -> dict:
             "load_1min_at_end": round(os.getloadavg()[0], 1), "outcome": outcome}
 
 
+def cpu_report(folder: Path, top: int) -> dict:
+    """The CPU seconds per test file (and the slowest tests) that a run with SUITE_CPU_REPORT wrote."""
+    tests: dict[str, float] = {}
+    for path in sorted(folder.glob("*.json")):
+        tests.update(json.loads(path.read_text()))
+    files: dict[str, float] = defaultdict(float)
+    for nodeid, seconds in tests.items():
+        files[nodeid.split("::")[0]] += seconds
+    ranked = sorted(files.items(), key=lambda item: item[1], reverse=True)
+    return {"tests": len(tests), "cpu_s_in_tests": round(sum(tests.values()), 1),
+            "files": {name: round(seconds, 1) for name, seconds in ranked[:top]},
+            "slowest_tests": {name: seconds for name, seconds in sorted(tests.items(), key=lambda item: item[1], reverse=True)[:top]}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="pytest output with --durations=0 (one or two runs); with --cpu: test files")
+    parser.add_argument("runs", nargs="+", help="pytest output with --durations=0 (one or two runs); with --cpu: test files; with --cpu-report: a folder")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--cpu", action="store_true", help="run each file given with pytest and print its CPU seconds")
+    parser.add_argument("--cpu-report", action="store_true", help="runs: the folder a SUITE_CPU_REPORT run wrote")
     parser.add_argument("--python", default=".venv/bin/python")
     parser.add_argument("--pytest-args", default="", help="more pytest arguments, one string")
     args = parser.parse_args()
+    if args.cpu_report:
+        print(json.dumps(cpu_report(Path(args.runs[0]), args.top), indent=1))
+        return
     if args.cpu:
         for target in args.runs:
             result = cpu_of(target, args.python, args.pytest_args.split())

@@ -49,3 +49,37 @@ def pytest_collection_finish(session):
     reference count as before). Measured in bench/results/suite_time.json."""
     gc.collect()
     gc.freeze()
+
+
+# -- where the CPU goes: ``SUITE_CPU_REPORT=<folder>`` ---------------------------------------------
+# Each test process writes ``<folder>/<worker>.json``: per test, the CPU seconds (user + sys) of the
+# process and of the children it waited for during the test (its servers, workers and training
+# processes, once reaped). ``python bench/suite_time.py --cpu-report <folder>`` sums them per file.
+_cpu: dict[str, float] = {}
+
+
+def _cpu_now() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not os.environ.get("SUITE_CPU_REPORT"):
+        yield
+        return
+    began = _cpu_now()
+    yield
+    _cpu[item.nodeid] = round(_cpu_now() - began, 3)
+
+
+def pytest_sessionfinish(session):
+    folder = os.environ.get("SUITE_CPU_REPORT")
+    if folder and _cpu:
+        import json
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        (Path(folder) / f"{name}.json").write_text(json.dumps(_cpu, indent=0))
