@@ -8,7 +8,9 @@ Nothing of verl is copied here; this module translates between our world and ver
 - ``write_verl_parquet`` writes tasks in the parquet layout verl's ``RLHFDataset`` reads.
 - ``compute_score`` is our reward functions behind verl's custom reward function signature.
 - multi-turn agents run in ``training.backends.verl.agent_loop.AgentTrainerLoop``, a verl agent loop.
-- ``VerlMetricsBridge`` routes what verl's ``Tracking`` writes (its ``file`` backend) into our sinks.
+- ``VerlMetricsBridge`` routes what verl's ``Tracking`` writes (its ``file`` backend) into our sinks,
+  and the episodes of verl's rollout dumps into the episode store; verl trains with its own trainer
+  class made to add to those dumps what they leave out (``training.backends.verl.dumps``).
 
 verl is imported inside functions, so importing this module stays cheap and works without verl.
 """

@@ -38,7 +38,6 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import ray
-import torch
 import transfer_queue as tq
 from verl import DataProto
 from verl.trainer import main_ppo_v0
@@ -56,9 +55,10 @@ from training.tracking.episodes import token_pieces
 # verl's own keys of a dump row (``_write_generations``): never replaced by ours.
 VERL_DUMP_KEYS = ("input", "output", "gts", "score", "step", "uid")
 # Fields of verl's TransferQueue every sample of a training batch has (``AgentLoopOutput.as_dict``).
-TRANSFER_QUEUE_FIELDS = ("prompts", "responses", "response_mask", "metrics", "extra_fields")
-# Fields a batch may lack: log-probabilities where the rollout computed none, dataset columns.
-OPTIONAL_TRANSFER_QUEUE_FIELDS = ("rollout_log_probs", "data_source", "extra_info")
+TRANSFER_QUEUE_FIELDS = ("prompts", "responses", "response_mask")
+# Fields a batch may lack: log-probabilities where the rollout computed none, the agent loop's
+# metrics and extra fields (another agent loop manager's), the dataset's columns.
+OPTIONAL_TRANSFER_QUEUE_FIELDS = ("rollout_log_probs", "metrics", "extra_fields", "data_source", "extra_info")
 
 
 def sample_columns(prompts: list[list[int]], responses: list[list[int]], masks: list[list[int]],
@@ -106,15 +106,17 @@ def transfer_queue_rows(data: Any, tokenizer: Any) -> list[dict[str, Any]]:
     """Our keys of each sample, from verl's TransferQueue fields of a training batch as
     ``tq.kv_batch_get`` returns them (a TensorDict: tokens as jagged nested tensors, one row per
     sample, unpadded; ``metrics`` and ``extra_fields`` as lists of dicts)."""
-    metrics = _objects(data["metrics"])
-    extra_fields = _objects(data["extra_fields"])
+    present = set(data.keys())
+    masks = _token_rows(data["response_mask"])
+    metrics = _objects(data["metrics"]) if "metrics" in present else [None] * len(masks)
+    extra_fields = _objects(data["extra_fields"]) if "extra_fields" in present else [None] * len(masks)
     return sample_columns(
-        _token_rows(data["prompts"]), _token_rows(data["responses"]), _token_rows(data["response_mask"]),
-        _token_rows(data["rollout_log_probs"]) if "rollout_log_probs" in data.keys() else None, tokenizer,
-        data_sources=_objects(data["data_source"]) if "data_source" in data.keys() else None,
-        extra_infos=_objects(data["extra_info"]) if "extra_info" in data.keys() else None,
-        seconds=[(m or {}).get("generate_sequences") if isinstance(m, dict) else None for m in metrics],
-        reward_infos=[(f or {}).get("reward_extra_info") or {} if isinstance(f, dict) else {} for f in extra_fields],
+        _token_rows(data["prompts"]), _token_rows(data["responses"]), masks,
+        _token_rows(data["rollout_log_probs"]) if "rollout_log_probs" in present else None, tokenizer,
+        data_sources=_objects(data["data_source"]) if "data_source" in present else None,
+        extra_infos=_objects(data["extra_info"]) if "extra_info" in present else None,
+        seconds=[m.get("generate_sequences") if isinstance(m, dict) else None for m in metrics],
+        reward_infos=[f.get("reward_extra_info") or {} if isinstance(f, dict) else {} for f in extra_fields],
     )
 
 
