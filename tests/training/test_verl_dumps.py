@@ -4,7 +4,8 @@ verl's trainers cannot be built here (CUDA GPUs, Ray workers): each test takes v
 as our TaskRunner makes it (``dumping_trainer``) and calls its dump method on a batch laid out as
 verl lays it out, the object made without its constructor (which starts workers). The legacy
 trainer's batch is a real ``DataProto`` built from tensors; the default trainer reads its batch
-from verl's TransferQueue, which needs Ray: ``standins.verl_trainer._TransferQueue`` stands in for it.
+from verl's TransferQueue, which runs on Ray: ``standins.verl_trainer._TransferQueue`` stands in
+for it, and one slow test starts the real one on a Ray cluster of its own.
 """
 
 from __future__ import annotations
@@ -118,28 +119,56 @@ def transfer_queue_samples() -> dict[str, dict]:
     return samples
 
 
-def test_the_default_trainers_dump_gets_each_samples_tokens_times_and_reward_values_by_key(tmp_path):
+def default_trainers_dump(folder) -> list[dict]:
+    """Step 2's dump by verl's default trainer made ``dumping_trainer``, of the samples put in the
+    TransferQueue (``transfer_queue_samples``), handed out in another order than verl dumps them."""
     made = trainer(trainer_base.get_trainer_cls("sync"), 2)
-    with _TransferQueue(transfer_queue_samples()):
-        made._log_rollout_data(KVBatchMeta(keys=["u1_1_0", "u1_0_0"], tags=[{}, {}], partition_id="train"), {},
-                               str(tmp_path))
+    made._log_rollout_data(KVBatchMeta(keys=["u1_1_0", "u1_0_0"], tags=[{}, {}], partition_id="train"), {}, str(folder))
     made._shutdown_dump_executor()
-    rows = dumped(tmp_path, 2)
+    return dumped(folder, 2)
+
+
+def check_default_trainers_dump(rows: list[dict]) -> None:
     assert [(r["uid"], r["output"], r["score"], r["acc"]) for r in rows] == [("u1_0_0", "ab", 1.0, 1.0), ("u1_1_0", "a", 0.0, 0.0)]
     assert [r["response_ids"] for r in rows] == [ids("ab") + [EOS], ids("a") + [EOS]]
     assert [(r["generation_seconds"], r["row_index"], r["data_source"]) for r in rows] == [(0.5, 3, "math"), (0.25, 3, "math")]
     assert rows[0]["rollout_log_probs"] == [-0.5] * 3 and rows[0]["prompt_ids"] == ids("go>")
 
 
+def test_the_default_trainers_dump_gets_each_samples_tokens_times_and_reward_values_by_key(tmp_path):
+    with _TransferQueue(transfer_queue_samples()):
+        check_default_trainers_dump(default_trainers_dump(tmp_path))
+
+
+@pytest.mark.slow
+def test_the_default_trainers_dump_through_verls_own_transfer_queue(tmp_path):
+    """The same through verl's TransferQueue itself, as verl's TaskRunner starts it (``tq.init``),
+    on a Ray cluster of this machine's own; the samples put as ``AgentLoopWorkerTQ`` puts them."""
+    import ray
+    import transfer_queue as tq
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False)  # TransferQueue's controller and two storage units take a CPU each
+    try:
+        tq.init()
+        try:
+            for key, field in transfer_queue_samples().items():
+                tq.kv_batch_put(keys=[key], fields=list_of_dict_to_tensordict([field]), tags=[{"status": "success"}],
+                                partition_id="train")
+            check_default_trainers_dump(default_trainers_dump(tmp_path))
+        finally:
+            tq.close()
+    finally:
+        ray.shutdown()
+
+
 def test_a_batch_our_columns_cannot_be_made_of_is_dumped_as_verl_dumps_it(tmp_path):
     samples = transfer_queue_samples()
     for sample in samples.values():
         del sample["response_mask"]  # laid out otherwise than verl 0.9.1 lays it out (verl's own dump reads none)
-    made = trainer(trainer_base.get_trainer_cls("sync"), 2)
     with _TransferQueue(samples):
-        made._log_rollout_data(KVBatchMeta(keys=list(samples), tags=[{}, {}], partition_id="train"), {}, str(tmp_path))
-    made._shutdown_dump_executor()
-    assert [sorted(row) for row in dumped(tmp_path, 2)] == [["gts", "input", "output", "score", "step", "uid"]] * 2
+        rows = default_trainers_dump(tmp_path)
+    assert [sorted(row) for row in rows] == [["gts", "input", "output", "score", "step", "uid"]] * 2
 
 
 def test_our_task_runners_train_with_verls_trainer_made_to_dump_tokens(monkeypatch):

@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import ray
+import torch
 import transfer_queue as tq
 from verl import DataProto
 from verl.trainer import main_ppo_v0
@@ -145,8 +146,13 @@ def dataproto_rows(batch: DataProto, tokenizer: Any, texts: bool = True) -> list
 
 
 def _token_rows(value: Any) -> list[list]:
-    rows = value.unbind() if getattr(value, "is_nested", False) else list(value)
-    return [row.tolist() for row in rows]
+    """Each sample's row of a tensor field: of a nested tensor (TransferQueue packs a tensor field
+    so), a dense one, or a ``NonTensorStack`` of tensors (its packing when some sample has None)."""
+    if isinstance(value, torch.Tensor):
+        rows = value.unbind() if value.is_nested else list(value)
+    else:
+        rows = _objects(value)
+    return [row.tolist() if isinstance(row, torch.Tensor) else [] for row in rows]
 
 
 def _objects(value: Any) -> list:
