@@ -97,8 +97,8 @@ DUMP_COLUMNS = (DUMP_PROMPT_IDS, DUMP_RESPONSE_IDS, DUMP_RESPONSE_MASK, DUMP_LOG
 _DUMP_KEYS = {"input", "output", "gts", "score", "reward", "step", "uid", "request_id", "termination_reason", "error",
               "traceback", EPISODE_RECORD_KEY, *DUMP_COLUMNS}
 # verl estimators whose advantages depend on how many tokens each episode trained on (a length-weighted
-# baseline, a whitening over the batch's tokens): rows dumped without their token mask (verl's own
-# single-turn loop) cannot have them recomputed.
+# baseline, a whitening over the batch's tokens): rows dumped without their token mask (a dump our
+# columns could not be added to, ``training.backends.verl.dumps``) cannot have them recomputed.
 _TOKEN_COUNT_ESTIMATORS = {"opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
 
 
@@ -745,7 +745,7 @@ def verl_advantages(rows: list[dict[str, Any]], records: list[dict[str, Any]], a
     """Each episode's advantage as verl computes it after the dump (which does not carry it): verl's
     own estimator (``training.algorithms.advantages.compute_advantages``: verl's registry, called as
     verl's trainer calls it) on the step's dumped scores, grouped by ``group`` (verl's ``uid``; the
-    prompt's text for verl's own single-turn loop, which does not dump its uid), with the run's
+    prompt's text for single-turn rows of verl's legacy trainer, which does not dump it), with the run's
     ``algorithm`` settings; per episode, the mean over its trained tokens (``mask``). None where the
     dump cannot give it: an estimator that needs more than rewards (``gae``'s critic values, ...),
     a KL penalty folded into the reward (``algorithm.use_kl_in_reward``, per token), or an estimator
@@ -764,8 +764,9 @@ def verl_advantages(rows: list[dict[str, Any]], records: list[dict[str, Any]], a
     if (not records or estimator in NEEDS or getattr(algorithm, "use_kl_in_reward", False)
             or ((rejection or not with_masks) and estimator in _TOKEN_COUNT_ESTIMATORS)):
         return [None] * len(records)
-    # verl's own single-turn rows: one trained token each; the estimators left spread one number
-    # per episode over its tokens, so its mean over them does not depend on how many there were.
+    # Rows without their masks (a dump our columns could not be added to): one trained token each;
+    # the estimators left spread one number per episode over its tokens, so its mean over them does
+    # not depend on how many there were.
     masks = [list(record.get("mask") or []) if with_masks else [1] for record in records]
     width = max([1, *map(len, masks)])
     response_mask = torch.zeros(len(masks), width)
