@@ -2,19 +2,21 @@
 needs CUDA GPUs and vLLM; neither is here).
 
 Stand-in, not verl: no model is trained. What it keeps of verl is what our backend's hooks see of
-verl's job, written the way verl writes it: each step its metrics through verl's own ``Tracking``
-(the ``file`` backend, at ``VERL_FILE_LOGGER_PATH`` from the TaskRunner's environment), its
-rollouts dumped to ``trainer.rollout_data_dir`` (``<step>.jsonl``, by verl's own
-``RayPPOTrainer._write_generations``: ``data.train_batch_size`` prompts, ``rollout.n`` samples each,
-with a ``uid`` per prompt; for our agent loop each sample's ``reward_extra_info`` is made by the
-agent loop's own ``episode_to_output`` and ``add_episode_record`` from a scripted two-turn episode,
-for verl's single-turn loop it is ``acc`` as our ``compute_score`` returns it), its validation as
-``RayPPOTrainer._validate`` dumps it to ``trainer.validation_data_dir`` (before the first step with
-``trainer.val_before_train``, every ``trainer.test_freq`` steps and after the last: each row of
-``data.val_files`` ``val_kwargs.n`` times, with ``reward`` among the extra values), and every ``trainer.save_freq``
+verl's job, written the way verl 0.9.1's default trainer (``trainer.use_v1``,
+``verl.trainer.ppo.v1.trainer_base.PPOTrainer``) writes it: each step its metrics through verl's own
+``Tracking`` (the ``file`` backend, at ``VERL_FILE_LOGGER_PATH`` from the TaskRunner's environment),
+its rollouts dumped to ``trainer.rollout_data_dir`` (``<step>.jsonl``: ``data.train_batch_size``
+prompts, ``rollout.n`` samples each, a ``uid`` per prompt, by the trainer class our TaskRunner
+trains with, verl's own ``_log_rollout_data`` with our columns, see ``_dump_rollouts``; for our agent
+loop each sample is made by the agent loop's own ``episode_to_output`` and ``add_episode_record``
+from a scripted two-turn episode, for verl's single-turn loop as ``SingleTurnAgentLoop`` returns it
+with ``acc`` as our ``compute_score`` returns it), its validation as ``PPOTrainer._validate`` dumps it
+to ``trainer.validation_data_dir`` (before the first step with ``trainer.val_before_train``, every
+``trainer.test_freq`` steps and after the last: each row of ``data.val_files`` ``val_kwargs.n``
+times, sorted by key, with ``reward`` among the extra values), and every ``trainer.save_freq``
 steps ``global_step_N`` (``actor/`` and ``data.pt``) saved in ``trainer.default_local_dir``, older
 ones rotated (``trainer.max_actor_ckpt_to_keep``) and the marker file written last, as
-``RayPPOTrainer._save_checkpoint`` does. It resumes as verl does (``trainer.resume_mode``,
+``_save_checkpoint`` does. It resumes as verl does (``trainer.resume_mode``,
 ``resume_from_path`` or the marker). It asks nothing of ours: it runs until its steps are done or
 its job is ended (``end_job``, where the backend ``ray.kill``s verl's TaskRunner).
 
@@ -86,19 +88,19 @@ class StandInVerlJob:
         rollouts = Path(trainer.rollout_data_dir)
         rollouts.mkdir(parents=True, exist_ok=True)
         saved_steps: list[int] = []
-        if trainer.val_before_train:  # RayPPOTrainer.fit: validation at the resumed step, logged at it
+        if trainer.val_before_train:  # PPOTrainer.fit: validation at the resumed step, logged at it
             tracking.log(self._validate(verl, start), step=start)
         for step in range(start + 1, trainer.total_training_steps + 1):
             if self.ended.wait(self.step_seconds):
                 raise JobEnded("The actor died unexpectedly before finishing this task (stand-in).")
-            # verl 0.9.1's order within a step (RayPPOTrainer.fit): the checkpoint is saved, then the
-            # rollouts dumped, and only then the step's metrics logged.
+            # verl 0.9.1's order within a step (PPOTrainer.fit): the checkpoint is saved, the validation
+            # dumped, then the rollouts, and only then the step's metrics (with the validation's) logged.
             if trainer.save_freq > 0 and step % trainer.save_freq == 0:
                 self._save(checkpoints, step, saved_steps, trainer.get("max_actor_ckpt_to_keep"))
-            self._dump_rollouts(verl, rollouts, step)
             metrics = {"critic/score/mean": step / 100, "actor/pg_loss": -step / 10, "timing_s/step": self.step_seconds}
             if trainer.test_freq > 0 and (step == trainer.total_training_steps or step % trainer.test_freq == 0):
-                metrics.update(self._validate(verl, step))  # dumped, then logged with the step's metrics
+                metrics.update(self._validate(verl, step))
+            self._dump_rollouts(verl, rollouts, step)
             tracking.log(metrics, step=step)
             self.steps.append(step)
             if self.after_step is not None:
@@ -106,50 +108,65 @@ class StandInVerlJob:
         tracking.finish()
 
     def _dump_rollouts(self, verl: Any, rollouts: Path, step: int) -> None:
-        from verl.trainer.ppo.ray_trainer import RayPPOTrainer  # verl's own dump writer
+        """A step's training dump as verl 0.9.1's default trainer (``trainer.use_v1``) writes it:
+        each sample put in verl's TransferQueue as ``AgentLoopWorkerTQ`` puts it (its
+        ``AgentLoopOutput.as_dict()`` with the prompt's fields, keyed ``<uid>_<session>_0``), then
+        the dump written by the trainer class our TaskRunner trains with
+        (``training.backends.verl.dumps.dumping_trainer`` of verl's ``sync`` trainer): verl's own
+        ``_log_rollout_data`` reading the TransferQueue, our columns added. TransferQueue needs Ray
+        (``_TransferQueue`` stands in for it). The uids are verl's random ones, drawn in sorted order,
+        so verl's dump (sorted by key) keeps the prompts' order."""
+        from transfer_queue import KVBatchMeta  # verl is optional: imported where the job runs, as the backend does
+        from verl.trainer.ppo.v1 import trainer_base
+
+        from training.backends.verl.dumps import dumping_trainer
 
         prompts, n = int(verl.data.train_batch_size), int(verl.actor_rollout_ref.rollout.n)
-        agent_loop = verl.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_LOOP_NAME
-        inputs, outputs, gts, scores, extra = [], [], [], [], {}
-        for prompt in range(prompts):
-            uid = str(uuid.uuid4())
+        samples: dict[str, dict[str, Any]] = {}
+        for prompt, uid in enumerate(sorted(str(uuid.uuid4()) for _ in range(prompts))):
             for sample in range(n):
                 reward = float((step + prompt + sample) % 2)
-                inputs.append(f"go{prompt}>")
-                outputs.append("a")
-                gts.append("a")
-                scores.append(reward)
-                info = (_agent_loop_extra_info(verl, step, prompt, sample, uid, reward) if agent_loop
-                        else {"acc": reward})
-                for key, value in info.items():
-                    extra.setdefault(key, []).append(value)
-        RayPPOTrainer._write_generations(inputs, outputs, gts, scores, extra, str(rollouts), step)
+                output = _sample_output(verl, step, prompt, sample, uid, reward)
+                field = output.as_dict()
+                field.update(uid=uid, session_id=sample, data_source="guess", global_steps=step,
+                             extra_info={"index": prompt, "split": "train"}, reward_model={"ground_truth": "a"})
+                field["loss_mask"] = field["response_mask"]
+                samples[f"{uid}_{sample}_0"] = field
+        trainer = object.__new__(dumping_trainer(trainer_base.get_trainer_cls(verl.trainer.v1.trainer_mode)))
+        trainer.tokenizer, trainer.global_steps = _tokenizer(), step
+        trainer._init_dump_executor()
+        keys = list(samples)[::-1]  # as the replay buffer hands them: not in verl's dump order
+        with _TransferQueue(samples):
+            trainer._log_rollout_data(KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train"), {},
+                                      str(rollouts))
+        trainer._shutdown_dump_executor()
 
     def _validate(self, verl: Any, step: int) -> dict[str, float]:
-        """verl's validation dump (``RayPPOTrainer._validate``): every validation row ``val_kwargs.n``
-        times, a uid per row, the scores again as ``reward`` among the extra values. Reward: 1 for
-        even rows."""
+        """verl's validation dump (``PPOTrainer._validate``): every validation row ``val_kwargs.n``
+        times, a uid per row, sorted by each sample's key (``uid``), the scores again as ``reward``
+        among the extra values. Reward: 1 for even rows."""
         import pyarrow.parquet as pq
-        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+        from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
         prompts = pq.ParquetFile(str(verl.data.val_files)).metadata.num_rows
         n = int(verl.actor_rollout_ref.rollout.val_kwargs.n)
         agent_loop = verl.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_LOOP_NAME
         inputs, scores, extra = [], [], {"reward": []}
-        for prompt in range(prompts):
-            uid = str(uuid.uuid4())
+        keys = []
+        for prompt, uid in enumerate(sorted(str(uuid.uuid4()) for _ in range(prompts))):  # dumped sorted by key
             for sample in range(n):
                 reward = float(prompt % 2 == 0)
                 inputs.append(f"go{prompt}>")
                 scores.append(reward)
+                keys.append(f"{uid}_{sample}_0")
                 extra["reward"].append(reward)
-                info = (_agent_loop_extra_info(verl, step, prompt, sample, uid, reward) if agent_loop
-                        else {"acc": reward})
+                info = (_agent_loop_output(verl, step, prompt, sample, uid, reward).extra_fields["reward_extra_info"]
+                        if agent_loop else {"acc": reward})
                 for key, value in info.items():
                     extra.setdefault(key, []).append(value)
         if verl.trainer.get("validation_data_dir"):  # verl dumps only where the key names a folder
-            RayPPOTrainer._write_generations(inputs, ["a"] * len(inputs), ["a"] * len(inputs), scores, extra,
-                                             str(verl.trainer.validation_data_dir), step)
+            PPOTrainer._write_generations(inputs, ["a"] * len(inputs), ["a"] * len(inputs), scores,
+                                          {**extra, "uid": keys}, str(verl.trainer.validation_data_dir), step)
         return {"val-core/guess/reward/mean@1": sum(scores) / max(1, len(scores))}
 
     def end_job(self, runner: Any) -> None:
@@ -187,16 +204,44 @@ class StandInVerlJob:
         del saved_steps[:-keep]
 
 
-def _agent_loop_extra_info(verl: Any, step: int, prompt: int, sample: int, uid: str, reward: float) -> dict:
-    """What our agent loop hands verl as ``reward_extra_info`` for a two-turn episode (model "a",
-    environment "no>", model "b"), through the agent loop's own functions."""
+# The times the turn loop measures, as the stand-in's scripted turns carry them (model, environment).
+TURN_SECONDS = ((0.25, 0.5), (0.125, 0.0625))
+# verl's time generating a sample of its own single-turn loop, as the stand-in's samples carry it.
+SINGLE_TURN_SECONDS = 0.375
+
+
+def _sample_output(verl: Any, step: int, prompt: int, sample: int, uid: str, reward: float):
+    """One sample's ``AgentLoopOutput``: our agent loop's (``_agent_loop_output``) or, without an
+    agent class, what verl's ``SingleTurnAgentLoop`` returns for prompt "go<prompt>>" and reply
+    "a" (ending with EOS), with the rollout's log-probabilities where verl computes them
+    (``rollout.calculate_log_probs``) and the reward function's ``acc``, as verl scores it."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    if verl.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_LOOP_NAME:
+        return _agent_loop_output(verl, step, prompt, sample, uid, reward)
+    tokenizer = _tokenizer()
+    response = tokenizer.encode("a", add_special_tokens=False) + [tokenizer.eos_token_id]
+    logprobs = [-0.5, -0.25] if verl.actor_rollout_ref.rollout.calculate_log_probs else None
+    return AgentLoopOutput(
+        prompt_ids=tokenizer.encode(f"go{prompt}>", add_special_tokens=False), response_ids=response,
+        response_mask=[1] * len(response), response_logprobs=logprobs, reward_score=reward, num_turns=2,
+        metrics=AgentLoopMetrics(generate_sequences=SINGLE_TURN_SECONDS), extra_fields={"reward_extra_info": {"acc": reward}},
+    )
+
+
+def _agent_loop_output(verl: Any, step: int, prompt: int, sample: int, uid: str, reward: float):
+    """What our agent loop hands verl for a two-turn episode (model "a", environment "no>", model
+    "b"), through the agent loop's own functions, its ``reward_extra_info`` with the record."""
     from training.backends.verl.agent_loop import add_episode_record, episode_to_output
 
     tokenizer = _tokenizer()
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    first, second = Step(chat_completions=[{"role": "user", "content": f"go{prompt}>"}], model_response="a", reward=0.0), \
+    (first_model, first_env), (second_model, second_env) = TURN_SECONDS
+    first, second = Step(chat_completions=[{"role": "user", "content": f"go{prompt}>"}], model_response="a", reward=0.0,
+                         info={"generation_seconds": first_model, "env_seconds": first_env}), \
         Step(chat_completions=[{"role": "user", "content": f"go{prompt}>"}, {"role": "assistant", "content": "a"},
-                               {"role": "user", "content": "no>"}], model_response="b", reward=reward, done=True)
+                               {"role": "user", "content": "no>"}], model_response="b", reward=reward, done=True,
+             info={"generation_seconds": second_model, "env_seconds": second_env})
     response = encode("a") + encode("no>") + encode("b")
     episode = Episode(
         task={"prompt": f"go{prompt}>", "data_source": "guess"}, trajectories=[Trajectory(steps=[first, second], reward=reward)],
@@ -205,9 +250,54 @@ def _agent_loop_extra_info(verl: Any, step: int, prompt: int, sample: int, uid: 
         prompt_ids=encode(f"go{prompt}>"), response_ids=response, response_mask=[1, 0, 0, 0, 1],
         response_logprobs=[-0.5, 0.0, 0.0, 0.0, -0.25],
     )
-    output = episode_to_output(episode, int(verl.data.max_response_length), tokenizer.eos_token_id)
+    generated = first_model + second_model
+    output = episode_to_output(episode, int(verl.data.max_response_length), tokenizer.eos_token_id,
+                               generated, generated + first_env + second_env)
     add_episode_record(output, episode, tokenizer, {"uid": uid, "data_source": "guess", "extra_info": {"index": prompt}})
-    return output.extra_fields["reward_extra_info"]
+    return output
+
+
+class _TransferQueue:
+    """verl's TransferQueue (``transfer_queue``, which needs Ray) for the stand-in's dumps, while
+    in use: ``kv_batch_get`` of the samples given, answered as TransferQueue answers, a tensor
+    field as one jagged nested tensor (a row per sample), any other as a ``NonTensorStack``; a
+    field a sample lacks is left out. One at a time (a process may run several stand-in jobs)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, samples: dict[str, dict[str, Any]]) -> None:
+        self.samples = samples
+
+    def kv_batch_get(self, keys: list[str], partition_id: str, select_fields: list[str] | str | None = None):
+        import torch
+        from tensordict import NonTensorStack, TensorDict
+
+        rows = [self.samples[key] for key in keys]
+        fields = [select_fields] if isinstance(select_fields, str) else select_fields or list(rows[0])
+        data = {}
+        for name in fields:
+            if not all(name in row for row in rows):
+                continue
+            values = [row[name] for row in rows]
+            if all(isinstance(value, torch.Tensor) for value in values):
+                data[name] = torch.nested.as_nested_tensor(values, layout=torch.jagged)
+            else:
+                data[name] = NonTensorStack(*values)
+        return TensorDict(data, batch_size=[len(rows)])
+
+    def __enter__(self) -> "_TransferQueue":
+        import transfer_queue
+
+        self._lock.acquire()
+        self._saved = transfer_queue.kv_batch_get
+        transfer_queue.kv_batch_get = self.kv_batch_get
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import transfer_queue
+
+        transfer_queue.kv_batch_get = self._saved
+        self._lock.release()
 
 
 _TOKENIZERS: list = []

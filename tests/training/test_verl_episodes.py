@@ -1,23 +1,25 @@
 """The verl backend keeps every episode: what verl's rollout dump carries reaches the episode store.
 
 verl's trainer cannot run here (CUDA GPUs, vLLM): verl's job is ``standins.verl_trainer``, a
-stand-in of its trainer loop that dumps each step's rollouts with verl's own writer
-(``RayPPOTrainer._write_generations``), each sample's ``reward_extra_info`` made by our agent
-loop's own functions. Our agent loop itself runs in ``test_verl_agent_loop`` against a scripted
-server; here the driver side: the metrics bridge reading the dump into records, the share kept,
-and the run folder's Parquet files, the advantages recomputed with verl's own estimators, and the
-validation episodes verl dumps."""
+stand-in of its trainer loop that dumps each step's rollouts with verl's own dump method
+(``PPOTrainer._log_rollout_data`` of verl's default trainer, made to add our columns by
+``training.backends.verl.dumps``), each sample made by our agent loop's own functions or as verl's
+single-turn loop returns it. Our agent loop itself runs in ``test_verl_agent_loop`` against a
+scripted server; here the driver side: the metrics bridge reading the dump into records, the share
+kept, and the run folder's Parquet files, the advantages recomputed with verl's own estimators, and
+the validation episodes verl dumps."""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from standins.verl_trainer import StandInVerlJob
+from standins.verl_trainer import SINGLE_TURN_SECONDS, TURN_SECONDS, StandInVerlJob
 from test_verl_agent_loop import AGENT_ENV, EchoAgent, GuessEnv, base_verl_config, run_loop  # noqa: F401 - a fixture
 from training import AgentTrainer
 from training.backends.verl import backend as verl_backend
@@ -76,6 +78,46 @@ def test_a_verl_run_stores_every_episode_with_what_verl_and_our_agent_loop_give(
     assert first["prompt_length"] == 4 and first["response_length"] == 2 and first["num_turns"] == 2
     assert [t["response"] for t in first["turns"]] == ["a", "b"]
     assert first["advantage"] == pytest.approx(verl_grpo([1.0, 0.0, 1.0], True)[0])  # recomputed: verl's dump has none
+
+
+def test_our_agent_loops_turns_keep_their_model_and_environment_times_through_verls_dump(tmp_path):
+    """verl's default trainer dumps no reward values: the record (with each turn's times) reaches
+    the dump because our trainer class adds them."""
+    verl_run(tmp_path)
+    for record in stored(tmp_path):
+        assert [(t["generation_seconds"], t["env_seconds"]) for t in record["turns"]] == list(TURN_SECONDS)
+        assert record["generation_seconds"] == pytest.approx(sum(model for model, _ in TURN_SECONDS))
+        assert record["env_seconds"] == pytest.approx(sum(env for _, env in TURN_SECONDS))
+
+
+def test_verls_single_turn_loop_stores_the_tokens_verl_trained_on(tmp_path):
+    processor = verl_run(tmp_path, single_turn=True)
+    records = stored(tmp_path)
+    tokenizer = build_char_tokenizer()
+    assert [(r["step"], r["position"]) for r in records] == [(s, p) for s in range(1, STEPS + 1) for p in range(6)]
+    first = records[0]
+    # The stand-in's sample, as verl's SingleTurnAgentLoop returns it: "go0>" answered "a" and EOS.
+    assert first["prompt_ids"] == tokenizer.encode("go0>", add_special_tokens=False)
+    assert first["token_ids"] == tokenizer.encode("a", add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert first["mask"] == [1, 1] and first["logprobs"] == [-0.5, -0.25] and len(first["token_texts"]) == 2
+    assert first["prompt_length"] == 4 and first["response_length"] == 2
+    assert first["turns"][0]["response"] == "a" and first["turns"][0]["generation_seconds"] == SINGLE_TURN_SECONDS
+    assert first["generation_seconds"] == SINGLE_TURN_SECONDS and first["turns"][0]["env_seconds"] is None
+    assert first["data_source"] == "guess" and [r["row_index"] for r in records[:6]] == [0, 0, 0, 1, 1, 1]
+    assert first["reward_components"] == {"score": first["reward"], "acc": first["reward"]}
+    # Grouped by verl's uid (its dump's sample keys), not by the prompt's text.
+    groups = [r["group"] for r in records[:6]]
+    assert len(set(groups)) == 2 and groups[0] == groups[2] != groups[3] and len(groups[0]) == 36
+    # verl's own keys of the dump are as verl writes them; ours are beside them.
+    row = json.loads((Path(processor.verl_config.trainer.rollout_data_dir) / "1.jsonl").read_text().splitlines()[0])
+    assert {k: row[k] for k in ("input", "output", "gts", "step")} == {"input": "go0>", "output": "a", "gts": "a", "step": 1}
+    assert row["uid"].startswith(groups[0] + "_0_") and row["response_ids"] == first["token_ids"]
+
+
+def test_without_the_rollouts_log_probabilities_verls_single_turn_records_have_none(tmp_path):
+    verl_run(tmp_path, single_turn=True, **{"actor_rollout_ref.rollout.calculate_log_probs": False})
+    first = stored(tmp_path)[0]
+    assert first["token_ids"] and first["mask"] == [1, 1] and first["logprobs"] == []
 
 
 def verl_grpo(rewards: list[float], norm_by_std: bool) -> list[float]:
@@ -202,3 +244,6 @@ def test_our_agent_loop_puts_the_whole_record_in_reward_extra_info(base_verl_con
     assert record["logprobs"] == output.response_logprobs and record["prompt_ids"] == output.prompt_ids
     assert len(record["token_texts"]) == len(record["token_ids"]) and record["token_texts"][0] == "a"
     assert record["reward"] == 1.0 and record["row_index"] == 3 and record["num_turns"] == 2
+    # Each turn's times, as the turn loop measured them: the model's call and the environment's step.
+    assert all(t["generation_seconds"] > 0 and t["env_seconds"] > 0 for t in record["turns"])
+    assert record["generation_seconds"] > 0 and record["episode_seconds"] >= record["generation_seconds"]

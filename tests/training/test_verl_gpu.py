@@ -53,6 +53,15 @@ def test_single_turn_end_to_end(tmp_path, sink):
         reward_func="exact_match", backend="verl", run_path=str(tmp_path), config=tiny_verl_config(), sinks=[sink],
     )
     check_run(trainer.train(), sink, tmp_path)
+    # verl's own single-turn loop: each stored episode has the tokens verl trained on (added to
+    # verl's dump by our trainer class), the rollout's log-probabilities and verl's generation time.
+    records = stored_records(tmp_path, "train")
+    assert sorted({r["step"] for r in records}) == [1, 2]
+    for record in records:
+        assert record["prompt_ids"] and record["token_ids"] and len(record["mask"]) == len(record["token_ids"])
+        assert len(record["logprobs"]) == len(record["token_ids"]) and sum(record["mask"]) == record["response_length"]
+        assert len(record["token_texts"]) == len(record["token_ids"]) and record["row_index"] is not None
+        assert record["turns"][0]["generation_seconds"] > 0 and record["generation_seconds"] > 0
 
 
 def test_multi_turn_agent_end_to_end(tmp_path, sink):
@@ -64,6 +73,10 @@ def test_multi_turn_agent_end_to_end(tmp_path, sink):
     )
     check_run(trainer.train(), sink, tmp_path)
     assert "num_turns/mean" in sink.metrics[-1]
+    # Our agent loop's record reaches verl's training dump, each turn with its model and environment times.
+    records = stored_records(tmp_path, "train")
+    assert records and all(r["token_ids"] and r["termination_reason"] for r in records)
+    assert all(t["generation_seconds"] > 0 and t["env_seconds"] is not None for r in records for t in r["turns"])
 
 
 

@@ -113,9 +113,11 @@ class AgentTrainerLoop(AgentLoopBase):
 
 def add_episode_record(output: AgentLoopOutput, episode: Episode, tokenizer: Any, row: dict[str, Any]) -> None:
     """The episode store's record of ``episode`` rides verl's rollout dump to the driver, in
-    ``reward_extra_info`` (``EPISODE_RECORD_KEY``): with its group (verl's ``uid``), data source
-    and dataset row (from verl's batch ``row``: ``uid``, ``data_source``, ``extra_info.index``),
-    and the tokens as handed to verl, each response token decoded alone."""
+    ``reward_extra_info`` (``EPISODE_RECORD_KEY``; verl's default trainer dumps it only as our
+    trainer class extends its dump, ``training.backends.verl.dumps``): with its group (verl's
+    ``uid``), data source and dataset row (from verl's batch ``row``: ``uid``, ``data_source``,
+    ``extra_info.index``), each turn's times as the turn loop measured them, and the tokens as
+    handed to verl, each response token decoded alone."""
     index = (row.get("extra_info") or {}).get("index")
     output.extra_fields["reward_extra_info"][EPISODE_RECORD_KEY] = episode_for_dump(
         episode, group=str(row.get("uid") or ""), data_source=str(row.get("data_source") or ""),

@@ -8,7 +8,9 @@ Nothing of verl is copied here; this module translates between our world and ver
 - ``write_verl_parquet`` writes tasks in the parquet layout verl's ``RLHFDataset`` reads.
 - ``compute_score`` is our reward functions behind verl's custom reward function signature.
 - multi-turn agents run in ``training.backends.verl.agent_loop.AgentTrainerLoop``, a verl agent loop.
-- ``VerlMetricsBridge`` routes what verl's ``Tracking`` writes (its ``file`` backend) into our sinks.
+- ``VerlMetricsBridge`` routes what verl's ``Tracking`` writes (its ``file`` backend) into our sinks,
+  and the episodes of verl's rollout dumps into the episode store; verl trains with its own trainer
+  class made to add to those dumps what they leave out (``training.backends.verl.dumps``).
 
 verl is imported inside functions, so importing this module stays cheap and works without verl.
 """
@@ -79,13 +81,24 @@ EPISODE_RECORD_KEY = "episode_record"
 # A dump with fewer rows than a step has is read again for this long (verl may still be writing it;
 # a filtered batch stays short).
 DUMP_SETTLE_SECONDS = 10.0
+# Keys our verl job adds to each row verl dumps (``training.backends.verl.dumps``), beside verl's own:
+# the tokens verl trained on (unpadded; the response mask as verl trained with it), the rollout's
+# log-probabilities where verl computed them, each response token decoded alone (rows without our
+# agent loop's record), the row's data source and dataset row, and verl's own time generating the
+# sample (``AgentLoopMetrics.generate_sequences``; verl's default trainer only).
+DUMP_PROMPT_IDS, DUMP_RESPONSE_IDS, DUMP_RESPONSE_MASK = "prompt_ids", "response_ids", "response_mask"
+DUMP_LOGPROBS, DUMP_TOKEN_TEXTS = "rollout_log_probs", "token_texts"
+DUMP_DATA_SOURCE, DUMP_ROW_INDEX, DUMP_GENERATION_SECONDS = "data_source", "row_index", "generation_seconds"
+DUMP_COLUMNS = (DUMP_PROMPT_IDS, DUMP_RESPONSE_IDS, DUMP_RESPONSE_MASK, DUMP_LOGPROBS, DUMP_TOKEN_TEXTS,
+                DUMP_DATA_SOURCE, DUMP_ROW_INDEX, DUMP_GENERATION_SECONDS)
 # Keys of a rollout dump row that are verl's or ours, not reward components (a validation dump
-# repeats the score as ``reward``).
-_DUMP_KEYS = {"input", "output", "gts", "score", "reward", "step", "request_id", "termination_reason", "error",
-              "traceback", EPISODE_RECORD_KEY}
+# repeats the score as ``reward``; verl's default trainer names each sample by its TransferQueue
+# key ``<uid>_<session>_<index>`` in ``uid``).
+_DUMP_KEYS = {"input", "output", "gts", "score", "reward", "step", "uid", "request_id", "termination_reason", "error",
+              "traceback", EPISODE_RECORD_KEY, *DUMP_COLUMNS}
 # verl estimators whose advantages depend on how many tokens each episode trained on (a length-weighted
-# baseline, a whitening over the batch's tokens): rows dumped without their token mask (verl's own
-# single-turn loop) cannot have them recomputed.
+# baseline, a whitening over the batch's tokens): rows dumped without their token mask (a dump our
+# columns could not be added to, ``training.backends.verl.dumps``) cannot have them recomputed.
 _TOKEN_COUNT_ESTIMATORS = {"opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
 
 
@@ -693,7 +706,10 @@ def rollout_rows_to_records(rows: list[dict[str, Any]], step: int, split: str, a
     """One step's rollout (or validation) dump (verl's rows, in its order) as episode store records.
     A row from our agent loop carries its whole record (``episode_for_dump``); a row of verl's own
     single-turn loop has what verl dumps: the prompt and response as text, the score, the ground
-    truth and the reward function's other values (as reward components), grouped by their prompt.
+    truth and the reward function's other values (as reward components), grouped by verl's ``uid``
+    (by their prompt where the row has none), and, in a training dump, what our job adds to verl's
+    (``DUMP_COLUMNS``): the token ids, mask and log-probabilities verl trained on, the data source
+    and dataset row, and verl's own time generating the sample (the turn's ``generation_seconds``).
     With ``algorithm`` (verl's ``algorithm`` config), a training step's records get the advantage
     verl trained them with (``verl_advantages``)."""
     records: list[dict[str, Any]] = []
@@ -705,8 +721,11 @@ def rollout_rows_to_records(rows: list[dict[str, Any]], step: int, split: str, a
         else:
             episode = _row_episode(row)
             components = {k: v for k, v in row.items() if k not in _DUMP_KEYS}
-            record = episode_record(episode, split=split, step=step, position=position,
-                                    group=_prompt_group(row.get("input")), group_position=0, reward_components=components)
+            index = row.get(DUMP_ROW_INDEX)
+            record = episode_record(episode, split=split, step=step, position=position, group=_row_group(row),
+                                    group_position=0, row_index=None if index is None else int(index),
+                                    reward_components=components)
+            record["token_texts"] = [str(piece) for piece in row.get(DUMP_TOKEN_TEXTS) or []]
         group = str(record.get("group") or "")
         record.update(split=split, step=int(step), position=position, group_position=group_sizes.get(group, 0))
         group_sizes[group] = record["group_position"] + 1
@@ -726,7 +745,7 @@ def verl_advantages(rows: list[dict[str, Any]], records: list[dict[str, Any]], a
     """Each episode's advantage as verl computes it after the dump (which does not carry it): verl's
     own estimator (``training.algorithms.advantages.compute_advantages``: verl's registry, called as
     verl's trainer calls it) on the step's dumped scores, grouped by ``group`` (verl's ``uid``; the
-    prompt's text for verl's own single-turn loop, which does not dump its uid), with the run's
+    prompt's text for single-turn rows of verl's legacy trainer, which does not dump it), with the run's
     ``algorithm`` settings; per episode, the mean over its trained tokens (``mask``). None where the
     dump cannot give it: an estimator that needs more than rewards (``gae``'s critic values, ...),
     a KL penalty folded into the reward (``algorithm.use_kl_in_reward``, per token), or an estimator
@@ -738,14 +757,16 @@ def verl_advantages(rows: list[dict[str, Any]], records: list[dict[str, Any]], a
 
     from training.algorithms.advantages import NEEDS, compute_advantages  # brings in torch and verl: imported on first use
 
-    with_masks = any(EPISODE_RECORD_KEY in row for row in rows)  # our agent loop's rows carry their mask
+    # Our agent loop's rows carry their mask, and so do verl's own where our job added its tokens.
+    with_masks = bool(records) and all(record.get("mask") for record in records)
     rejection = (getattr(algorithm, "rollout_correction", None) or {}).get("rollout_rs")
     estimator = str(algorithm.adv_estimator)
     if (not records or estimator in NEEDS or getattr(algorithm, "use_kl_in_reward", False)
             or ((rejection or not with_masks) and estimator in _TOKEN_COUNT_ESTIMATORS)):
         return [None] * len(records)
-    # verl's own single-turn rows: one trained token each; the estimators left spread one number
-    # per episode over its tokens, so its mean over them does not depend on how many there were.
+    # Rows without their masks (a dump our columns could not be added to): one trained token each;
+    # the estimators left spread one number per episode over its tokens, so its mean over them does
+    # not depend on how many there were.
     masks = [list(record.get("mask") or []) if with_masks else [1] for record in records]
     width = max([1, *map(len, masks)])
     response_mask = torch.zeros(len(masks), width)
@@ -761,6 +782,16 @@ def verl_advantages(rows: list[dict[str, Any]], records: list[dict[str, Any]], a
     return [float(value) if count > 0 else None for value, count in zip(per_episode.tolist(), trained.tolist())]
 
 
+def _row_group(row: dict[str, Any]) -> str:
+    """The row's group: verl's ``uid`` of its prompt, the part of the sample's TransferQueue key
+    (``<uid>_<session>_<index>``, dumped as ``uid`` by verl's default trainer) before the session;
+    where a row has none (verl's legacy trainer), its prompt's text, hashed."""
+    key = row.get("uid")
+    if isinstance(key, str) and key.count("_") >= 2:
+        return key.rsplit("_", 2)[0]
+    return _prompt_group(row.get("input"))
+
+
 def _prompt_group(prompt: Any) -> str:
     import hashlib
 
@@ -774,12 +805,24 @@ def rollout_row_to_episode(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _row_episode(row: dict[str, Any]) -> Episode:
+    """The episode of a row verl's own single-turn loop ran: one turn, with the tokens and verl's
+    generation time where our job added them to the dump (``DUMP_COLUMNS``)."""
     score = float(row.get("score") or 0.0)
     prompt = [{"role": "user", "content": str(row["input"])}] if row.get("input") is not None else []
-    step = Step(chat_completions=prompt, model_response=str(row.get("output", "")), reward=score, done=True)
+    prompt_ids = [int(t) for t in row.get(DUMP_PROMPT_IDS) or []]
+    response_ids = [int(t) for t in row.get(DUMP_RESPONSE_IDS) or []]
+    logprobs = [float(x) for x in row.get(DUMP_LOGPROBS) or []]
+    seconds = row.get(DUMP_GENERATION_SECONDS)
+    step = Step(chat_completions=prompt, model_response=str(row.get("output", "")), reward=score, done=True,
+                info={} if seconds is None else {"generation_seconds": float(seconds)},
+                prompt_ids=prompt_ids, response_ids=response_ids, logprobs=logprobs)
     reason = row.get("termination_reason")
+    task = {"prompt": row.get("input"), "ground_truth": row.get("gts")}
+    if row.get(DUMP_DATA_SOURCE):
+        task["data_source"] = str(row[DUMP_DATA_SOURCE])
     episode = Episode(
-        task={"prompt": row.get("input"), "ground_truth": row.get("gts")},
+        task=task, prompt_ids=prompt_ids, response_ids=response_ids,
+        response_mask=[int(m) for m in row.get(DUMP_RESPONSE_MASK) or []], response_logprobs=logprobs,
         trajectories=[Trajectory(steps=[step], reward=score)],
         is_correct=bool(row.get("acc", score >= 1.0)),
         termination_reason=TerminationReason(reason) if reason else None,
@@ -941,11 +984,12 @@ class VerlProcessor(BuiltinProcessor):
     def train(self) -> TrainResult:
         from omegaconf import OmegaConf
 
-        from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+        from verl.trainer.main_ppo import run_ppo
 
-        runner_cls = TaskRunnerV1
-        if not self.verl_config.trainer.use_v1:
-            from verl.trainer.main_ppo_v0 import TaskRunner as runner_cls
+        # verl's TaskRunner, its dumps with the tokens verl trained on (brings in verl and Ray: imported where verl trains)
+        from training.backends.verl.dumps import task_runner
+
+        runner_cls = task_runner(bool(self.verl_config.trainer.use_v1))
 
         def launch(runner: _OnDriverNode) -> None:
             run_ppo(self.runtime_config(), task_runner_class=runner)

@@ -1,0 +1,190 @@
+"""Our columns in verl's rollout dumps (``training.backends.verl.dumps``), on verl's own trainer code.
+
+verl's trainers cannot be built here (CUDA GPUs, Ray workers): each test takes verl's trainer class
+as our TaskRunner makes it (``dumping_trainer``) and calls its dump method on a batch laid out as
+verl lays it out, the object made without its constructor (which starts workers). The legacy
+trainer's batch is a real ``DataProto`` built from tensors; the default trainer reads its batch
+from verl's TransferQueue, which runs on Ray: ``standins.verl_trainer._TransferQueue`` stands in
+for it, and one slow test starts the real one on a Ray cluster of its own.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from standins.verl_trainer import _TransferQueue
+from training.backends.verl.backend import EPISODE_RECORD_KEY, rollout_rows_to_records
+from training.rollouts.tiny import build_char_tokenizer
+
+dumps = pytest.importorskip("training.backends.verl.dumps")
+from transfer_queue import KVBatchMeta  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput  # noqa: E402
+from verl.trainer import main_ppo_v0  # noqa: E402
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer  # noqa: E402
+from verl.trainer.ppo.v1 import trainer_base  # noqa: E402
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
+
+TOKENIZER = build_char_tokenizer()
+PAD, EOS = TOKENIZER.pad_token_id, TOKENIZER.eos_token_id
+
+
+def ids(text: str) -> list[int]:
+    return TOKENIZER.encode(text, add_special_tokens=False)
+
+
+def trainer(cls: type, step: int):
+    made = object.__new__(dumps.dumping_trainer(cls))
+    made.tokenizer, made.global_steps = TOKENIZER, step
+    made._init_dump_executor()
+    return made
+
+
+def dumped(folder, step: int) -> list[dict]:
+    return [json.loads(line) for line in (folder / f"{step}.jsonl").read_text().splitlines()]
+
+
+def legacy_batch() -> DataProto:
+    """Two samples as verl's legacy agent loop hands them to its trainer: prompts padded on the
+    left to the batch's prompt width, responses on the right (mask 0 on a tool's tokens)."""
+    prompts = [ids("go>"), ids("x>")]
+    responses = [ids("ab") + [EOS], ids("a")]
+    masks = [[1, 1, 1], [1]]
+    width, length = 4, 5
+    batch = {name: torch.full((2, size), PAD, dtype=torch.long)
+             for name, size in (("prompts", width), ("responses", length), ("response_mask", length))}
+    batch["attention_mask"] = torch.zeros(2, width + length, dtype=torch.long)
+    batch["rollout_log_probs"] = torch.zeros(2, length)
+    batch["token_level_scores"] = torch.zeros(2, length)
+    for i, (prompt, response, mask) in enumerate(zip(prompts, responses, masks)):
+        batch["prompts"][i, width - len(prompt):] = torch.tensor(prompt)
+        batch["responses"][i, :len(response)] = torch.tensor(response)
+        batch["response_mask"][i, :len(mask)] = torch.tensor(mask)
+        batch["attention_mask"][i, width - len(prompt):width + len(response)] = 1
+        batch["rollout_log_probs"][i, :len(response)] = -0.5
+        batch["token_level_scores"][i, len(response) - 1] = float(i == 0)
+    return DataProto.from_dict(tensors=batch, non_tensors={
+        "data_source": np.array(["math", "math"], dtype=object),
+        "extra_info": np.array([{"index": 7}, {"index": 8}], dtype=object),
+        "reward_model": np.array([{"ground_truth": "ab"}, {"ground_truth": "ab"}], dtype=object),
+    })
+
+
+def test_the_legacy_trainers_dump_gets_the_tokens_of_its_dataproto(tmp_path):
+    made = trainer(RayPPOTrainer, 5)
+    made._log_rollout_data(legacy_batch(), {"acc": [1.0, 0.0]}, {}, str(tmp_path))
+    made._shutdown_dump_executor()
+    rows = dumped(tmp_path, 5)
+    assert [(r["input"], r["output"], r["gts"], r["score"], r["step"], r["acc"]) for r in rows] == [
+        ("go>", "ab", "ab", 1.0, 5, 1.0), ("x>", "a", "ab", 0.0, 5, 0.0)]  # verl's keys as verl writes them
+    assert [r["prompt_ids"] for r in rows] == [ids("go>"), ids("x>")]  # no padding
+    assert [r["response_ids"] for r in rows] == [ids("ab") + [EOS], ids("a")]
+    assert [r["response_mask"] for r in rows] == [[1, 1, 1], [1]]
+    assert [r["rollout_log_probs"] for r in rows] == [[-0.5] * 3, [-0.5]]
+    assert [(r["data_source"], r["row_index"]) for r in rows] == [("math", 7), ("math", 8)]
+    assert rows[0]["token_texts"] == ["a", "b", TOKENIZER.decode([EOS])] and "generation_seconds" not in rows[0]
+    records = rollout_rows_to_records(rows, 5, "train")
+    assert [r["token_ids"] for r in records] == [ids("ab") + [EOS], ids("a")]
+    assert [(r["mask"], r["logprobs"], r["response_length"]) for r in records] == [([1, 1, 1], [-0.5] * 3, 3), ([1], [-0.5], 1)]
+    assert [(r["data_source"], r["row_index"], r["reward_components"]) for r in records] == [
+        ("math", 7, {"score": 1.0, "acc": 1.0}), ("math", 8, {"score": 0.0, "acc": 0.0})]
+
+
+def test_rows_with_our_agent_loops_record_get_no_token_texts_of_their_own(tmp_path):
+    made = trainer(RayPPOTrainer, 1)
+    made._log_rollout_data(legacy_batch(), {EPISODE_RECORD_KEY: ["{}", "{}"]}, {}, str(tmp_path))
+    made._shutdown_dump_executor()
+    rows = dumped(tmp_path, 1)
+    assert [(row["response_ids"], "token_texts" in row) for row in rows] == [(ids("ab") + [EOS], False), (ids("a"), False)]
+
+
+def transfer_queue_samples() -> dict[str, dict]:
+    """Two samples of one prompt as verl's ``AgentLoopWorkerTQ`` puts them in its TransferQueue."""
+    samples = {}
+    for session, (reply, seconds, reward) in enumerate([("ab", 0.5, 1.0), ("a", 0.25, 0.0)]):
+        response = ids(reply) + [EOS]
+        output = AgentLoopOutput(
+            prompt_ids=ids("go>"), response_ids=response, response_mask=[1] * len(response),
+            response_logprobs=[-0.5] * len(response), reward_score=reward, num_turns=2,
+            metrics=AgentLoopMetrics(generate_sequences=seconds), extra_fields={"reward_extra_info": {"acc": reward}})
+        field = output.as_dict()
+        field.update(uid="u1", session_id=session, data_source="math", extra_info={"index": 3},
+                     reward_model={"ground_truth": "ab"})
+        samples[f"u1_{session}_0"] = field
+    return samples
+
+
+def default_trainers_dump(folder) -> list[dict]:
+    """Step 2's dump by verl's default trainer made ``dumping_trainer``, of the samples put in the
+    TransferQueue (``transfer_queue_samples``), handed out in another order than verl dumps them."""
+    made = trainer(trainer_base.get_trainer_cls("sync"), 2)
+    made._log_rollout_data(KVBatchMeta(keys=["u1_1_0", "u1_0_0"], tags=[{}, {}], partition_id="train"), {}, str(folder))
+    made._shutdown_dump_executor()
+    return dumped(folder, 2)
+
+
+def check_default_trainers_dump(rows: list[dict]) -> None:
+    assert [(r["uid"], r["output"], r["score"], r["acc"]) for r in rows] == [("u1_0_0", "ab", 1.0, 1.0), ("u1_1_0", "a", 0.0, 0.0)]
+    assert [r["response_ids"] for r in rows] == [ids("ab") + [EOS], ids("a") + [EOS]]
+    assert [(r["generation_seconds"], r["row_index"], r["data_source"]) for r in rows] == [(0.5, 3, "math"), (0.25, 3, "math")]
+    assert rows[0]["rollout_log_probs"] == [-0.5] * 3 and rows[0]["prompt_ids"] == ids("go>")
+
+
+def test_the_default_trainers_dump_gets_each_samples_tokens_times_and_reward_values_by_key(tmp_path):
+    with _TransferQueue(transfer_queue_samples()):
+        check_default_trainers_dump(default_trainers_dump(tmp_path))
+
+
+@pytest.mark.slow
+def test_the_default_trainers_dump_through_verls_own_transfer_queue(tmp_path):
+    """The same through verl's TransferQueue itself, as verl's TaskRunner starts it (``tq.init``),
+    on a Ray cluster of this machine's own; the samples put as ``AgentLoopWorkerTQ`` puts them."""
+    import ray
+    import transfer_queue as tq
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False)  # TransferQueue's controller and two storage units take a CPU each
+    try:
+        tq.init()
+        try:
+            for key, field in transfer_queue_samples().items():
+                tq.kv_batch_put(keys=[key], fields=list_of_dict_to_tensordict([field]), tags=[{"status": "success"}],
+                                partition_id="train")
+            check_default_trainers_dump(default_trainers_dump(tmp_path))
+        finally:
+            tq.close()
+    finally:
+        ray.shutdown()
+
+
+def test_a_batch_our_columns_cannot_be_made_of_is_dumped_as_verl_dumps_it(tmp_path):
+    samples = transfer_queue_samples()
+    for sample in samples.values():
+        del sample["response_mask"]  # laid out otherwise than verl 0.9.1 lays it out (verl's own dump reads none)
+    with _TransferQueue(samples):
+        rows = default_trainers_dump(tmp_path)
+    assert [sorted(row) for row in rows] == [["gts", "input", "output", "score", "step", "uid"]] * 2
+
+
+def test_our_task_runners_train_with_verls_trainer_made_to_dump_tokens(monkeypatch):
+    """Ray is not started: each runner is the plain class verl's actor would hold, verl's ``run``
+    replaced by one that reports the trainer class it would build."""
+    monkeypatch.setitem(trainer_base.TRAINER_REGISTRY, "sync", trainer_base.get_trainer_cls("sync"))
+    monkeypatch.setattr(main_ppo_v0, "RayPPOTrainer", RayPPOTrainer)
+    built = []
+    runner = dumps._TaskRunner()
+    monkeypatch.setattr(runner.runner, "run", lambda config: built.append(
+        trainer_base.get_trainer_cls(config.trainer.v1.trainer_mode)))
+    runner.run(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "sync"}}}))
+    legacy = dumps._LegacyTaskRunner()
+    monkeypatch.setattr(legacy.runner, "run", lambda config: built.append(main_ppo_v0.RayPPOTrainer))
+    legacy.run(OmegaConf.create({}))
+    (default, old) = built
+    assert issubclass(default, dumps.DumpsTokens) and issubclass(default, PPOTrainerSync)
+    assert issubclass(old, dumps.LegacyDumpsTokens) and issubclass(old, RayPPOTrainer)
+    assert dumps.task_runner(True) is dumps.TASK_RUNNER and dumps.task_runner(False) is dumps.LEGACY_TASK_RUNNER
