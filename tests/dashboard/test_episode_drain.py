@@ -165,3 +165,19 @@ def test_steps_past_the_spools_size_are_dropped_whole_counted_and_said(make_run,
     handoff.store(4, [dict(r, step=4) for r in big])
     assert handoff.dropped == 8 and len(segments(folder)) == 1
     assert os.path.getsize(segments(folder)[0]) > 500_000
+
+
+def test_the_drain_stores_below_the_priority_of_training(make_run, tmp_path, settings):
+    settings.RUNS_DIR = tmp_path
+    run = running_run(make_run, tmp_path / "run-folder")
+    drain = EpisodeDrain(run.pk, tmp_path / "run-folder", attempt=1, flush_seconds=0.05)
+    try:
+        ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        deadline = time.monotonic() + 30  # a hang guard: the thread lowers its priority as it starts
+        while time.monotonic() < deadline and (drain._thread.native_id is None or os.getpriority(
+                os.PRIO_PROCESS, drain._thread.native_id) == ours):
+            time.sleep(0.01)
+        assert os.getpriority(os.PRIO_PROCESS, drain._thread.native_id) == min(19, ours + 10)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours  # this process's others unchanged
+    finally:
+        drain.close()

@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 training_logger = logging.getLogger("training")  # what the attempt's log handler puts in the run's log
 # How often a training process that handed its episodes to its supervisor looks whether they are stored, at its end.
 HANDOFF_POLL_SECONDS = 0.01
+# How much lower the supervisor's episode storing runs than the rest of its process (and the training process).
+DRAIN_NICENESS = 10
 DROPPED_KEY = "overload/dropped_points"
 DROPPED_EPISODES_KEY = "overload/dropped_episodes"
 
@@ -329,6 +331,14 @@ class EpisodeDrain(EpisodeWriter):
 
     def store(self, step: int, records: list[dict[str, Any]]) -> None:
         raise TypeError("an EpisodeDrain stores what the training process spooled; it takes no records")
+
+    def _flush_loop(self) -> None:
+        # Below the training process on a busy CPU: this thread alone (Linux's nice is per thread).
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DRAIN_NICENESS)
+        except OSError:
+            pass
+        super()._flush_loop()
 
     def flush(self) -> Any:
         if not self.superseded:
