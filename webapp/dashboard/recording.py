@@ -11,7 +11,9 @@ in the worker's log, then an ERROR line in the run's log) and charted as the run
 ``overload/dropped_points`` metric, instead of growing without bound.
 
 The episode store's records have a writer of their own (``EpisodeWriter``: its own thread, its own
-spool segments ``episodes-*.jsonl`` beside the metrics' ones, its own ``RUN_SPOOL_MAX_MB``), so an
+spool segments ``episodes-*.jsonl`` beside the metrics' ones, its own ``RUN_SPOOL_MAX_MB``; under a
+worker the training process only spools them, ``EpisodeHandoff``, and the worker process that
+supervises it stores them, ``EpisodeDrain``, off the training process's interpreter), so an
 artifact store away holds neither the metrics back nor loses the episodes: a step that cannot be
 stored waits in the spool and is stored, once, when the store answers again. They wait a step at a
 time, up to ``RUN_BUFFER_MAX_EPISODES`` in memory between two writes; past it, or past the spool's
@@ -41,7 +43,7 @@ from webapp.runs.models import AttemptSuperseded, Run, RunLog, lock_for_attempt
 
 logger = logging.getLogger(__name__)
 training_logger = logging.getLogger("training")  # what the attempt's log handler puts in the run's log
-# How often a training process that handed its episodes to its supervisor looks whether they are stored, at its end.
+# How soon a training process that handed its episodes to its supervisor first looks whether they are stored, at its end.
 HANDOFF_POLL_SECONDS = 0.01
 # How much lower the supervisor's episode storing runs than the rest of its process (and the training process).
 DRAIN_NICENESS = 10
@@ -395,6 +397,7 @@ class EpisodeHandoff:
         """Wait (up to ``RUN_DATABASE_RETRY_SECONDS``) until the supervisor has stored what this
         attempt spooled; raise if it has not by then (it waits in the spool for the next attempt)."""
         deadline = time.monotonic() + settings.RUN_DATABASE_RETRY_SECONDS
+        delay = HANDOFF_POLL_SECONDS
         while not self.superseded and self.spool.segments():
             if os.getppid() != self._parent:  # no supervisor any more: stored from here
                 EpisodeWriter(self.run_id, 3600, self.spool_dir, self.attempt).close()
@@ -402,7 +405,8 @@ class EpisodeHandoff:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(self.spool.segments())} step(s) of episodes were not stored by the worker "
                                    f"within {settings.RUN_DATABASE_RETRY_SECONDS} s")
-            time.sleep(HANDOFF_POLL_SECONDS)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)  # at once at a run's end; seldom through an outage
 
 
 def episode_row(run_id: int, step: int, position: int, episode: dict[str, Any]) -> EpisodeSample:
