@@ -10,10 +10,12 @@ prompts, ``rollout.n`` samples each, a ``uid`` per prompt, by the trainer class 
 trains with, verl's own ``_log_rollout_data`` with our columns, see ``_dump_rollouts``; for our agent
 loop each sample is made by the agent loop's own ``episode_to_output`` and ``add_episode_record``
 from a scripted two-turn episode, for verl's single-turn loop as ``SingleTurnAgentLoop`` returns it
-with ``acc`` as our ``compute_score`` returns it), its validation as ``PPOTrainer._validate`` dumps it
-to ``trainer.validation_data_dir`` (before the first step with ``trainer.val_before_train``, every
+with ``acc`` as our ``compute_score`` returns it), its validation by verl's own ``PPOTrainer._validate``
+of that trainer class (before the first step with ``trainer.val_before_train``, every
 ``trainer.test_freq`` steps and after the last: each row of ``data.val_files`` ``val_kwargs.n``
-times, sorted by key, with ``reward`` among the extra values), and every ``trainer.save_freq``
+times, each batch put in verl's TransferQueue, sampled, read and cleared before the next, all
+dumped to ``trainer.validation_data_dir`` at the end, sorted by key, with ``reward`` among the
+extra values; see ``_validate``), and every ``trainer.save_freq``
 steps ``global_step_N`` (``actor/`` and ``data.pt``) saved in ``trainer.default_local_dir``, older
 ones rotated (``trainer.max_actor_ckpt_to_keep``) and the marker file written last, as
 ``_save_checkpoint`` does. It resumes as verl does (``trainer.resume_mode``,
