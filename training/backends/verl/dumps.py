@@ -41,7 +41,7 @@ from the default trainer only; ``rollout_log_probs`` where the rollout computed 
 (``rollout.calculate_log_probs``); and the reward function's other values are verl's own there
 (both trainers dump them in validation).
 Where our columns cannot be made (a batch laid out otherwise than verl 0.9.1 lays it out), verl's
-dump is written without them and the error is logged: it never stops training.
+dump is written without them and the error is logged: it never stops training or validation.
 
 verl and Ray are imported at the top: this module is imported only where verl trains.
 """
