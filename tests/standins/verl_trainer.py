@@ -166,8 +166,9 @@ class StandInVerlJob:
 
         rows = pq.read_table(str(verl.data.val_files)).to_pylist()
         size = int(self.val_batch_size or verl.data.get("val_batch_size") or len(rows))
-        dataset = [{"raw_prompt": [{"role": "user", "content": f"go{index}>"}], "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
-                    "data_source": "guess", "reward_model": row["reward_model"], "extra_info": {"index": index, "split": "test"}}
+        dataset = [{"raw_prompt": [{"role": "user", "content": f"go{index}>"}],
+                    "dummy_tensor": torch.tensor([0], dtype=torch.uint8), "data_source": "guess",
+                    "reward_model": row["reward_model"], "extra_info": {"index": index, "split": "test"}}
                    for index, row in enumerate(rows)]
         trainer = object.__new__(dumping_trainer(trainer_base.get_trainer_cls(verl.trainer.v1.trainer_mode)))
         trainer.config, trainer.tokenizer, trainer.global_steps = verl, _tokenizer(), step
