@@ -10,10 +10,12 @@ prompts, ``rollout.n`` samples each, a ``uid`` per prompt, by the trainer class 
 trains with, verl's own ``_log_rollout_data`` with our columns, see ``_dump_rollouts``; for our agent
 loop each sample is made by the agent loop's own ``episode_to_output`` and ``add_episode_record``
 from a scripted two-turn episode, for verl's single-turn loop as ``SingleTurnAgentLoop`` returns it
-with ``acc`` as our ``compute_score`` returns it), its validation as ``PPOTrainer._validate`` dumps it
-to ``trainer.validation_data_dir`` (before the first step with ``trainer.val_before_train``, every
+with ``acc`` as our ``compute_score`` returns it), its validation by verl's own ``PPOTrainer._validate``
+of that trainer class (before the first step with ``trainer.val_before_train``, every
 ``trainer.test_freq`` steps and after the last: each row of ``data.val_files`` ``val_kwargs.n``
-times, sorted by key, with ``reward`` among the extra values), and every ``trainer.save_freq``
+times, each batch put in verl's TransferQueue, sampled, read and cleared before the next, all
+dumped to ``trainer.validation_data_dir`` at the end, sorted by key, with ``reward`` among the
+extra values; see ``_validate``), and every ``trainer.save_freq``
 steps ``global_step_N`` (``actor/`` and ``data.pt``) saved in ``trainer.default_local_dir``, older
 ones rotated (``trainer.max_actor_ckpt_to_keep``) and the marker file written last, as
 ``_save_checkpoint`` does. It resumes as verl does (``trainer.resume_mode``,
@@ -34,6 +36,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from training.backends.processor import available_processors, register_processor
@@ -54,12 +57,15 @@ class StandInVerlJob:
 
     ``step_seconds``: how long each step takes. ``after_step(step)``: called after each step's
     writes (a test freezes the loop there). ``before_marker(step)``: called while a checkpoint is
-    saved and rotated but its marker still names the one before (a test publishes there)."""
+    saved and rotated but its marker still names the one before (a test publishes there).
+    ``val_batch_size``: how many validation rows verl's dataloader batches together (verl's
+    ``data.val_batch_size``, which our backend leaves unset: the whole validation file at once)."""
 
     def __init__(self, processor: VerlProcessor, step_seconds: float = 0.0,
                  after_step: Callable[[int], None] | None = None,
-                 before_marker: Callable[[int], None] | None = None) -> None:
+                 before_marker: Callable[[int], None] | None = None, val_batch_size: int | None = None) -> None:
         self.processor = processor
+        self.val_batch_size = val_batch_size
         self.step_seconds = step_seconds
         self.after_step = after_step
         self.before_marker = before_marker
@@ -142,32 +148,41 @@ class StandInVerlJob:
         trainer._shutdown_dump_executor()
 
     def _validate(self, verl: Any, step: int) -> dict[str, float]:
-        """verl's validation dump (``PPOTrainer._validate``): every validation row ``val_kwargs.n``
-        times, a uid per row, sorted by each sample's key (``uid``), the scores again as ``reward``
-        among the extra values. Reward: 1 for even rows."""
+        """verl's validation (``PPOTrainer._validate`` of the trainer class our TaskRunner trains
+        with, verl's own code): ``data.val_files``'s rows, as verl's dataloader batches them
+        (``val_batch_size``, all by default), each batch's prompts put in verl's TransferQueue
+        and generated ``val_kwargs.n`` times (``_ValidationRollouts``), sampled by the replay buffer
+        (``_ValidationReplayBuffer``), read and cleared from the TransferQueue before the next batch,
+        and, where ``trainer.validation_data_dir`` names a folder, every batch dumped at the end
+        sorted by key (``uid``), the scores again as ``reward`` among the extra values. Each row's
+        sample is "go<row>>" answered as a training sample is (``_sample_output``); reward: 1 for
+        even rows. The rewards are the agent loop's (no colocated reward model)."""
         import pyarrow.parquet as pq
-        from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+        import torch
+        from verl.trainer.ppo.v1 import trainer_base
+        from verl.utils.dataset.rl_dataset import collate_fn
 
-        prompts = pq.ParquetFile(str(verl.data.val_files)).metadata.num_rows
-        n = int(verl.actor_rollout_ref.rollout.val_kwargs.n)
-        agent_loop = verl.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_LOOP_NAME
-        inputs, scores, extra = [], [], {"reward": []}
-        keys = []
-        for prompt, uid in enumerate(sorted(str(uuid.uuid4()) for _ in range(prompts))):  # dumped sorted by key
-            for sample in range(n):
-                reward = float(prompt % 2 == 0)
-                inputs.append(f"go{prompt}>")
-                scores.append(reward)
-                keys.append(f"{uid}_{sample}_0")
-                extra["reward"].append(reward)
-                info = (_agent_loop_output(verl, step, prompt, sample, uid, reward).extra_fields["reward_extra_info"]
-                        if agent_loop else {"acc": reward})
-                for key, value in info.items():
-                    extra.setdefault(key, []).append(value)
-        if verl.trainer.get("validation_data_dir"):  # verl dumps only where the key names a folder
-            PPOTrainer._write_generations(inputs, ["a"] * len(inputs), ["a"] * len(inputs), scores,
-                                          {**extra, "uid": keys}, str(verl.trainer.validation_data_dir), step)
-        return {"val-core/guess/reward/mean@1": sum(scores) / max(1, len(scores))}
+        from training.backends.verl.dumps import dumping_trainer
+
+        rows = pq.read_table(str(verl.data.val_files)).to_pylist()
+        size = int(self.val_batch_size or verl.data.get("val_batch_size") or len(rows))
+        dataset = [{"raw_prompt": [{"role": "user", "content": f"go{index}>"}],
+                    "dummy_tensor": torch.tensor([0], dtype=torch.uint8), "data_source": "guess",
+                    "reward_model": row["reward_model"], "extra_info": {"index": index, "split": "test"}}
+                   for index, row in enumerate(rows)]
+        trainer = object.__new__(dumping_trainer(trainer_base.get_trainer_cls(verl.trainer.v1.trainer_mode)))
+        trainer.config, trainer.tokenizer, trainer.global_steps = verl, _tokenizer(), step
+        trainer.val_dataloader = [collate_fn(dataset[i:i + size]) for i in range(0, len(dataset), size)]
+        samples: dict[str, dict[str, Any]] = {}
+        trainer.agent_loop_manager = _ValidationRollouts(verl, samples)
+        trainer.replay_buffer = _ValidationReplayBuffer(samples)
+        trainer.reward_loop_manager = SimpleNamespace(reward_loop_worker_handles=[])
+        trainer._init_dump_executor()
+        with _TransferQueue(samples):
+            metrics = trainer._validate()
+        trainer._shutdown_dump_executor()
+        assert not samples, "verl's validation clears every batch it read"
+        return metrics
 
     def end_job(self, runner: Any) -> None:
         self.ended.set()
@@ -257,11 +272,50 @@ def _agent_loop_output(verl: Any, step: int, prompt: int, sample: int, uid: str,
     return output
 
 
+class _ValidationRollouts:
+    """verl's agent loop manager (``AgentLoopManagerTQ``) in validation: ``generate_sequences`` of
+    a batch of prompts puts each prompt's ``val_kwargs.n`` samples in the TransferQueue (``samples``)
+    as ``AgentLoopWorkerTQ`` puts them, keyed ``<uid>_<session>_0``, the prompt's fields with them."""
+
+    def __init__(self, verl: Any, samples: dict[str, dict[str, Any]]) -> None:
+        self.verl, self.samples = verl, samples
+
+    def generate_sequences(self, batch: Any) -> None:
+        n = int(self.verl.actor_rollout_ref.rollout.val_kwargs.n)
+        step = batch["global_steps"]
+        for i in range(len(batch)):
+            prompt = {name: batch[name][i] for name in ("uid", "data_source", "extra_info", "reward_model", "raw_prompt")}
+            row = int(prompt["extra_info"]["index"])
+            for session in range(n):
+                field = _sample_output(self.verl, step, row, session, prompt["uid"], float(row % 2 == 0)).as_dict()
+                field.update(prompt, session_id=session, global_steps=step)
+                field["loss_mask"] = field["response_mask"]
+                self.samples[f"{prompt['uid']}_{session}_0"] = field
+
+
+class _ValidationReplayBuffer:
+    """verl's replay buffer in validation: ``sample`` hands out every sample put in the TransferQueue
+    and not handed out yet (verl's waits until each prompt's are all there), in another order than
+    verl dumps them."""
+
+    def __init__(self, samples: dict[str, dict[str, Any]]) -> None:
+        self.samples, self.handed = samples, set()
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        from transfer_queue import KVBatchMeta
+
+        keys = [key for key in self.samples if key not in self.handed][::-1]
+        self.handed.update(keys)
+        return KVBatchMeta(keys=keys, tags=[{"status": "success"} for _ in keys], partition_id=partition_id), {}
+
+
 class _TransferQueue:
     """verl's TransferQueue (``transfer_queue``, which needs Ray) for the stand-in's dumps, while
     in use: ``kv_batch_get`` of the samples given, answered as TransferQueue answers, a tensor
     field as one jagged nested tensor (a row per sample), any other as a ``NonTensorStack``; a
-    field a sample lacks is left out. One at a time (a process may run several stand-in jobs)."""
+    field a sample lacks is left out. ``kv_batch_put`` of tags only (verl's prompt markers) keeps
+    nothing; ``kv_clear`` removes the samples. One at a time (a process may run several stand-in
+    jobs)."""
 
     _lock = threading.Lock()
 
@@ -285,18 +339,29 @@ class _TransferQueue:
                 data[name] = NonTensorStack(*values)
         return TensorDict(data, batch_size=[len(rows)])
 
+    def kv_batch_put(self, keys: list[str], partition_id: str, fields: Any = None, tags: list[dict] | None = None):
+        assert fields is None, "the stand-in's samples are put by its rollouts"
+
+    def kv_clear(self, keys: list[str] | str, partition_id: str) -> None:
+        for key in [keys] if isinstance(keys, str) else keys:
+            self.samples.pop(key, None)
+
+    _CALLS = ("kv_batch_get", "kv_batch_put", "kv_clear")
+
     def __enter__(self) -> "_TransferQueue":
         import transfer_queue
 
         self._lock.acquire()
-        self._saved = transfer_queue.kv_batch_get
-        transfer_queue.kv_batch_get = self.kv_batch_get
+        self._saved = {name: getattr(transfer_queue, name) for name in self._CALLS}
+        for name in self._CALLS:
+            setattr(transfer_queue, name, getattr(self, name))
         return self
 
     def __exit__(self, *exc: Any) -> None:
         import transfer_queue
 
-        transfer_queue.kv_batch_get = self._saved
+        for name, saved in self._saved.items():
+            setattr(transfer_queue, name, saved)
         self._lock.release()
 
 

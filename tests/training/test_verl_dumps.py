@@ -2,10 +2,12 @@
 
 verl's trainers cannot be built here (CUDA GPUs, Ray workers): each test takes verl's trainer class
 as our TaskRunner makes it (``dumping_trainer``) and calls its dump method on a batch laid out as
-verl lays it out, the object made without its constructor (which starts workers). The legacy
+verl lays it out (or its validation method, on batches a stand-in of verl's rollout manager
+generates), the object made without its constructor (which starts workers). The legacy
 trainer's batch is a real ``DataProto`` built from tensors; the default trainer reads its batch
 from verl's TransferQueue, which runs on Ray: ``standins.verl_trainer._TransferQueue`` stands in
-for it, and one slow test starts the real one on a Ray cluster of its own.
+for it, and two slow tests start the real one on a Ray cluster of their own (a training dump;
+a validation, with verl's own replay buffer).
 """
 
 from __future__ import annotations
@@ -103,6 +105,75 @@ def test_rows_with_our_agent_loops_record_get_no_token_texts_of_their_own(tmp_pa
     assert [(row["response_ids"], "token_texts" in row) for row in rows] == [(ids("ab") + [EOS], False), (ids("a"), False)]
 
 
+class LegacyValidationRollouts:
+    """verl's legacy rollout manager in validation, on CPU: each sample of the (padded) batch it is
+    handed answered "a", "aa", "aaa"... in the order it generates them (verl's padding rows among
+    them), then EOS, as a ``DataProto`` laid out as verl's agent loop lays it out (prompts padded on
+    the left, responses on the right), with its rollout's log-probabilities and its reward
+    function's score and ``acc`` (1 for an odd reply's length)."""
+
+    def __init__(self) -> None:
+        self.generated = 0
+
+    def generate_sequences(self, batch: DataProto) -> DataProto:
+        prompts = [ids(raw[0]["content"]) for raw in batch.non_tensor_batch["raw_prompt"]]
+        responses = []
+        for _ in prompts:
+            self.generated += 1
+            responses.append(ids("a" * self.generated) + [EOS])
+        width, length = max(map(len, prompts)), max(map(len, responses))
+        tensors = {name: torch.full((len(prompts), size), PAD, dtype=torch.long)
+                   for name, size in (("prompts", width), ("responses", length), ("response_mask", length))}
+        tensors["attention_mask"] = torch.zeros(len(prompts), width + length, dtype=torch.long)
+        tensors["rollout_log_probs"] = torch.zeros(len(prompts), length)
+        tensors["rm_scores"] = torch.zeros(len(prompts), length)
+        acc = []
+        for i, (prompt, response) in enumerate(zip(prompts, responses)):
+            tensors["prompts"][i, width - len(prompt):] = torch.tensor(prompt)
+            tensors["responses"][i, :len(response)] = torch.tensor(response)
+            tensors["response_mask"][i, :len(response)] = 1
+            tensors["attention_mask"][i, width - len(prompt):width + len(response)] = 1
+            tensors["rollout_log_probs"][i, :len(response)] = -0.5
+            acc.append(float(len(response) % 2 == 0))
+            tensors["rm_scores"][i, len(response) - 1] = acc[-1]
+        return DataProto.from_dict(tensors=tensors, non_tensors={"acc": np.array(acc, dtype=object)},
+                                   meta_info={"reward_extra_keys": ["acc"]})
+
+
+def test_the_legacy_trainers_validation_dump_gets_the_tokens_of_each_generated_batch(tmp_path):
+    """verl's legacy ``_validate`` itself: two batches (rows 0-1 and 2), each repeated
+    ``val_kwargs.n`` = 2 times and padded to a multiple of the agent loop's 3 workers before it is
+    generated; verl keeps their text only and dumps them together at the end."""
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    made = trainer(RayPPOTrainer, 4)
+    made.config = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"val_kwargs": {"n": 2, "do_sample": False}, "agent": {"num_workers": 3}}},
+        "trainer": {"validation_data_dir": str(tmp_path), "log_val_generations": 0}})
+    made.use_rm, made.async_rollout_manager = False, LegacyValidationRollouts()
+    dataset = [{"raw_prompt": [{"role": "user", "content": f"go{i}>"}], "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+                "data_source": "math", "reward_model": {"ground_truth": "a"}, "extra_info": {"index": i}} for i in range(3)]
+    made.val_dataloader = [collate_fn(dataset[:2]), collate_fn(dataset[2:])]
+    made._validate()
+    made._shutdown_dump_executor()
+    rows = dumped(tmp_path, 4)
+    # verl's own keys as verl writes them: the first batch's 4 samples (2 padding rows generated
+    # after them), then the second's 2 (1 padding row after them).
+    assert [(r["input"], r["output"], r["score"], r["acc"], r["step"]) for r in rows] == [
+        ("go0>", "a", 1.0, 1.0, 4), ("go0>", "aa", 0.0, 0.0, 4), ("go1>", "aaa", 1.0, 1.0, 4), ("go1>", "aaaa", 0.0, 0.0, 4),
+        ("go2>", "a" * 7, 1.0, 1.0, 4), ("go2>", "a" * 8, 0.0, 0.0, 4)]
+    assert [r["prompt_ids"] for r in rows] == [ids(f"go{i}>") for i in (0, 0, 1, 1, 2, 2)]  # no padding
+    assert [r["response_ids"] for r in rows] == [ids(r["output"]) + [EOS] for r in rows]
+    assert [r["response_mask"] for r in rows] == [[1] * len(r["response_ids"]) for r in rows]
+    assert [r["rollout_log_probs"] for r in rows] == [[-0.5] * len(r["response_ids"]) for r in rows]
+    assert [(r["data_source"], r["row_index"]) for r in rows] == [("math", i) for i in (0, 0, 1, 1, 2, 2)]
+    assert all(len(r["token_texts"]) == len(r["response_ids"]) for r in rows)
+    records = rollout_rows_to_records(rows, 4, "val")
+    assert [(r["token_ids"], r["mask"], r["row_index"]) for r in records] == [
+        (r["response_ids"], r["response_mask"], r["row_index"]) for r in rows]
+    assert made.async_rollout_manager.__class__ is LegacyValidationRollouts  # verl's own manager again
+
+
 def transfer_queue_samples() -> dict[str, dict]:
     """Two samples of one prompt as verl's ``AgentLoopWorkerTQ`` puts them in its TransferQueue."""
     samples = {}
@@ -160,6 +231,71 @@ def test_the_default_trainers_dump_through_verls_own_transfer_queue(tmp_path):
             tq.close()
     finally:
         ray.shutdown()
+
+
+@pytest.mark.slow
+def test_the_default_trainers_validation_dump_through_verls_own_transfer_queue_and_replay_buffer(tmp_path):
+    """verl's default ``_validate`` itself, on verl's TransferQueue (a Ray cluster of this machine's
+    own) and verl's own replay buffer: two validation batches (rows 0-1 and 2), each prompt's two
+    samples put as ``AgentLoopWorkerTQ`` puts them (then the prompt marked finished), sampled,
+    read and cleared by verl before the next batch; the dump at the end gets our columns."""
+    import ray
+    import transfer_queue as tq
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+    from verl.utils.dataset.rl_dataset import collate_fn
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    class Rollouts:  # verl's AgentLoopManagerTQ in validation: GPUs and vLLM are not here
+        def generate_sequences(self, batch) -> None:
+            for i in range(len(batch)):
+                prompt = {name: batch[name][i] for name in ("uid", "data_source", "extra_info", "reward_model")}
+                row = prompt["extra_info"]["index"]
+                keys, fields = [], []
+                for session, reply in enumerate(("ab", "a")):
+                    response = ids(reply) + [EOS]
+                    field = AgentLoopOutput(
+                        prompt_ids=ids(f"go{row}>"), response_ids=response, response_mask=[1] * len(response),
+                        response_logprobs=[-0.5] * len(response), reward_score=float(session == 0), num_turns=2,
+                        metrics=AgentLoopMetrics(generate_sequences=0.5),
+                        extra_fields={"reward_extra_info": {"acc": float(session == 0)}}).as_dict()
+                    field.update(prompt, session_id=session, global_steps=3)
+                    keys.append(f"{prompt['uid']}_{session}_0")
+                    fields.append(field)
+                tq.kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), partition_id="val",
+                                tags=[{"status": "success", "global_steps": 3} for _ in keys])
+                tq.kv_put(key=prompt["uid"], partition_id="val", tag={"status": "finished"})
+
+    made = trainer(trainer_base.get_trainer_cls("sync"), 3)
+    made.config = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"val_kwargs": {"n": 2}}},
+        "trainer": {"validation_data_dir": str(tmp_path), "log_val_generations": 0}})
+    dataset = [{"raw_prompt": [{"role": "user", "content": f"go{i}>"}], "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+                "data_source": "math", "reward_model": {"ground_truth": "ab"}, "extra_info": {"index": i}} for i in range(3)]
+    made.val_dataloader = [collate_fn(dataset[:2]), collate_fn(dataset[2:])]
+    made.agent_loop_manager = Rollouts()
+    made.reward_loop_manager = type("RewardLoops", (), {"reward_loop_worker_handles": []})()  # rewards come with the samples
+    ray.init(address="local", num_cpus=4, include_dashboard=False)  # TransferQueue's controller and two storage units take a CPU each
+    try:
+        tq.init()
+        try:
+            made.replay_buffer = ReplayBuffer(
+                trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
+                max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({}), poll_interval=0.1)
+            made._validate()
+            made._shutdown_dump_executor()
+            assert not (tq.kv_list() or {}).get("val")  # verl cleared every batch it read
+        finally:
+            tq.close()
+    finally:
+        ray.shutdown()
+    rows = dumped(tmp_path, 3)
+    assert sorted((r["row_index"], r["output"], r["score"], r["acc"]) for r in rows) == [
+        (i, reply, score, score) for i in range(3) for reply, score in (("a", 0.0), ("ab", 1.0))]
+    for row in rows:  # verl's text of each sample and our tokens of it are the same sample's
+        assert row["input"] == f"go{row['row_index']}>" and row["prompt_ids"] == ids(row["input"])
+        assert row["response_ids"] == ids(row["output"]) + [EOS] and row["response_mask"] == [1] * len(row["response_ids"])
+        assert row["rollout_log_probs"] == [-0.5] * len(row["response_ids"]) and row["generation_seconds"] == 0.5
+        assert row["data_source"] == "math" and row["reward"] == row["score"]
 
 
 def test_a_batch_our_columns_cannot_be_made_of_is_dumped_as_verl_dumps_it(tmp_path):

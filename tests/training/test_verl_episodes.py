@@ -35,7 +35,7 @@ def one_gpu(monkeypatch):
     monkeypatch.setattr(verl_backend, "cuda_device_count", lambda: 1)  # check_config composes for one GPU
 
 
-def verl_run(tmp_path, test_dataset=None, single_turn=False, **config):
+def verl_run(tmp_path, test_dataset=None, single_turn=False, val_batch_size=None, **config):
     agent = {"reward_func": "exact_match"} if single_turn else {"agent_class": EchoAgent, "env_class": GuessEnv}
     if single_turn:
         config.setdefault("data.answer_key", "target")
@@ -47,7 +47,7 @@ def verl_run(tmp_path, test_dataset=None, single_turn=False, **config):
             "trainer.total_training_steps": STEPS, "trainer.save_freq": -1, "trainer.logger": [], **config},
     )
     processor = trainer.train_processor
-    job = StandInVerlJob(processor)
+    job = StandInVerlJob(processor, val_batch_size=val_batch_size)
     processor.train_with(None, job.launch, job.end_job)
     return processor
 
@@ -204,21 +204,54 @@ def _algorithm(**values):
     return AlgoConfig(**values)
 
 
+VALIDATION = {"trainer.test_freq": 2, "actor_rollout_ref.rollout.val_kwargs.n": 2}
+
+
 @pytest.mark.parametrize("single_turn", [False, True], ids=["our agent loop", "verl's single-turn loop"])
 def test_verls_validation_episodes_are_stored_as_val_at_the_step_they_were_scored(tmp_path, single_turn):
     test_rows = [{"prompt": "go>", "target": t} for t in "bcd"]
-    verl_run(tmp_path, test_dataset=test_rows, single_turn=single_turn,
-             **{"trainer.test_freq": 2, "actor_rollout_ref.rollout.val_kwargs.n": 2})
+    verl_run(tmp_path, test_dataset=test_rows, single_turn=single_turn, **VALIDATION)
     val = stored(tmp_path, "val")
     # Before the first step, every test_freq steps and after the last: 3 rows, val_kwargs.n each.
     assert [(r["step"], r["position"]) for r in val] == [(s, p) for s in (0, 2, 3) for p in range(6)]
     assert {r["split"] for r in val} == {"val"} and all(r["advantage"] is None for r in val)
-    assert [r["reward"] for r in val[:6]] == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    # verl dumps its validation sorted by its (random) uids: each row's samples together, one group.
+    for step in (0, 2, 3):
+        rows = [r for r in val if r["step"] == step]
+        assert sorted(r["row_index"] for r in rows) == [0, 0, 1, 1, 2, 2]
+        assert [r["row_index"] for r in rows[::2]] == [r["row_index"] for r in rows[1::2]]
+        assert [r["group"] for r in rows[::2]] == [r["group"] for r in rows[1::2]] and len({r["group"] for r in rows}) == 3
+    assert all(r["reward"] == float(r["row_index"] % 2 == 0) for r in val)  # the stand-in's: 1 for even rows
     assert [r["group_position"] for r in val[:6]] == [0, 1, 0, 1, 0, 1]
     assert "reward" not in val[0]["reward_components"]  # verl's validation dump repeats the score as "reward"
     if not single_turn:
-        assert val[0]["group"] != val[2]["group"] and val[0]["token_ids"] and val[0]["termination_reason"] == "env_done"
+        assert val[0]["token_ids"] and val[0]["termination_reason"] == "env_done"
     assert [r["step"] for r in stored(tmp_path)] == [s for s in range(1, STEPS + 1) for _ in range(6)]
+
+
+@pytest.mark.parametrize("log_probs", [True, False], ids=["with the rollout's log-probabilities", "without"])
+def test_verls_single_turn_validation_episodes_keep_the_tokens_verl_generated(tmp_path, log_probs):
+    """verl clears each validation batch from its TransferQueue (here two: rows 0-1 and 2) before it
+    dumps them all: the tokens reach the dump because our trainer class reads them as verl samples
+    each batch."""
+    processor = verl_run(tmp_path, test_dataset=[{"prompt": "go>", "target": t} for t in "bcd"], single_turn=True,
+                         val_batch_size=2, **VALIDATION, **{"actor_rollout_ref.rollout.calculate_log_probs": log_probs})
+    val = stored(tmp_path, "val")
+    tokenizer = build_char_tokenizer()
+    reply = tokenizer.encode("a", add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert len(val) == 18
+    for record in val:  # the stand-in's sample of row i: "go<i>>" answered "a" and EOS
+        assert record["prompt_ids"] == tokenizer.encode(f"go{record['row_index']}>", add_special_tokens=False)
+        assert record["token_ids"] == reply and record["mask"] == [1, 1] and record["response_length"] == 2
+        assert record["logprobs"] == ([-0.5, -0.25] if log_probs else [])
+        assert len(record["token_texts"]) == 2 and record["data_source"] == "guess"
+        assert record["generation_seconds"] == SINGLE_TURN_SECONDS
+        assert record["reward_components"] == {"score": record["reward"], "acc": record["reward"]}
+    # verl's own keys of its validation dump are as verl writes them; ours are beside them.
+    row = json.loads((Path(processor.verl_config.trainer.validation_data_dir) / "2.jsonl").read_text().splitlines()[0])
+    assert {k: row[k] for k in ("output", "gts", "step")} == {"output": "a", "gts": "bcd"[row["row_index"]], "step": 2}
+    assert row["reward"] == row["score"] == row["acc"] and row["response_ids"] == reply
+    assert row["input"] == f"go{row['row_index']}>" and row["uid"].endswith("_0_0")
 
 
 def test_the_share_the_config_keeps_is_what_is_stored(tmp_path):

@@ -64,6 +64,27 @@ def test_single_turn_end_to_end(tmp_path, sink):
         assert record["turns"][0]["generation_seconds"] > 0 and record["generation_seconds"] > 0
 
 
+def test_single_turn_validation_episodes_keep_the_tokens_verl_generated(tmp_path, sink):
+    """verl clears each validation batch before it writes its validation dump: the tokens of verl's
+    own single-turn loop reach the stored val episodes because our trainer class reads them as
+    verl samples each validation batch."""
+    trainer = AgentTrainer(
+        train_dataset=[{"prompt": p, "ground_truth": "a"} for p in ("x=", "y=", "z=", "w=")],
+        test_dataset=[{"prompt": p, "ground_truth": "a"} for p in ("u=", "v=", "t=")], reward_func="exact_match",
+        backend="verl", run_path=str(tmp_path), config=tiny_verl_config(**{"trainer.test_freq": 2}), sinks=[sink],
+    )
+    trainer.train()
+    val = stored_records(tmp_path, "val")
+    assert sorted({r["step"] for r in val}) == [0, 2] and {r["split"] for r in val} == {"val"}
+    for step in (0, 2):
+        assert sorted(r["row_index"] for r in val if r["step"] == step) == [0, 1, 2]
+    for record in val:
+        assert record["prompt_ids"] and record["token_ids"] and len(record["mask"]) == len(record["token_ids"])
+        assert len(record["logprobs"]) == len(record["token_ids"]) and sum(record["mask"]) == record["response_length"]
+        assert len(record["token_texts"]) == len(record["token_ids"]) and record["data_source"]
+        assert record["generation_seconds"] > 0 and record["advantage"] is None
+
+
 def test_multi_turn_agent_end_to_end(tmp_path, sink):
     from examples.frozenlake import FrozenLakeAgent, FrozenLakeEnv
     trainer = AgentTrainer(

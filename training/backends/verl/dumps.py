@@ -9,8 +9,10 @@ timings) nor its termination and error; its legacy trainer (``trainer.use_v1=fal
 Neither dumps a token id.
 
 The TaskRunner our backend launches (``task_runner``) is verl's own, training with verl's own
-trainer class whose dump method is extended here: before verl writes a step's rows, each gets the
-keys ``training.backends.verl.backend.DUMP_COLUMNS`` names, from the batch verl trained on:
+trainer class whose dump and validation methods are extended here: before verl writes a step's
+rows, each gets the keys ``training.backends.verl.backend.DUMP_COLUMNS`` names, from the batch verl
+trained on (and so does each row of its validation dumps, ``trainer.validation_data_dir``, from
+the batch verl validated on, see below):
 
 - ``prompt_ids``, ``response_ids``, ``response_mask``: the sample's tokens without padding, the
   mask as verl trained with it (1 on the model's tokens; 0 on a tool's or environment's, and where
@@ -26,9 +28,20 @@ keys ``training.backends.verl.backend.DUMP_COLUMNS`` names, from the batch verl 
   (our agent loop's record among them).
 
 verl's own keys keep their names and values, so the file reads for a verl user as before.
-Validation dumps are verl's unchanged (verl clears each validation batch before it dumps it).
+
+Validation: verl dumps its validation rows only once every validation batch is done, and by then
+it has dropped each batch's tokens (the default trainer clears each batch from its TransferQueue
+once it has read its text; the legacy trainer keeps only the text and reward values). So our rows
+are taken where verl still has each batch, while its validation method runs: from the default
+trainer's replay buffer as verl samples each validation batch (``ValidationSampler``: read from
+the TransferQueue by key, as a training step's), from the legacy trainer's rollout manager as it
+generates each (``ValidationGenerator``: the generated ``DataProto``, verl's padding rows left
+out). The validation rows get the same keys as the training rows: ``generation_seconds`` again
+from the default trainer only; ``rollout_log_probs`` where the rollout computed them
+(``rollout.calculate_log_probs``); and the reward function's other values are verl's own there
+(both trainers dump them in validation).
 Where our columns cannot be made (a batch laid out otherwise than verl 0.9.1 lays it out), verl's
-dump is written without them and the error is logged: it never stops training.
+dump is written without them and the error is logged: it never stops training or validation.
 
 verl and Ray are imported at the top: this module is imported only where verl trains.
 """
@@ -121,10 +134,12 @@ def transfer_queue_rows(data: Any, tokenizer: Any) -> list[dict[str, Any]]:
     )
 
 
-def dataproto_rows(batch: DataProto, tokenizer: Any, texts: bool = True) -> list[dict[str, Any]]:
+def dataproto_rows(batch: DataProto, tokenizer: Any, texts: bool = True,
+                   non_tensor: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Our keys of each sample of a batch of verl's legacy trainer (a ``DataProto``: prompts padded
     on the left, responses on the right to the batch's widths, ``attention_mask`` over both);
-    ``texts``: decode each response token (``sample_columns``)."""
+    ``texts``: decode each response token (``sample_columns``); ``non_tensor``: the samples'
+    ``data_source`` and ``extra_info`` where the batch lacks them."""
     tensors = batch.batch
     prompts, responses = tensors["prompts"], tensors["responses"]
     width = prompts.shape[1]
@@ -132,7 +147,7 @@ def dataproto_rows(batch: DataProto, tokenizer: Any, texts: bool = True) -> list
     lengths = attention[:, width:].sum(dim=1).tolist()
     masks = tensors["response_mask"]
     logprobs = tensors["rollout_log_probs"] if "rollout_log_probs" in tensors.keys() else None
-    non_tensor = batch.non_tensor_batch
+    non_tensor = {**(non_tensor or {}), **batch.non_tensor_batch}
     return sample_columns(
         [prompts[i][attention[i, :width]].tolist() for i in range(len(lengths))],
         [responses[i, :n].tolist() for i, n in enumerate(lengths)],
@@ -160,13 +175,21 @@ def _objects(value: Any) -> list:
 
 
 class DumpsTokens:
-    """verl's default trainer (``trainer_base.PPOTrainer``) with our keys in its training dumps.
+    """verl's default trainer (``trainer_base.PPOTrainer``) with our keys in its training and
+    validation dumps.
 
     verl's ``_log_rollout_data`` reads the step's text from its TransferQueue and hands the rows,
     sorted by key, to ``_dump_generations`` with the keys as ``uid``; our rows are read from the
-    TransferQueue first, by key, and joined to verl's there."""
+    TransferQueue first, by key, and joined to verl's there.
+
+    verl's ``_validate`` samples each validation batch from its replay buffer (partition "val"),
+    reads the batch's text and clears it from the TransferQueue before the next, and dumps every
+    batch's rows at the end, keyed as a training dump is. While it validates, its replay buffer is
+    ``ValidationSampler``: each validation batch's rows are read as it is sampled, before verl
+    clears it, and joined to verl's dump by key the same way."""
 
     _rows_by_key: dict[str, dict[str, Any]] = {}
+    _val_rows_by_key: dict[str, dict[str, Any]] = {}
 
     def _log_rollout_data(self, batch: Any, timing_raw: dict, rollout_data_dir: str) -> None:
         try:
@@ -178,12 +201,48 @@ class DumpsTokens:
         finally:
             self._rows_by_key = {}
 
+    def _validate(self) -> dict[str, float]:
+        sampler = self.replay_buffer
+        self._val_rows_by_key = {}
+        self.replay_buffer = ValidationSampler(sampler, self._keep_validation_rows)
+        try:
+            return super()._validate()
+        finally:
+            self.replay_buffer = sampler
+            self._val_rows_by_key = {}
+
+    def _keep_validation_rows(self, batch: Any) -> None:
+        try:
+            self._val_rows_by_key.update(zip(batch.keys, transfer_queue_rows(_fetch(batch), self.tokenizer)))
+        except Exception:  # noqa: BLE001 (our columns must never stop verl's validation)
+            logger.exception("verl dump: validation at step %s is dumped without its tokens",
+                             getattr(self, "global_steps", "?"))
+
     def _dump_generations(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
         keys = reward_extra_infos_dict.get("uid")
-        if self._rows_by_key and keys is not None:
-            rows = [self._rows_by_key.get(str(key), {}) for key in keys]
+        if (self._rows_by_key or self._val_rows_by_key) and keys is not None:
+            rows = [self._rows_by_key.get(str(key)) or self._val_rows_by_key.get(str(key)) or {} for key in keys]
             reward_extra_infos_dict = with_columns(reward_extra_infos_dict, rows)
         super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+
+
+class ValidationSampler:
+    """verl's replay buffer (``trainer_base.PPOTrainer.replay_buffer``, verl's or a custom one)
+    while verl validates: what it samples is verl's; each batch of the "val" partition is handed to
+    ``keep(batch)`` first (its samples are in the TransferQueue until verl clears them after reading
+    its text). Everything else is the replay buffer's own."""
+
+    def __init__(self, sampler: Any, keep: Any) -> None:
+        self._sampler, self._keep = sampler, keep
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        batch, metrics = self._sampler.sample(*args, **kwargs)
+        if getattr(batch, "partition_id", None) == "val":
+            self._keep(batch)
+        return batch, metrics
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sampler, name)
 
 
 def _fetch(batch: Any) -> dict[str, Any]:
@@ -202,8 +261,18 @@ def _fetch(batch: Any) -> dict[str, Any]:
 
 
 class LegacyDumpsTokens:
-    """verl's legacy trainer (``RayPPOTrainer``) with our keys in its training dumps: verl's
-    ``_log_rollout_data`` gets the batch's reward values with our rows' keys added, in batch order."""
+    """verl's legacy trainer (``RayPPOTrainer``) with our keys in its training and validation
+    dumps: verl's ``_log_rollout_data`` gets the batch's reward values with our rows' keys added, in
+    batch order.
+
+    verl's ``_validate`` keeps only each validation batch's text and reward values, and dumps them
+    all at the end, in batch order. While it validates, its rollout manager is
+    ``ValidationGenerator``: each batch it generates gives our rows (without the rows verl pads the
+    batch with, ``pad_dataproto_to_divisor``: verl's ``_get_gen_batch`` is handed the batch before
+    it is padded, and its size is kept there), and verl's dump of them all gets our keys in order."""
+
+    _val_rows: list[dict[str, Any]] | None = None
+    _val_sizes: list[int] = []
 
     def _log_rollout_data(self, batch: DataProto, reward_extra_infos_dict: dict, timing_raw: dict,
                           rollout_data_dir: str) -> None:
@@ -213,6 +282,62 @@ class LegacyDumpsTokens:
         except Exception:  # noqa: BLE001 (our columns must never stop verl's dump or its training)
             logger.exception("verl dump: step %s is dumped without its tokens", getattr(self, "global_steps", "?"))
         super()._log_rollout_data(batch, reward_extra_infos_dict, timing_raw, rollout_data_dir)
+
+    def _validate(self, merged: bool = False):
+        manager = self.async_rollout_manager
+        self._val_rows, self._val_sizes = [], []
+        self.async_rollout_manager = ValidationGenerator(manager, self._keep_generated)
+        try:
+            return super()._validate(merged)
+        finally:
+            self.async_rollout_manager = manager
+            self._val_rows, self._val_sizes = None, []
+
+    def _get_gen_batch(self, batch: DataProto) -> DataProto:
+        if self._val_rows is not None:
+            self._val_sizes.append(len(batch))
+        return super()._get_gen_batch(batch)
+
+    def _keep_generated(self, inputs: DataProto, outputs: DataProto) -> None:
+        size = self._val_sizes.pop(0) if self._val_sizes else len(outputs)
+        if self._val_rows is None:
+            return
+        try:
+            self._val_rows.extend(dataproto_rows(outputs[:size], self.tokenizer, non_tensor={
+                name: inputs.non_tensor_batch[name][:size] for name in ("data_source", "extra_info")
+                if name in inputs.non_tensor_batch}))
+        except Exception:  # noqa: BLE001 (our columns must never stop verl's validation)
+            logger.exception("verl dump: validation at step %s is dumped without its tokens",
+                             getattr(self, "global_steps", "?"))
+            self._val_rows = None
+
+    def _dump_generations(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
+        rows = self._val_rows
+        if rows is not None and len(rows) == len(inputs):
+            if EPISODE_RECORD_KEY in reward_extra_infos_dict:  # our agent loop's record has its own
+                rows = [{k: v for k, v in row.items() if k != DUMP_TOKEN_TEXTS} for row in rows]
+            reward_extra_infos_dict = with_columns(dict(reward_extra_infos_dict), rows)
+        elif rows is not None:
+            logger.error("verl dump: validation at step %s is dumped without its tokens (%d rows, %d generated)",
+                         getattr(self, "global_steps", "?"), len(inputs), len(rows))
+        super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+
+
+class ValidationGenerator:
+    """verl's rollout manager (``RayPPOTrainer.async_rollout_manager``) while verl's legacy trainer
+    validates: what it generates is verl's; each batch and what was generated of it is handed to
+    ``keep(batch, generated)`` first. Everything else is the manager's own."""
+
+    def __init__(self, manager: Any, keep: Any) -> None:
+        self._manager, self._keep = manager, keep
+
+    def generate_sequences(self, batch: DataProto, *args: Any, **kwargs: Any) -> DataProto:
+        generated = self._manager.generate_sequences(batch, *args, **kwargs)
+        self._keep(batch, generated)
+        return generated
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._manager, name)
 
 
 def dumping_trainer(trainer_cls: type) -> type:
