@@ -13,6 +13,7 @@ a validation, with verl's own replay buffer).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,38 +213,48 @@ def test_the_default_trainers_dump_gets_each_samples_tokens_times_and_reward_val
 
 
 @pytest.mark.slow
-def test_the_default_trainers_dump_through_verls_own_transfer_queue(tmp_path):
-    """The same through verl's TransferQueue itself, as verl's TaskRunner starts it (``tq.init``),
-    on a Ray cluster of this machine's own; the samples put as ``AgentLoopWorkerTQ`` puts them."""
+def test_the_default_trainers_dumps_through_verls_own_transfer_queue(tmp_path):
+    """The training and the validation dump through verl's TransferQueue itself, as verl's
+    TaskRunner starts it (``tq.init``), on one Ray cluster of this machine's own (starting one costs
+    tens of CPU seconds, so both dumps share it)."""
     import ray
     import transfer_queue as tq
-    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
     ray.init(address="local", num_cpus=4, include_dashboard=False)  # TransferQueue's controller and two storage units take a CPU each
     try:
         tq.init()
         try:
-            for key, field in transfer_queue_samples().items():
-                tq.kv_batch_put(keys=[key], fields=list_of_dict_to_tensordict([field]), tags=[{"status": "success"}],
-                                partition_id="train")
-            check_default_trainers_dump(default_trainers_dump(tmp_path))
+            check_training_dump_through_transfer_queue(tmp_path / "train")
+            check_validation_dump_through_transfer_queue(tmp_path / "val")
         finally:
             tq.close()
     finally:
         ray.shutdown()
 
 
-@pytest.mark.slow
-def test_the_default_trainers_validation_dump_through_verls_own_transfer_queue_and_replay_buffer(tmp_path):
-    """verl's default ``_validate`` itself, on verl's TransferQueue (a Ray cluster of this machine's
-    own) and verl's own replay buffer: two validation batches (rows 0-1 and 2), each prompt's two
-    samples put as ``AgentLoopWorkerTQ`` puts them (then the prompt marked finished), sampled,
-    read and cleared by verl before the next batch; the dump at the end gets our columns."""
-    import ray
+def check_training_dump_through_transfer_queue(folder: Path) -> None:
+    """The samples put as ``AgentLoopWorkerTQ`` puts them; the default trainer's dump gets our columns."""
+    import transfer_queue as tq
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    folder.mkdir()
+    for key, field in transfer_queue_samples().items():
+        tq.kv_batch_put(keys=[key], fields=list_of_dict_to_tensordict([field]), tags=[{"status": "success"}],
+                        partition_id="train")
+    check_default_trainers_dump(default_trainers_dump(folder))
+
+
+def check_validation_dump_through_transfer_queue(folder: Path) -> None:
+    """verl's default ``_validate`` itself, on verl's TransferQueue and verl's own replay buffer: two
+    validation batches (rows 0-1 and 2), each prompt's two samples put as ``AgentLoopWorkerTQ`` puts
+    them (then the prompt marked finished), sampled, read and cleared by verl before the next
+    batch; the dump at the end gets our columns."""
     import transfer_queue as tq
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
     from verl.utils.dataset.rl_dataset import collate_fn
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    folder.mkdir()
 
     class Rollouts:  # verl's AgentLoopManagerTQ in validation: GPUs and vLLM are not here
         def generate_sequences(self, batch) -> None:
@@ -268,27 +279,19 @@ def test_the_default_trainers_validation_dump_through_verls_own_transfer_queue_a
     made = trainer(trainer_base.get_trainer_cls("sync"), 3)
     made.config = OmegaConf.create({
         "actor_rollout_ref": {"rollout": {"val_kwargs": {"n": 2}}},
-        "trainer": {"validation_data_dir": str(tmp_path), "log_val_generations": 0}})
+        "trainer": {"validation_data_dir": str(folder), "log_val_generations": 0}})
     dataset = [{"raw_prompt": [{"role": "user", "content": f"go{i}>"}], "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
                 "data_source": "math", "reward_model": {"ground_truth": "ab"}, "extra_info": {"index": i}} for i in range(3)]
     made.val_dataloader = [collate_fn(dataset[:2]), collate_fn(dataset[2:])]
     made.agent_loop_manager = Rollouts()
     made.reward_loop_manager = type("RewardLoops", (), {"reward_loop_worker_handles": []})()  # rewards come with the samples
-    ray.init(address="local", num_cpus=4, include_dashboard=False)  # TransferQueue's controller and two storage units take a CPU each
-    try:
-        tq.init()
-        try:
-            made.replay_buffer = ReplayBuffer(
-                trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
-                max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({}), poll_interval=0.1)
-            made._validate()
-            made._shutdown_dump_executor()
-            assert not (tq.kv_list() or {}).get("val")  # verl cleared every batch it read
-        finally:
-            tq.close()
-    finally:
-        ray.shutdown()
-    rows = dumped(tmp_path, 3)
+    made.replay_buffer = ReplayBuffer(
+        trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
+        max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({}), poll_interval=0.1)
+    made._validate()
+    made._shutdown_dump_executor()
+    assert not (tq.kv_list() or {}).get("val")  # verl cleared every batch it read
+    rows = dumped(folder, 3)
     assert sorted((r["row_index"], r["output"], r["score"], r["acc"]) for r in rows) == [
         (i, reply, score, score) for i in range(3) for reply, score in (("a", 0.0), ("ab", 1.0))]
     for row in rows:  # verl's text of each sample and our tokens of it are the same sample's
