@@ -47,7 +47,9 @@ class ScriptedServer:
         self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
         reply = ids(self.replies.pop(0)) + [EOS]
         reply = reply[: sampling_params["max_tokens"]]
-        return TokenOutput(token_ids=reply, log_probs=[-0.5] * len(reply), stop_reason="completed")
+        # As vLLM answers: log-probabilities only when asked for (verl's ``calculate_log_probs``).
+        logprobs = [-0.5] * len(reply) if sampling_params.get("logprobs") else None
+        return TokenOutput(token_ids=reply, log_probs=logprobs, stop_reason="completed")
 
 
 class GuessEnv(BaseEnv):
@@ -116,7 +118,8 @@ def base_verl_config():
     return compose_verl_config(config, agent_kind="agent_env", agent_payload="unset", validate=False)
 
 
-def run_loop(base_verl_config, spec: AgentSpec, task: dict, replies: list[str], reward_fn=None, **overrides):
+def run_loop(base_verl_config, spec: AgentSpec, task: dict, replies: list[str], reward_fn=None, sampling=None,
+             **overrides):
     """One episode of ``task`` through AgentTrainerLoop.run, as verl's AgentLoopWorker would call it."""
     config = Config.build({"actor_rollout_ref.model.path": "tiny-char", **overrides})
     verl = OmegaConf.create(OmegaConf.to_container(base_verl_config))
@@ -133,7 +136,7 @@ def run_loop(base_verl_config, spec: AgentSpec, task: dict, replies: list[str], 
         data_config=DictConfigWrap(verl.data),
     )
     row = task_to_verl_row(task, 3, split="train", agent_name=AGENT_LOOP_NAME)
-    output = asyncio.run(loop.run(dict(SAMPLING), raw_prompt=row["prompt"], **row))
+    output = asyncio.run(loop.run({**SAMPLING, **(sampling or {})}, raw_prompt=row["prompt"], **row))
     return output, server
 
 

@@ -270,6 +270,13 @@ def test_a_dump_of_verls_single_turn_loop_keeps_text_score_and_reward_values():
     assert records[0]["turns"][0]["response"] == "5" and records[0]["token_ids"] == []
 
 
+def test_without_sampled_log_probabilities_our_agent_loops_record_has_none(base_verl_config):
+    output, _ = run_loop(base_verl_config, AGENT_ENV, {"target": "b"}, ["a", "b"], sampling={"logprobs": False})
+    record = json.loads(output.extra_fields["reward_extra_info"][EPISODE_RECORD_KEY])
+    assert output.response_logprobs == [0.0] * len(output.response_ids)  # what verl is handed: aligned zeros
+    assert record["token_ids"] == output.response_ids and record["logprobs"] == []  # not zeros as if sampled
+
+
 def test_our_agent_loop_puts_the_whole_record_in_reward_extra_info(base_verl_config):
     output, _ = run_loop(base_verl_config, AGENT_ENV, {"target": "b", "data_source": "guess"}, ["a", "b"])
     record = json.loads(output.extra_fields["reward_extra_info"][EPISODE_RECORD_KEY])

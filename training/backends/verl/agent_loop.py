@@ -51,6 +51,9 @@ class ServerManagerGenerator:
         self.sampling_params = dict(sampling_params)
         self.request_id = request_id
         self.generate_s = 0.0
+        # False once a reply came without log-probabilities (verl asked for none: ``calculate_log_probs``):
+        # the episode's are then zeros that stand in for them, not the model's.
+        self.logprobs_sampled = True
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int) -> GenerationOutput:
         started = time.perf_counter()
@@ -62,6 +65,8 @@ class ServerManagerGenerator:
         self.generate_s += time.perf_counter() - started
         ids = list(output.token_ids)
         logprobs = list(output.log_probs) if output.log_probs else [0.0] * len(ids)
+        if ids and not output.log_probs:
+            self.logprobs_sampled = False
         ran_out = output.stop_reason == "length" or len(ids) >= max_new_tokens
         return GenerationOutput(
             text=self.tokenizer.decode(ids, skip_special_tokens=True),
@@ -101,7 +106,7 @@ class AgentTrainerLoop(AgentLoopBase):
         single_sequence(episode, self.run_config, "verl", self.spec.label)
         output = episode_to_output(episode, self.response_length, self._filler_token(), generator.generate_s, elapsed)
         if self.run_config.trainer.log_episodes:
-            add_episode_record(output, episode, self.tokenizer, kwargs)
+            add_episode_record(output, episode, self.tokenizer, kwargs, logprobs_sampled=generator.logprobs_sampled)
         return output
 
     def _filler_token(self) -> int:
@@ -111,19 +116,21 @@ class AgentTrainerLoop(AgentLoopBase):
         return 0
 
 
-def add_episode_record(output: AgentLoopOutput, episode: Episode, tokenizer: Any, row: dict[str, Any]) -> None:
+def add_episode_record(output: AgentLoopOutput, episode: Episode, tokenizer: Any, row: dict[str, Any],
+                       logprobs_sampled: bool = True) -> None:
     """The episode store's record of ``episode`` rides verl's rollout dump to the driver, in
     ``reward_extra_info`` (``EPISODE_RECORD_KEY``; verl's default trainer dumps it only as our
     trainer class extends its dump, ``training.backends.verl.dumps``): with its group (verl's
     ``uid``), data source and dataset row (from verl's batch ``row``: ``uid``, ``data_source``,
     ``extra_info.index``), each turn's times as the turn loop measured them, and the tokens as
-    handed to verl, each response token decoded alone."""
+    handed to verl, each response token decoded alone; no log-probabilities unless the rollout
+    sampled them (``logprobs_sampled``: verl hands the zeros that stand in for them to training)."""
     index = (row.get("extra_info") or {}).get("index")
     output.extra_fields["reward_extra_info"][EPISODE_RECORD_KEY] = episode_for_dump(
         episode, group=str(row.get("uid") or ""), data_source=str(row.get("data_source") or ""),
         row_index=None if index is None else int(index), prompt_ids=output.prompt_ids,
         response_ids=output.response_ids, response_mask=output.response_mask,
-        response_logprobs=output.response_logprobs or [],
+        response_logprobs=(output.response_logprobs or []) if logprobs_sampled else [],
         token_texts=token_pieces(tokenizer, list(output.response_ids)))
 
 
