@@ -138,6 +138,11 @@ def test_rllm_frozenlake_workflow_example_learns_to_reach_the_goal(tmp_path, mon
         "data.train_batch_size": 1, "data.max_prompt_length": 2048,
         "data.max_response_length": 640, "rllm.agent.max_tokens_per_turn": 12,
         "trainer.total_training_steps": 12, "trainer.test_freq": 0, "trainer.logger": ["jsonl"], "trainer.cpu_threads": 1,
+        # One episode at a time: concurrent episodes share generation batches made as their turns
+        # arrive, so the machine's load changed the samples from step 3 on (a full suite's run
+        # sampled otherwise than an idle one, and its policy collapsed); one at a time, every run
+        # samples alike.
+        "rllm.agent.n_parallel_tasks": 1,
     })
     metrics, episodes = assert_twelve_clean_steps_taught_down(tmp_path / "runs", model, prompts)
     # What was trained: one conversation per episode, its reward the sum of the environment's.
