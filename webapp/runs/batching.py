@@ -72,9 +72,7 @@ class Spool:
             return False
         try:
             if self._file is None:
-                self._count += 1
-                tag = f"-a{self.attempt}" if self.attempt is not None else ""
-                self._path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}{tag}.jsonl"
+                self._path = self._new_segment()
                 self._file = open(self._path, "ab", buffering=0)
                 self._created.append(self._path)
             start = self._file.tell()
@@ -102,9 +100,7 @@ class Spool:
             if self._bytes + len(line) > self.max_bytes:
                 self.refused_because = f"more waited to be stored than {self.max_bytes // (1024 * 1024)} MB of spool on disk hold"
                 return False
-        self._count += 1
-        tag = f"-a{self.attempt}" if self.attempt is not None else ""
-        path = self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}{tag}.jsonl"
+        path = self._new_segment()
         partial = path.with_name(path.name + ".partial")
         try:
             partial.write_bytes(line)
@@ -118,6 +114,12 @@ class Spool:
         self._created.append(path)
         self._bytes += len(line)
         return True
+
+    def _new_segment(self) -> Path:
+        """The next segment's name: sorted by when it was made, named for the attempt."""
+        self._count += 1
+        tag = f"-a{self.attempt}" if self.attempt is not None else ""
+        return self.folder / f"{self.kind}-{time.time_ns():020d}-{self._count:06d}{tag}.jsonl"
 
     def segments(self) -> list[Path]:
         """This spool's attempt's segments in the folder now, oldest first."""
