@@ -198,15 +198,31 @@ def django_db_setup(django_db_setup, django_db_blocker, django_db_keepdb):
       servers' that tests start): a commit returns before its WAL record is flushed to the disk.
       What others see is the same; only a crash could lose the last commits of a throwaway database.
     """
-    from django.db import connection
-    from django.db.backends.postgresql.operations import DatabaseOperations
+    import time
 
-    truncate = DatabaseOperations.sql_flush
+    from django.db import OperationalError, connection
+    from django.db.backends.postgresql.operations import DatabaseOperations
+    from psycopg import errors
+
+    truncate, execute_flush = DatabaseOperations.sql_flush, DatabaseOperations.execute_sql_flush
 
     def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
         if reset_sequences or allow_cascade or not tables:
             return truncate(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
         return ["SET CONSTRAINTS ALL DEFERRED;", *(f"DELETE FROM {self.quote_name(table)};" for table in tables)]
+
+    def execute_sql_flush(self, sql_list):
+        # Deletes, unlike TRUNCATE, take row locks one table at a time: a process the test started
+        # that still writes (a training process folding its ended run's metrics locks the run's row,
+        # then the points the flush already deleted) deadlocks with them instead of being waited for.
+        # PostgreSQL rolls one of the two back; when it is the flush, it runs again.
+        for attempt in range(5):
+            try:
+                return execute_flush(self, sql_list)
+            except OperationalError as exc:
+                if not isinstance(exc.__cause__, errors.DeadlockDetected) or attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
     with django_db_blocker.unblock():
         if connection.vendor == "postgresql" and not django_db_keepdb:
@@ -216,9 +232,9 @@ def django_db_setup(django_db_setup, django_db_blocker, django_db_keepdb):
                 cursor.execute(f"ALTER DATABASE {connection.ops.quote_name(connection.settings_dict['NAME'])} "
                                "SET synchronous_commit = off")
             connection.close()  # the setting applies to connections opened from now on
-    DatabaseOperations.sql_flush = sql_flush
+    DatabaseOperations.sql_flush, DatabaseOperations.execute_sql_flush = sql_flush, execute_sql_flush
     yield
-    DatabaseOperations.sql_flush = truncate
+    DatabaseOperations.sql_flush, DatabaseOperations.execute_sql_flush = truncate, execute_flush
 
 
 # Small enough to train in seconds on one CPU core.

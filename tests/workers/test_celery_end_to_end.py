@@ -5,6 +5,7 @@ leaves no training process behind."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,9 +46,7 @@ def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
     try:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        # Seen in full-suite runs only: the last run's row is deleted by the test database's flush
-        # while the worker still supervises it, and the warm shutdown then outlasts 30 s (not
-        # understood yet). Killed, the worker cannot be asked what it left behind.
+        # Killed, the worker cannot be asked what it left behind.
         process.kill()
         return
     # The pool process started a spare training process at the end of the last run; it must go with
@@ -70,8 +69,19 @@ def wait_for(predicate, timeout: float, what: str, log_path):
 
 
 @pytest.fixture
-def on_test_queue(registry):
+def on_test_queue(registry, celery_worker):
     Backend.objects.filter(name="trl").update(queue=QUEUE)
+    yield
+    # A run is final before its worker is done with it: the training process folds the run's metric
+    # tail after recording the end (``run_status_changed``). The test's database is emptied only once
+    # the worker has finished every task it received, or the two lock the same rows.
+    wait_for(lambda: worker_idle(celery_worker.read_text()), 60, "the worker to finish its tasks", celery_worker)
+
+
+def worker_idle(log: str) -> bool:
+    received = set(re.findall(r"Task [\w.]+\[([\w-]+)\] received", log))
+    done = set(re.findall(r"Task [\w.]+\[([\w-]+)\] (?:succeeded|failed|raised)", log))
+    return received <= done
 
 
 def create_run(client, data) -> Run:
