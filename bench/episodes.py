@@ -13,7 +13,9 @@
              platform's sink as a worker's training process uses it (episodes spooled, stored by the
              supervising process: this one), with the store on and off in pairs (same seed, order
              alternated): the ratio of their ``train()`` times, the time the training thread spent
-             handing records to the sinks, and the supervisor's time storing them
+             handing records to the sinks, the supervisor's time storing them (Parquet and index rows,
+             wall) and its drain's CPU (the thread's CPU over every flush: segments read, stored and
+             deleted; on a shared machine the steadier figure)
 4. histogram one step's reward histogram, ``GET /api/runs/<id>/episodes/histogram/?step=`` (20 bins), over
              the listing's stored set (its run of LISTING_EPISODES among the others); p50/p99, and the
              listing a bar opens (that step, the bar's reward range)
@@ -318,6 +320,17 @@ def bench_training(user, tmp: Path) -> dict:
 
     for name, write in writes.items():
         setattr(episodes_module, name, timed_write(write))
+    drain_cpu = {"seconds": 0.0}
+    flush = EpisodeDrain.flush
+
+    def timed_flush(self):  # the drain's whole CPU (its thread's, or close's): segments read, stored, deleted
+        began = time.thread_time()
+        try:
+            return flush(self)
+        finally:
+            drain_cpu["seconds"] += time.thread_time() - began
+
+    EpisodeDrain.flush = timed_flush
     child = subprocess.Popen([sys.executable, __file__, "--training-process", str(tmp)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ))
 
@@ -339,22 +352,31 @@ def bench_training(user, tmp: Path) -> dict:
     for index in range(TRAINING_PAIRS):
         order = (True, False) if index % 2 == 0 else (False, True)
         stored["seconds"] = 0.0
-        seconds = {mode: once(mode) for mode in order}
+        cpu = {}
+        seconds = {}
+        for mode in order:
+            drain_cpu["seconds"] = 0.0
+            seconds[mode] = once(mode)
+            cpu[mode] = drain_cpu["seconds"]
         pairs.append({"on_s": round(seconds[True]["seconds"], 3), "off_s": round(seconds[False]["seconds"], 3),
                       "ratio": round(seconds[True]["seconds"] / seconds[False]["seconds"], 3),
                       "handing_records_to_sinks_s": round(seconds[True]["handing"], 3),
                       "end_waiting_for_the_store_s": round(seconds[True]["end_wait"], 3),
-                      "supervisor_storing_episodes_s": round(stored["seconds"], 3)})
+                      "supervisor_storing_episodes_s": round(stored["seconds"], 3),
+                      "supervisor_drain_cpu_s": round(cpu[True], 3), "supervisor_drain_cpu_store_off_s": round(cpu[False], 3)})
         print(f"training pair {index}: {pairs[-1]}", flush=True)
     child.stdin.close()
     child.wait()
     for name, write in writes.items():
         setattr(episodes_module, name, write)
+    EpisodeDrain.flush = flush
     ratios = [p["ratio"] for p in pairs]
     return {"steps": 15, "episodes_per_step": 32, "response_tokens_max": 16, "pairs": pairs,
             "median_ratio_on_over_off": round(statistics.median(ratios), 3),
             "median_ratio_95_interval": median_interval(ratios),
             "min_max_ratio": [min(ratios), max(ratios)],
+            "median_supervisor_drain_cpu_s": round(statistics.median(p["supervisor_drain_cpu_s"] for p in pairs), 3),
+            "load_average_after": round(os.getloadavg()[0], 1),
             "note": ("the platform's path: the training process (its own, as a worker's) spools every episode and its "
                      "supervising process (this one) stores them (Parquet + index rows); off: the store off, the "
                      "supervisor's drain running all the same; CPU, 1 torch thread; train() timed in the training "
