@@ -20,7 +20,7 @@
              the listing's stored set (its run of LISTING_EPISODES among the others); p50/p99, and the
              listing a bar opens (that step, the bar's reward range)
 5. large_steps  the training thread's cost of one large step (64 episodes x 1,024 tokens):
-             ``DashboardSink.store_episodes`` (buffered and spooled to disk), and the writer's flush of it
+             ``DashboardSink.store_episodes`` (buffered and spooled to disk), and the writer's flush of it (wall, CPU)
 
 The database named by DATABASE_URL is created if missing and migrated; its runs are deleted first.
 """
@@ -398,18 +398,20 @@ def bench_store_call(user, tmp: Path) -> dict:
     run = new_run(user, tmp)
     records = detail_records(random.Random(2), step=1)
     sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=run.run_path)
-    calls, writes = [], []
+    calls, writes, writes_cpu = [], [], []
     for step in range(1, 21):
         step_records = [dict(r, step=step) for r in records]
         began = time.perf_counter()
         sink.store_episodes(step, step_records)
         calls.append(time.perf_counter() - began)
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         sink.episode_writer.flush()
         writes.append(time.perf_counter() - began)
+        writes_cpu.append(time.thread_time() - began_cpu)
     sink.close()
     return {"episodes_per_step": len(records), "tokens_per_episode": DETAIL_TOKENS,
-            "store_episodes_call (training thread)": percentiles(calls), "writer_flush (writer thread)": percentiles(writes)}
+            "store_episodes_call (training thread)": percentiles(calls), "writer_flush (writer thread)": percentiles(writes),
+            "writer_flush_cpu (its thread's CPU)": percentiles(writes_cpu), "load_average_after": round(os.getloadavg()[0], 1)}
 
 
 def detail_records(rng: random.Random, step: int) -> list[dict]:
