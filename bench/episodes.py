@@ -13,12 +13,14 @@
              platform's sink as a worker's training process uses it (episodes spooled, stored by the
              supervising process: this one), with the store on and off in pairs (same seed, order
              alternated): the ratio of their ``train()`` times, the time the training thread spent
-             handing records to the sinks, and the supervisor's time storing them
+             handing records to the sinks, the supervisor's time storing them (Parquet and index rows,
+             wall) and its drain's CPU (the thread's CPU over every flush: segments read, stored and
+             deleted; on a shared machine the steadier figure)
 4. histogram one step's reward histogram, ``GET /api/runs/<id>/episodes/histogram/?step=`` (20 bins), over
              the listing's stored set (its run of LISTING_EPISODES among the others); p50/p99, and the
              listing a bar opens (that step, the bar's reward range)
 5. large_steps  the training thread's cost of one large step (64 episodes x 1,024 tokens):
-             ``DashboardSink.store_episodes`` (buffered and spooled to disk), and the writer's flush of it
+             ``DashboardSink.store_episodes`` (buffered and spooled to disk), and the writer's flush of it (wall, CPU)
 
 The database named by DATABASE_URL is created if missing and migrated; its runs are deleted first.
 """
@@ -318,6 +320,17 @@ def bench_training(user, tmp: Path) -> dict:
 
     for name, write in writes.items():
         setattr(episodes_module, name, timed_write(write))
+    drain_cpu = {"seconds": 0.0}
+    flush = EpisodeDrain.flush
+
+    def timed_flush(self):  # the drain's whole CPU (its thread's, or close's): segments read, stored, deleted
+        began = time.thread_time()
+        try:
+            return flush(self)
+        finally:
+            drain_cpu["seconds"] += time.thread_time() - began
+
+    EpisodeDrain.flush = timed_flush
     child = subprocess.Popen([sys.executable, __file__, "--training-process", str(tmp)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ))
 
@@ -339,22 +352,31 @@ def bench_training(user, tmp: Path) -> dict:
     for index in range(TRAINING_PAIRS):
         order = (True, False) if index % 2 == 0 else (False, True)
         stored["seconds"] = 0.0
-        seconds = {mode: once(mode) for mode in order}
+        cpu = {}
+        seconds = {}
+        for mode in order:
+            drain_cpu["seconds"] = 0.0
+            seconds[mode] = once(mode)
+            cpu[mode] = drain_cpu["seconds"]
         pairs.append({"on_s": round(seconds[True]["seconds"], 3), "off_s": round(seconds[False]["seconds"], 3),
                       "ratio": round(seconds[True]["seconds"] / seconds[False]["seconds"], 3),
                       "handing_records_to_sinks_s": round(seconds[True]["handing"], 3),
                       "end_waiting_for_the_store_s": round(seconds[True]["end_wait"], 3),
-                      "supervisor_storing_episodes_s": round(stored["seconds"], 3)})
+                      "supervisor_storing_episodes_s": round(stored["seconds"], 3),
+                      "supervisor_drain_cpu_s": round(cpu[True], 3), "supervisor_drain_cpu_store_off_s": round(cpu[False], 3)})
         print(f"training pair {index}: {pairs[-1]}", flush=True)
     child.stdin.close()
     child.wait()
     for name, write in writes.items():
         setattr(episodes_module, name, write)
+    EpisodeDrain.flush = flush
     ratios = [p["ratio"] for p in pairs]
     return {"steps": 15, "episodes_per_step": 32, "response_tokens_max": 16, "pairs": pairs,
             "median_ratio_on_over_off": round(statistics.median(ratios), 3),
             "median_ratio_95_interval": median_interval(ratios),
             "min_max_ratio": [min(ratios), max(ratios)],
+            "median_supervisor_drain_cpu_s": round(statistics.median(p["supervisor_drain_cpu_s"] for p in pairs), 3),
+            "load_average_after": round(os.getloadavg()[0], 1),
             "note": ("the platform's path: the training process (its own, as a worker's) spools every episode and its "
                      "supervising process (this one) stores them (Parquet + index rows); off: the store off, the "
                      "supervisor's drain running all the same; CPU, 1 torch thread; train() timed in the training "
@@ -376,18 +398,20 @@ def bench_store_call(user, tmp: Path) -> dict:
     run = new_run(user, tmp)
     records = detail_records(random.Random(2), step=1)
     sink = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=run.run_path)
-    calls, writes = [], []
+    calls, writes, writes_cpu = [], [], []
     for step in range(1, 21):
         step_records = [dict(r, step=step) for r in records]
         began = time.perf_counter()
         sink.store_episodes(step, step_records)
         calls.append(time.perf_counter() - began)
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         sink.episode_writer.flush()
         writes.append(time.perf_counter() - began)
+        writes_cpu.append(time.thread_time() - began_cpu)
     sink.close()
     return {"episodes_per_step": len(records), "tokens_per_episode": DETAIL_TOKENS,
-            "store_episodes_call (training thread)": percentiles(calls), "writer_flush (writer thread)": percentiles(writes)}
+            "store_episodes_call (training thread)": percentiles(calls), "writer_flush (writer thread)": percentiles(writes),
+            "writer_flush_cpu (its thread's CPU)": percentiles(writes_cpu), "load_average_after": round(os.getloadavg()[0], 1)}
 
 
 def detail_records(rng: random.Random, step: int) -> list[dict]:

@@ -60,6 +60,19 @@ def test_reports_of_a_killed_process_are_written_by_the_next_attempt_once(make_r
     assert EpisodeSample.objects.filter(run=run).count() == 1
 
 
+def test_what_a_spool_holds_comes_back_exactly_an_integer_past_64_bits_too(make_run, tmp_path):
+    # Spooled lines are read by orjson, which reads an integer past 64 bits as a float; such a record
+    # is written by json, and read back by json.
+    run = make_run()
+    answer = 2**70 + 1
+    killed = DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=tmp_path)
+    killed.log_episodes(1, [{"reward": 0.5, "num_turns": 1, "termination_reason": "done", "task": {"answer": answer}}])
+    killed.log_episodes(2, [{"reward": 0.25, "num_turns": 1, "termination_reason": "done", "task": {"answer": 7}}])
+    DashboardSink(run.pk, flush_seconds=3600, publish=False, spool_dir=tmp_path).close()  # the next attempt stores them
+    stored = {sample.step: sample.data["task"]["answer"] for sample in EpisodeSample.objects.filter(run=run)}
+    assert stored == {1: answer, 2: 7} and type(stored[1]) is int
+
+
 def test_segments_a_superseded_attempt_wrote_after_its_takeover_are_never_replayed(make_run, tmp_path):
     """Segments carry their attempt. An attempt adopts what earlier ones left (a lost attempt's
     reports are still stored); what a superseded attempt wrote after the takeover (a process paused

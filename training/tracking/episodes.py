@@ -41,8 +41,12 @@ logger = logging.getLogger("training")
 
 TRAIN, VALIDATION = "train", "val"
 SPLITS = (TRAIN, VALIDATION)
-# Rows per Parquet row group: reading one episode back decodes one group, not the whole step.
+# Rows per Parquet row group: reading one episode back decodes one group, not the whole step. At
+# least ROW_GROUP_SIZE, more while a group holds under ROW_GROUP_BYTES (in memory): a group's every
+# column costs pages of its own, and a step of short episodes in groups of 8 took 3 times the CPU to
+# write of one group (32 episodes of 16 tokens); 8 episodes of 1,000 tokens are past it already.
 ROW_GROUP_SIZE = 8
+ROW_GROUP_BYTES = 64 * 1024
 # Characters of a conversation kept for text search (the platform's ``q`` filter).
 SEARCH_TEXT_CHARS = 2000
 # Characters of an error's traceback kept in a record.
@@ -73,6 +77,12 @@ COLUMNS = ("split", "step", "attempt", "position", "group", "group_position", "d
            "env_seconds", "episode_seconds", "error", "traceback", "retokenization_drift", "drift_position")
 # Stored as JSON text in Parquet, handed back as Python values by ``read_records``.
 JSON_COLUMNS = ("prompt", "turns", "reward_components")
+# The bulky columns: written without a dictionary (a step's token ids and texts hardly repeat) and
+# without min/max statistics (a row group's longest texts, twice over, for no reader): a step of 256
+# episodes of 1,000 tokens is written in half the CPU (88 -> 47 ms) and 40 % fewer bytes (3.0 -> 1.8 MB).
+BODY_COLUMNS = ("prompt", "turns", "prompt_ids", "token_ids", "token_texts", "mask", "logprobs", "reward_components",
+                "traceback")
+_INDEX_COLUMNS = [name for name in COLUMNS if name not in BODY_COLUMNS]
 
 
 def episode_record(episode: Episode, *, split: str, step: int, position: int, group: str, group_position: int,
@@ -170,15 +180,20 @@ def to_parquet(records: list[dict[str, Any]]) -> bytes:
     """Records as one Parquet file (readable by ``pandas.read_parquet``)."""
     import pyarrow.parquet as pq  # a dependency of datasets; imported where Parquet is written
 
+    table = to_table(records)
+    rows_per_group = max(ROW_GROUP_SIZE, ROW_GROUP_BYTES * table.num_rows // max(table.nbytes, 1))
     buffer = io.BytesIO()
-    pq.write_table(to_table(records), buffer, row_group_size=ROW_GROUP_SIZE, compression="zstd")
+    pq.write_table(table, buffer, row_group_size=rows_per_group, compression="zstd",
+                   use_dictionary=_INDEX_COLUMNS, write_statistics=_INDEX_COLUMNS)
     return buffer.getvalue()
 
 
 def to_table(records: list[dict[str, Any]]):
     import pyarrow as pa  # a dependency of datasets; imported where Parquet is written
 
-    columns = {name: [_column_value(name, r.get(name)) for r in records] for name in COLUMNS}
+    columns = {name: [r.get(name) for r in records] for name in COLUMNS}
+    for name in JSON_COLUMNS:
+        columns[name] = [json.dumps(value, default=str) for value in columns[name]]
     return pa.table(columns, schema=_schema())
 
 
@@ -219,10 +234,6 @@ def _from_row(row: dict[str, Any]) -> dict[str, Any]:
     for name in JSON_COLUMNS:
         row[name] = json.loads(row[name]) if row.get(name) else None
     return row
-
-
-def _column_value(name: str, value: Any) -> Any:
-    return json.dumps(value, default=str) if name in JSON_COLUMNS else value
 
 
 def step_file_name(step: int, first_position: int, attempt: int | None = None) -> str:

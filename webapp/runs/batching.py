@@ -187,7 +187,7 @@ class Spool:
             return records
         for line in data.splitlines():
             try:
-                records.append(json.loads(line))
+                records.append(_decoded(line))
             except ValueError:
                 continue
         return records
@@ -223,8 +223,26 @@ def _encoded(record: Any) -> bytes:
     episode) is encoded on the training thread, about 7 times faster than by json (NaN becomes null)."""
     try:
         return orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS)
-    except TypeError:  # what orjson will not take (an integer past 64 bits): json's slower way
-        return json.dumps(record, separators=(",", ":")).encode()
+    except TypeError:  # what orjson will not take (an integer past 64 bits): json's slower way, marked
+        return _JSON_MARK + json.dumps(record, separators=(",", ":")).encode()
+
+
+# The start of a line json wrote (JSON allows the space): read back by json too, where orjson would
+# read an integer past 64 bits as a float.
+_JSON_MARK = b" "
+
+
+def _decoded(line: bytes) -> Any:
+    """A line ``_encoded`` wrote. orjson: the supervisor decodes every step of the episode store (a
+    step of 256 episodes of 1,000 tokens: 0.15-0.3 s of CPU by json, 2 to 3 times less by orjson).
+    A ValueError for a torn line. (A line json wrote before the mark, left in a spool across an
+    upgrade, is read by orjson where it can: an integer past 64 bits in it comes back a float.)"""
+    if not line.startswith(_JSON_MARK):
+        try:
+            return orjson.loads(line)
+        except orjson.JSONDecodeError:  # json's own (NaN, a lone surrogate), from before the mark
+            pass
+    return json.loads(line)
 
 
 def _size(path: Path) -> int:
