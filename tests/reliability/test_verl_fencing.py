@@ -19,6 +19,7 @@ import standins.verl_trainer  # noqa: F401 - registers verl-standin here too (th
 from fault_harness import ROOT, latest_step, lost_and_doubled, wait_for
 from fault_harness import finished as ended
 from test_faults import env, finished_run_state, workers  # noqa: F401 - fixtures
+from training.backends.verl.backend import latest_checkpoint
 from webapp.registry.models import Backend
 from webapp.runs.models import Run, RunLog
 
@@ -53,6 +54,11 @@ def verl_run(make_run, queue):
     return make
 
 
+def published_checkpoint(run_id: int) -> str | None:
+    """The newest checkpoint published into the run's folder (as recorded by the worker that claimed it)."""
+    return latest_checkpoint(Run.objects.get(pk=run_id).folder() / "checkpoints")
+
+
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -63,7 +69,11 @@ def gone(pid: int) -> bool:
 def test_a_verl_attempt_frozen_past_its_takeover_changes_nothing_of_the_finished_run(queue, verl_env, workers, verl_run):  # noqa: F811
     first = workers(queue, "a", verl_env)
     run = verl_run()
-    wait_for(lambda: latest_step(run.pk) >= 3, RUN_TIMEOUT, "step 3", (first,))
+    # Frozen once step 3 is stored and a checkpoint is published (verl saves a step's checkpoint before it
+    # logs the step, and it is published only after), so that the next attempt has one to resume from.
+    # The folder is the one the worker recorded on the run (``run`` here is from before the claim).
+    wait_for(lambda: latest_step(run.pk) >= 3 and published_checkpoint(run.pk) is not None, RUN_TIMEOUT,
+             "step 3 and a published checkpoint", (first,))
     frozen = first.tree()  # the worker, its training process and its verl job, stopped mid-step
     training_pids = {p.pid for p in first.training_processes()}
     for process in frozen:
