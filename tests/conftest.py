@@ -14,6 +14,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 # The suite runs as root on CI and its servers and workers use folders the tests made as root:
 # they may stay root here (webapp/privileges.py). tests/security/test_not_root.py unsets it.
 os.environ.setdefault("PLATFORM_ALLOW_ROOT", "1")
+# The workers the tests start keep no training process started ahead (RUN_WARM_PROCESS, on in
+# production): each run starts its own, and no spare imports torch after a worker's last run for
+# nothing (about 8 CPU-s a worker). The warm path keeps its tests: tests/reliability/test_warm_process.py
+# and the Celery worker of tests/workers/test_celery_end_to_end.py, which turns it on.
+os.environ.setdefault("RUN_WARM_PROCESS", "0")
 
 
 

@@ -33,7 +33,7 @@ def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
         db_url = database_url(connection.settings_dict)
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
     env = {**os.environ, "DATABASE_URL": db_url, "RUN_CANCEL_GRACE_SECONDS": "30", "RUN_HEARTBEAT_SECONDS": "1",
-           "PLATFORM_VAR_DIR": str(settings.VAR_DIR)}
+           "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "RUN_WARM_PROCESS": "1"}  # the production path: a spare per pool process
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", QUEUE, "--concurrency", "1",
@@ -100,6 +100,8 @@ def test_run_created_in_the_browser_trains_to_the_end(celery_worker, on_test_que
     assert [step for step, _ in points_after(run.pk, -1)["reward"]] == [1, 2, 3]
     messages = list(RunLog.objects.filter(run=run).values_list("message", flat=True))
     assert any("Claimed by" in m for m in messages) and any("step 3/3" in m for m in messages)
+    # The pool process started a training process ahead (workers.celery_app) and this run took it.
+    assert any("the training process started ahead takes it" in m for m in messages), messages
 
 
 def test_cancel_from_the_browser_stops_a_running_run(celery_worker, on_test_queue, owner_client, copy_form_data):
