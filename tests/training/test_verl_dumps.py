@@ -106,6 +106,60 @@ def test_rows_with_our_agent_loops_record_get_no_token_texts_of_their_own(tmp_pa
     assert [(row["response_ids"], "token_texts" in row) for row in rows] == [(ids("ab") + [EOS], False), (ids("a"), False)]
 
 
+class ChunkWorker:
+    """One of verl's agent loop workers as its rollout manager calls it
+    (``worker.generate_sequences.remote(chunk)``, awaited): the chunk answered as ``legacy_batch``'s
+    two samples, each with its own ``AgentLoopMetrics`` as verl's worker returns them."""
+
+    def __init__(self, seconds: tuple[float, float]) -> None:
+        self.seconds = seconds
+        self.generate_sequences = self
+
+    def remote(self, chunk: DataProto):
+        async def generated() -> DataProto:
+            output = legacy_batch()
+            output.meta_info["metrics"] = [AgentLoopMetrics(generate_sequences=s, num_preempted=0).model_dump()
+                                           for s in self.seconds]
+            return output
+        return generated()
+
+
+def test_the_legacy_trainers_dump_keeps_each_samples_generation_time(tmp_path, monkeypatch):
+    """verl's rollout manager itself (``AgentLoopManager.generate_sequences``, made without its
+    constructor, which starts Ray actors) over two stand-in workers: verl folds the samples' times
+    into the step's timing; our trainer class's ``init_workers`` makes the manager keep them, in the
+    order of the samples, for the dump."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+
+    manager = object.__new__(AgentLoopManager)
+    manager.agent_loop_workers = [ChunkWorker((0.5, 0.25)), ChunkWorker((1.5, 2.0))]
+    monkeypatch.setattr(RayPPOTrainer, "init_workers", lambda self: setattr(self, "async_rollout_manager", manager))
+    made = trainer(RayPPOTrainer, 2)
+    made.init_workers()
+    generated = made.async_rollout_manager.generate_sequences(DataProto.concat([legacy_batch(), legacy_batch()]))
+    assert generated.meta_info["timing"]["agent_loop/generate_sequences/max"] == 2.0  # verl's own timing as before
+    made._log_rollout_data(generated, {"acc": [1.0, 0.0, 1.0, 0.0]}, {}, str(tmp_path))
+    made._shutdown_dump_executor()
+    rows = dumped(tmp_path, 2)
+    assert [row["generation_seconds"] for row in rows] == [0.5, 0.25, 1.5, 2.0]
+    records = rollout_rows_to_records(rows, 2, "train")
+    assert [(r["generation_seconds"], r["turns"][0]["generation_seconds"]) for r in records] == [
+        (0.5, 0.5), (0.25, 0.25), (1.5, 1.5), (2.0, 2.0)]
+
+
+def test_a_rollout_manager_of_another_kind_is_dumped_without_times(tmp_path, monkeypatch):
+    """A manager without verl's ``_performance_metrics`` (a custom ``agent_loop_manager_class``):
+    left as it is, its rows carry no time rather than a wrong one."""
+    rollouts = LegacyValidationRollouts()
+    monkeypatch.setattr(RayPPOTrainer, "init_workers", lambda self: setattr(self, "async_rollout_manager", rollouts))
+    made = trainer(RayPPOTrainer, 3)
+    made.init_workers()
+    assert made.async_rollout_manager is rollouts and "_performance_metrics" not in vars(rollouts)
+    made._log_rollout_data(legacy_batch(), {"acc": [1.0, 0.0]}, {}, str(tmp_path))
+    made._shutdown_dump_executor()
+    assert ["generation_seconds" in row for row in dumped(tmp_path, 3)] == [False, False]
+
+
 class LegacyValidationRollouts:
     """verl's legacy rollout manager in validation, on CPU: each sample of the (padded) batch it is
     handed answered "a", "aa", "aaa"... in the order it generates them (verl's padding rows among

@@ -22,8 +22,10 @@ the batch verl validated on, see below):
   (which carries its own);
 - ``data_source`` and ``row_index`` (the dataset row, ``extra_info.index``);
 - ``generation_seconds``: verl's own time generating the sample (``AgentLoopMetrics
-  .generate_sequences``), default trainer only: the legacy trainer folds its samples' times into
-  the step's timing before it dumps;
+  .generate_sequences``). The default trainer keeps it in its TransferQueue; the legacy trainer's
+  rollout manager folds its samples' times into the step's timing (``_performance_metrics``) and
+  drops them, so there each sample's time is kept on the generated batch first
+  (``keep_sample_seconds``);
 - from the default trainer, the reward function's other values as the legacy trainer dumps them
   (our agent loop's record among them).
 
@@ -36,8 +38,7 @@ are taken where verl still has each batch, while its validation method runs: fro
 trainer's replay buffer as verl samples each validation batch (``ValidationSampler``: read from
 the TransferQueue by key, as a training step's), from the legacy trainer's rollout manager as it
 generates each (``ValidationGenerator``: the generated ``DataProto``, verl's padding rows left
-out). The validation rows get the same keys as the training rows: ``generation_seconds`` again
-from the default trainer only; ``rollout_log_probs`` where the rollout computed them
+out). The validation rows get the same keys as the training rows; ``rollout_log_probs`` where the rollout computed them
 (``rollout.calculate_log_probs``); and the reward function's other values are verl's own there
 (both trainers dump them in validation).
 Where our columns cannot be made (a batch laid out otherwise than verl 0.9.1 lays it out), verl's
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import numpy as np
 import ray
 import torch
 import transfer_queue as tq
@@ -148,6 +150,7 @@ def dataproto_rows(batch: DataProto, tokenizer: Any, texts: bool = True,
     masks = tensors["response_mask"]
     logprobs = tensors["rollout_log_probs"] if "rollout_log_probs" in tensors.keys() else None
     non_tensor = {**(non_tensor or {}), **batch.non_tensor_batch}
+    seconds = non_tensor.get(DUMP_GENERATION_SECONDS)
     return sample_columns(
         [prompts[i][attention[i, :width]].tolist() for i in range(len(lengths))],
         [responses[i, :n].tolist() for i, n in enumerate(lengths)],
@@ -156,6 +159,7 @@ def dataproto_rows(batch: DataProto, tokenizer: Any, texts: bool = True,
         tokenizer,
         data_sources=_objects(non_tensor["data_source"]) if "data_source" in non_tensor else None,
         extra_infos=_objects(non_tensor["extra_info"]) if "extra_info" in non_tensor else None,
+        seconds=None if seconds is None else _objects(seconds),
         texts=texts,
     )
 
@@ -274,6 +278,10 @@ class LegacyDumpsTokens:
     _val_rows: list[dict[str, Any]] | None = None
     _val_sizes: list[int] = []
 
+    def init_workers(self) -> None:
+        super().init_workers()
+        keep_sample_seconds(self.async_rollout_manager)
+
     def _log_rollout_data(self, batch: DataProto, reward_extra_infos_dict: dict, timing_raw: dict,
                           rollout_data_dir: str) -> None:
         try:
@@ -321,6 +329,29 @@ class LegacyDumpsTokens:
             logger.error("verl dump: validation at step %s is dumped without its tokens (%d rows, %d generated)",
                          getattr(self, "global_steps", "?"), len(inputs), len(rows))
         super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+
+
+def keep_sample_seconds(manager: Any) -> None:
+    """Each generated batch of verl's rollout manager (``AgentLoopManager``) keeps its samples' own
+    generation times (``AgentLoopMetrics.generate_sequences``) as ``DUMP_GENERATION_SECONDS`` of its
+    ``non_tensor_batch``: verl's legacy trainer folds them into the step's timing
+    (``_performance_metrics``, handed each worker's chunk of metrics in the order the chunks were
+    concatenated) and drops them before it dumps. A manager of another kind (verl's
+    ``agent_loop_manager_class``) is left as it is: its samples are dumped without their times."""
+    measure = getattr(manager, "_performance_metrics", None)
+    if measure is None:
+        return
+
+    def performance_metrics(metrics: list[list[dict[str, Any]]], output: DataProto) -> dict[str, Any]:
+        seconds = [sample.get("generate_sequences") if isinstance(sample, dict) else None
+                   for chunk in metrics for sample in chunk]
+        if len(seconds) == len(output):
+            output.non_tensor_batch[DUMP_GENERATION_SECONDS] = np.array(seconds, dtype=object)
+        else:  # another layout than verl 0.9.1's: the dump goes without the times, never with the wrong ones
+            logger.error("verl dump: %d generation times for %d samples; dumped without them", len(seconds), len(output))
+        return measure(metrics, output)
+
+    manager._performance_metrics = performance_metrics
 
 
 class ValidationGenerator:
