@@ -19,7 +19,10 @@
 4. histogram one step's reward histogram, ``GET /api/runs/<id>/episodes/histogram/?step=`` (20 bins), over
              the listing's stored set (its run of LISTING_EPISODES among the others); p50/p99, and the
              listing a bar opens (that step, the bar's reward range)
-5. large_steps  the training thread's cost of one large step (64 episodes x 1,024 tokens):
+5. library   the library alone (no platform): the tiny model trained in a process of its own with the
+             run folder's episode store (``ParquetEpisodeSink``) on and off in pairs, as ``training``;
+             ``train()`` timed with its end (every step's Parquet file written) included
+6. large_steps  the training thread's cost of one large step (64 episodes x 1,024 tokens):
              ``DashboardSink.store_episodes`` (buffered and spooled to disk), and the writer's flush of it (wall, CPU)
 
 The database named by DATABASE_URL is created if missing and migrated; its runs are deleted first.
@@ -297,6 +300,87 @@ def training_process(runs_dir: str) -> None:
                           "end_wait": waited["seconds"]}), flush=True)
 
 
+def library_process() -> None:
+    """``python bench/episodes.py --library-process``: the library alone, no platform: for each line
+    ``<run folder> <0|1>`` on stdin it trains the tiny model with the episode store on (1: the run
+    folder's ``ParquetEpisodeSink``) or off (0), and prints the seconds ``train()`` took and the
+    number of episodes the run folder then holds."""
+    import torch
+
+    from training import AgentTrainer
+    from training.tracking.episodes import read_run_folder
+
+    torch.set_num_threads(1)
+    prompts = [{"prompt": f"{a}{b}{c}=", "data_source": "copy"} for a in "abc" for b in "abc" for c in "abc"]
+
+    def reward(task, response):
+        return float(response[:3] == task["prompt"][:3])
+
+    for line in sys.stdin:
+        run_path, store_on = line.split()
+        trainer = AgentTrainer(train_dataset=prompts, reward_func=reward, backend="trl", run_path=run_path,
+                               config={**TRAINING_CONFIG, "trainer.log_episodes": store_on == "1"})
+        began = time.perf_counter()
+        trainer.train()  # its end included: the sinks closed, every step's Parquet file written
+        seconds = time.perf_counter() - began
+        print(json.dumps({"seconds": seconds, "stored": len(read_run_folder(run_path))}), flush=True)
+
+
+def paired_summary(pairs: list[dict]) -> dict:
+    """The paired on/off runs' ratios: the median pair's with its bootstrap interval, and the ratio of
+    the summed times with its own (pairs resampled with replacement)."""
+    ratios = [p["ratio"] for p in pairs]
+    rng = random.Random(0)
+    totals = []
+    for _ in range(10_000):
+        chosen = rng.choices(pairs, k=len(pairs))
+        totals.append(sum(p["on_s"] for p in chosen) / sum(p["off_s"] for p in chosen))
+    totals.sort()
+    return {"median_ratio_on_over_off": round(statistics.median(ratios), 3),
+            "median_ratio_95_interval": median_interval(ratios),
+            "total_ratio_on_over_off": round(sum(p["on_s"] for p in pairs) / sum(p["off_s"] for p in pairs), 3),
+            "total_ratio_95_bootstrap_interval": [round(totals[250], 3), round(totals[9749], 3)],
+            "min_max_ratio": [min(ratios), max(ratios)],
+            "median_on_s": round(statistics.median(p["on_s"] for p in pairs), 3),
+            "median_off_s": round(statistics.median(p["off_s"] for p in pairs), 3)}
+
+
+def bench_library(user, tmp: Path) -> dict:
+    """The library alone: ``library_process`` trains with the run folder's store on and off, in
+    alternating pairs."""
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, __file__, "--library-process"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ))
+
+    def once(store_on: bool) -> float:
+        folder = Path(tempfile.mkdtemp(prefix="run-", dir=tmp))
+        child.stdin.write(f"{folder} {int(store_on)}\n")
+        child.stdin.flush()
+        answer = child.stdout.readline()
+        if not answer:
+            sys.exit(f"the training process ended (exit code {child.wait()})")
+        result = json.loads(answer)
+        assert result["stored"] == (15 * 32 if store_on else 0), result
+        return result["seconds"]
+
+    once(True)  # warm-up: imports, the tiny model's first build
+    pairs = []
+    for index in range(TRAINING_PAIRS):
+        order = (True, False) if index % 2 == 0 else (False, True)
+        seconds = {mode: once(mode) for mode in order}
+        pairs.append({"on_s": round(seconds[True], 3), "off_s": round(seconds[False], 3),
+                      "ratio": round(seconds[True] / seconds[False], 3)})
+        print(f"library pair {index}: {pairs[-1]}", flush=True)
+    child.stdin.close()
+    child.wait()
+    return {"steps": 15, "episodes_per_step": 32, "response_tokens_max": 16, "pairs": pairs, **paired_summary(pairs),
+            "load_average_after": round(os.getloadavg()[0], 1),
+            "note": ("the library alone: the run folder's store (ParquetEpisodeSink) on vs off, the same training "
+                     "process for every run; CPU, 1 torch thread; train() timed, its end (every step's Parquet "
+                     "file written) included")}
+
+
 def bench_training(user, tmp: Path) -> dict:
     """The production path: a training process of its own (``training_process``) spools the
     episodes, and this process, as the worker supervising it, stores them (``EpisodeDrain``, also
@@ -434,6 +518,8 @@ def detail_records(rng: random.Random, step: int) -> list[dict]:
 def main() -> None:
     if sys.argv[1:2] == ["--training-process"]:
         return training_process(sys.argv[2])
+    if sys.argv[1:2] == ["--library-process"]:
+        return library_process()
     wanted = sys.argv[1:] or ["listing", "detail", "training", "large_steps"]
     migrated_postgres()
     from django.conf import settings
@@ -447,7 +533,7 @@ def main() -> None:
     for name in wanted:
         # Each section says the machine and day it was measured on (sections are rerun one at a time).
         machine = f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.1f}"
-        results[name] = {"listing": bench_listing, "detail": bench_detail, "training": bench_training,
+        results[name] = {"listing": bench_listing, "detail": bench_detail, "training": bench_training, "library": bench_library,
                          "histogram": bench_histogram, "large_steps": bench_store_call}[name](user, tmp)
         results[name].update(machine=machine, date=time.strftime("%Y-%m-%d"))
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
