@@ -18,7 +18,7 @@ that holds the tokenizer, for the records it keeps), so a reader needs no tokeni
 none was decoded.
 
 ``ParquetEpisodeSink`` writes them into the run folder (``<run path>/episodes/<split>/step-*.parquet``)
-from a process of its own, when the library runs without the platform; the platform's sink stores
+from a background thread, when the library runs without the platform; the platform's sink stores
 them in its artifact store instead and indexes them in its database.
 """
 
@@ -28,16 +28,12 @@ import io
 import json
 import logging
 import math
-import os
 import random
-import signal
 import threading
-import time
 import weakref
+from collections import deque
 from pathlib import Path
 from typing import IO, Any, Iterable
-
-import orjson
 
 from training.types import Episode
 
@@ -250,36 +246,19 @@ def step_file_name(step: int, first_position: int, attempt: int | None = None) -
 
 class ParquetEpisodeSink:
     """Writes each step's stored episodes to ``<run path>/episodes/<split>/`` as Parquet, from a
-    process of its own, so that making Parquet never holds the training process's GIL (in a thread of
-    the training process it slowed training by 5-14 %, bench/results/episodes.json).
-
-    The training thread hands a step over as one file in ``episodes/.pending/`` (its records as JSON,
-    orjson: a few ms a step) and goes on. The writer is forked from the training process when the
-    sink is made (it imports nothing: fork copies what is loaded); it turns each pending file into
-    ``step-*.parquet`` and deletes it. ``close()`` waits for it to write every step handed over. A
-    pending file is never lost: one the writer could not write (the writer killed, the training
-    process killed first) is written by ``close()``, or by the next sink made on the run folder (a
-    resumed run). At most ``max_pending`` steps wait: when writing falls behind training, the newest
-    step is dropped (counted in ``dropped``, logged once) rather than growing without bound. Where
-    the platform has no ``fork`` the writer is a thread of the training process."""
+    background thread. At most ``max_pending`` steps wait: when writing falls behind training, the
+    newest step is dropped (counted in ``dropped``, logged once) rather than holding up a step or
+    growing without bound."""
 
     def __init__(self, run_path: str | Path, max_pending: int = 16) -> None:
         self.folder = Path(run_path) / "episodes"
-        self.pending = self.folder / PENDING
-        self.pending.mkdir(parents=True, exist_ok=True)
-        (self.pending / CLOSED).unlink(missing_ok=True)
         self.max_pending = max_pending
         self.dropped = 0
-        self._handed = 0
+        self._queue: deque[tuple[int, list[dict[str, Any]]]] = deque()
+        self._lock = threading.Condition()
         self._closed = False
-        self._pid: int | None = None
-        self._thread: threading.Thread | None = None
-        if hasattr(os, "fork"):
-            self._pid = _fork_writer(self.folder)
-        else:
-            self._thread = threading.Thread(target=write_pending, args=(self.folder, True), name="episode-store",
-                                            daemon=True)
-            self._thread.start()
+        self._thread = threading.Thread(target=self._work, name="episode-store", daemon=True)
+        self._thread.start()
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         pass
@@ -288,128 +267,43 @@ class ParquetEpisodeSink:
         pass
 
     def store_episodes(self, step: int, records: list[dict[str, Any]]) -> None:
-        if not records or self._closed:
-            return
-        if len(_pending_files(self.pending)) >= self.max_pending:
-            if not self.dropped:
-                logger.warning("episode store: writing Parquet falls behind training; the episodes of step %d "
-                               "and of later steps that find %d steps waiting are not kept", step, self.max_pending)
-            self.dropped += len(records)
-            return
-        self._handed += 1
-        target = self.pending / f"step-{int(step):08d}-{time.time_ns():020d}-{self._handed:06d}.json"
-        partial = target.with_name(target.name + ".partial")
-        try:
-            partial.write_bytes(_encode_records(records))
-            partial.replace(target)
-        except OSError:  # a full disk: the step is not kept, training goes on
-            partial.unlink(missing_ok=True)
-            logger.exception("episode store: could not hand over the episodes of step %d", step)
-            self.dropped += len(records)
+        with self._lock:
+            if len(self._queue) >= self.max_pending:
+                if not self.dropped:
+                    logger.warning("episode store: writing Parquet falls behind training; the episodes of step %d "
+                                   "and of later steps that find %d steps waiting are not kept", step, self.max_pending)
+                self.dropped += len(records)
+                return
+            self._queue.append((step, records))
+            self._lock.notify_all()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        (self.pending / CLOSED).touch()
-        if self._pid is not None:
-            deadline = time.monotonic() + 120
-            while os.waitpid(self._pid, os.WNOHANG) == (0, 0):
-                if time.monotonic() > deadline:
-                    logger.error("episode store: the Parquet writer did not finish in 120 s; stopped, its steps written here")
-                    os.kill(self._pid, signal.SIGKILL)
-                    os.waitpid(self._pid, 0)
-                    break
-                time.sleep(POLL_SECONDS)
-        elif self._thread is not None:
-            self._thread.join(timeout=120)
-        write_pending(self.folder, until_closed=False)  # what the writer left (killed): written here
-        (self.pending / CLOSED).unlink(missing_ok=True)
-        try:
-            self.pending.rmdir()  # a reader of the run folder finds only the steps
-        except OSError:  # a step that could not be written is left there for the next sink on the folder
-            pass
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        self._thread.join(timeout=120)
 
-
-# The folder under ``<run path>/episodes/`` of the steps handed over and not yet written, and the
-# marker the training process leaves there when its sink is closed.
-PENDING, CLOSED = ".pending", "closed"
-POLL_SECONDS = 0.02
-
-
-def _fork_writer(folder: Path) -> int:
-    """A process forked from this one that writes ``folder``'s pending steps until the sink is
-    closed or this process is gone (``write_pending``), then exits without running any of this
-    process's exit handlers."""
-    parent = os.getpid()
-    pid = os.fork()
-    if pid:
-        return pid
-    status = 0
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops training; the writer still writes what it was handed
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # never the training process's own handler
-        write_pending(folder, until_closed=True, parent=parent)
-    except BaseException:  # noqa: BLE001 (the writer must end here, never run on as a copy of the training process)
-        logger.exception("episode store: the Parquet writer failed")
-        status = 1
-    finally:
-        os._exit(status)
-
-
-def write_pending(folder: Path, until_closed: bool, parent: int | None = None) -> None:
-    """Each step waiting in ``folder/.pending`` written as ``<split>/step-*.parquet`` and deleted,
-    oldest first. ``until_closed``: go on waiting for more until the sink is closed (its marker) or
-    ``parent`` is gone, then write what is left."""
-    pending = folder / PENDING
-    while True:
-        closing = (pending / CLOSED).exists() or (parent is not None and os.getppid() != parent)
-        waiting = _pending_files(pending)
-        for path in waiting:
-            _write_step(folder, path)
-        if not until_closed or (closing and not waiting):
-            return
-        if not waiting:
-            time.sleep(POLL_SECONDS)
-
-
-def _pending_files(pending: Path) -> list[Path]:
-    try:
-        return sorted(path for path in pending.iterdir() if path.suffix == ".json")
-    except FileNotFoundError:
-        return []
-
-
-def _write_step(folder: Path, path: Path) -> None:
-    try:
-        records = _decode_records(path.read_bytes())
-        step = records[0]["step"] if records else 0
-        for split in SPLITS:
-            part = [r for r in records if r["split"] == split]
-            if part:
-                target = folder / split / step_file_name(step, part[0]["position"])
-                target.parent.mkdir(parents=True, exist_ok=True)
-                partial = target.with_name(target.name + ".partial")
-                partial.write_bytes(to_parquet(part))
-                partial.replace(target)
-    except FileNotFoundError:  # written and deleted by another writer of the folder (close() after a slow writer)
-        return
-    except Exception:  # noqa: BLE001 (a full disk, a record that will not convert: training goes on)
-        logger.exception("episode store: could not write the episodes in %s", path.name)
-    path.unlink(missing_ok=True)
-
-
-def _encode_records(records: list[dict[str, Any]]) -> bytes:
-    """A step's records as JSON, marked with the encoder: orjson, or json where orjson refuses (an
-    integer past 64 bits), which json reads back as it was."""
-    try:
-        return b"o" + orjson.dumps(records, option=orjson.OPT_NON_STR_KEYS)
-    except TypeError:
-        return b"j" + json.dumps(records, separators=(",", ":")).encode()
-
-
-def _decode_records(data: bytes) -> list[dict[str, Any]]:
-    return orjson.loads(data[1:]) if data[:1] == b"o" else json.loads(data[1:])
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._lock.wait()
+                if not self._queue:
+                    return
+                step, records = self._queue[0]
+            try:
+                for split in SPLITS:
+                    part = [r for r in records if r["split"] == split]
+                    if part:
+                        target = self.folder / split / step_file_name(step, part[0]["position"])
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        partial = target.with_name(target.name + ".partial")
+                        partial.write_bytes(to_parquet(part))
+                        partial.replace(target)
+            except Exception:  # noqa: BLE001 (a full disk, a record that will not convert: training goes on)
+                logger.exception("episode store: could not write the episodes of step %d", step)
+            with self._lock:
+                self._queue.popleft()
 
 
 def read_run_folder(run_path: str | Path, split: str = "train") -> list[dict[str, Any]]:
