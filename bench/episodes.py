@@ -22,7 +22,13 @@
 5. library   the library alone (no platform): the tiny model trained in a process of its own with the
              run folder's episode store (``ParquetEpisodeSink``) on and off in pairs, as ``training``;
              ``train()`` timed with its end (every step's Parquet file written) included
-6. large_steps  the training thread's cost of one large step (64 episodes x 1,024 tokens):
+6. growth    PostgreSQL's growth per stored episode: GROWTH_STEPS steps stored by the real writer
+             (``store_step``: Parquet in a local artifact store, then the index rows), of long
+             episodes (the detail's) and of short ones (the training bench's size), copied into a
+             table made like the episodes' table with all its indexes (``LIKE ... INCLUDING ALL``),
+             whose whole size (heap, TOAST, every index) is divided by its rows; and the Parquet
+             bytes per episode in the artifact store
+7. large_steps  the training thread's cost of one large step (64 episodes x 1,024 tokens):
              ``DashboardSink.store_episodes`` (buffered and spooled to disk), and the writer's flush of it (wall, CPU)
 
 The database named by DATABASE_URL is created if missing and migrated; its runs are deleted first.
@@ -498,6 +504,61 @@ def bench_store_call(user, tmp: Path) -> dict:
             "writer_flush_cpu (its thread's CPU)": percentiles(writes_cpu), "load_average_after": round(os.getloadavg()[0], 1)}
 
 
+GROWTH_STEPS = 20
+
+
+def bench_growth(user, tmp: Path) -> dict:
+    from django.db import connection
+
+    from webapp.dashboard.episodes import store_step
+    from webapp.dashboard.models import StoredEpisode
+
+    table = StoredEpisode._meta.db_table
+    result = {}
+    for kind, make in (("long: 4 turns, 1,024 response tokens (the detail's)", detail_records),
+                       ("short: 1 turn, 16 response tokens (the training bench's)", short_records)):
+        run = new_run(user, tmp)
+        rng = random.Random(3)
+        for step in range(1, GROWTH_STEPS + 1):
+            store_step(run.pk, 1, step, make(rng, step))
+        parquet = sum(path.stat().st_size for path in Path(run.run_path).rglob("*.parquet"))
+        with connection.cursor() as cursor:
+            cursor.execute(f'create temporary table growth_probe (like "{table}" including all)')
+            cursor.execute(f'insert into growth_probe select * from "{table}" where run_id = %s', [run.pk])
+            cursor.execute("select count(*), pg_total_relation_size('growth_probe'), pg_relation_size('growth_probe'), "
+                           "pg_indexes_size('growth_probe') from growth_probe")
+            rows, total, heap, indexes = cursor.fetchone()
+            cursor.execute("drop table growth_probe")
+        if not parquet:  # an artifact store elsewhere than the run folder: read back its size there
+            parquet = None
+        result[kind] = {"episodes": rows, "postgres_bytes_per_episode": round(total / rows),
+                        "heap_bytes_per_episode": round(heap / rows), "index_bytes_per_episode": round(indexes / rows),
+                        "parquet_bytes_per_episode": None if parquet is None else round(parquet / rows)}
+        print(f"growth {kind}: {result[kind]}", flush=True)
+    result["note"] = ("the run's index rows copied into a table made like the episodes' table with every index "
+                      "(LIKE ... INCLUDING ALL), its whole size (heap, TOAST, indexes, the trigram index of the "
+                      "conversation's first 2,000 characters among them) over its rows; rows inserted one step at a "
+                      "time by the writer fill their pages about as a bulk copy does. The bodies (tokens, masks, "
+                      "log-probabilities, turns) are in Parquet in the artifact store, not in PostgreSQL")
+    return result
+
+
+def short_records(rng: random.Random, step: int) -> list[dict]:
+    from training.tracking.episodes import episode_record
+    from training.types import Episode, Step, TerminationReason, Trajectory
+
+    records = []
+    for position in range(32):
+        tokens = [rng.randrange(64) for _ in range(16)]
+        turn = Step(chat_completions=[{"role": "user", "content": "abc="}], model_response="abc" + "x" * 13, reward=1.0, done=True)
+        episode = Episode(task={"data_source": "copy"}, trajectories=[Trajectory(steps=[turn], reward=rng.random())],
+                          prompt_ids=tokens[:4], response_ids=tokens, response_mask=[1] * 16,
+                          response_logprobs=[-rng.random() for _ in tokens], termination_reason=TerminationReason.MAX_RESPONSE_LENGTH_EXCEEDED)
+        records.append(episode_record(episode, split="train", step=step, position=position, group=f"g{position // 8}",
+                                      group_position=position % 8, advantage=0.1))
+    return records
+
+
 def detail_records(rng: random.Random, step: int) -> list[dict]:
     from training.tracking.episodes import episode_record
     from training.types import Episode, Step, TerminationReason, Trajectory
@@ -533,7 +594,7 @@ def main() -> None:
     for name in wanted:
         # Each section says the machine and day it was measured on (sections are rerun one at a time).
         machine = f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.1f}"
-        results[name] = {"listing": bench_listing, "detail": bench_detail, "training": bench_training, "library": bench_library,
+        results[name] = {"listing": bench_listing, "detail": bench_detail, "training": bench_training, "library": bench_library, "growth": bench_growth,
                          "histogram": bench_histogram, "large_steps": bench_store_call}[name](user, tmp)
         results[name].update(machine=machine, date=time.strftime("%Y-%m-%d"))
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
