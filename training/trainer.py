@@ -20,7 +20,7 @@ from training.backends.processor import (
     register_processor,
     unregister_processor,
 )
-from training.tracking.sinks import MetricSink
+from training.tracking.sinks import MetricSink, MultiSink
 from training.rewards import reward_in_file
 from training.utils import cuda_device_count, import_object, is_verl_available
 from training.errors import ConfigError, Problems, RunSuperseded
@@ -200,10 +200,12 @@ class AgentTrainer:
         try:
             self._start_servers()
             result = self.train_processor.train()
-        except RunSuperseded:
+        except RunSuperseded as exc:
+            self._close_sinks(exc)
             raise
-        except BaseException:
+        except BaseException as exc:
             self._publish_records_quietly()  # a failed or interrupted run's records up to its end
+            self._close_sinks(exc)
             raise
         finally:
             _close_episode_loop()
@@ -220,6 +222,14 @@ class AgentTrainer:
         if hasattr(result, "warnings"):  # a processor registered by a user may return a type of its own
             result.warnings = warnings
         return result
+
+    def _close_sinks(self, exc: BaseException) -> None:
+        """The run's sinks, where the backend failed before its own ``with self.sinks`` (its model did
+        not load, a server did not start): told how the run ended and closed, so that a tracker's run
+        says it failed and a sink's thread ends with the run. A no-op where the backend closed them."""
+        sinks = getattr(self.train_processor, "sinks", None)
+        if isinstance(sinks, MultiSink) and not sinks.closed:
+            sinks.__exit__(type(exc), exc, exc.__traceback__)
 
     def _publish_records_quietly(self) -> None:
         if not hasattr(self.train_processor, "publish_run_files"):

@@ -101,3 +101,41 @@ def test_a_run_whose_episodes_are_never_scored_fails(tmp_path):
                            train_dataset="frozenlake:train", backend="trl", run_path=str(tmp_path), config=config)
     with pytest.raises(RewardNeverRan, match=r"none of the episodes of 2 step\(s\) was scored \(their ends: max_prompt_length 8\)"):
         trainer.train()
+
+
+class OutcomeSink:
+    """A sink that records how the run ended (as the platform's and the trackers' sinks do) and its close."""
+
+    def __init__(self):
+        self.outcomes: list[tuple[str, str]] = []
+        self.closed = 0
+
+    def log_metrics(self, step, metrics):
+        pass
+
+    def log_episodes(self, step, episodes):
+        pass
+
+    def log_outcome(self, status, message):
+        self.outcomes.append((status, message))
+
+    def close(self):
+        self.closed += 1
+
+
+def test_a_run_that_fails_before_training_starts_still_tells_and_closes_its_sinks(tmp_path, monkeypatch):
+    """The backend never reaches its own ``with self.sinks`` (the model does not load): the sinks are
+    told the run failed and closed once, so a tracker's run does not stay "running" and a sink's
+    thread does not outlive the run."""
+    from training.backends.trl import backend as trl_backend
+
+    def no_model(config, run_path):
+        raise OSError("the model's weights could not be read")
+
+    sink = OutcomeSink()
+    trainer = AgentTrainer(train_dataset=[{"prompt": "x="}, {"prompt": "y="}], reward_func=lambda task, response: 0.0,
+                           backend="trl", run_path=str(tmp_path), config=TINY, sinks=[sink])
+    monkeypatch.setattr(trl_backend, "load_policy", no_model)
+    with pytest.raises(OSError, match="could not be read"):
+        trainer.train()
+    assert sink.outcomes == [("failed", "OSError: the model's weights could not be read")] and sink.closed == 1

@@ -88,6 +88,7 @@ class MultiSink:
     def __init__(self, sinks: list[MetricSink] | None = None) -> None:
         self.sinks: list[MetricSink] = list(sinks or [])
         self.sources: list[Any] = []
+        self.closed = False
 
     def add_source(self, source: Any) -> None:
         """Extra metrics merged into each logged step: ``source.collect()`` returns them (e.g. system
@@ -98,6 +99,7 @@ class MultiSink:
         if not isinstance(sink, MetricSink):
             raise TypeError(f"{type(sink).__name__} is not a MetricSink (needs log_metrics, log_episodes, close).")
         self.sinks.append(sink)
+        self.closed = False  # the next close() closes it
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -141,6 +143,10 @@ class MultiSink:
         self.close()
 
     def close(self) -> None:
+        """Closes every sink once (a second call does nothing)."""
+        if self.closed:
+            return
+        self.closed = True
         for source in self.sources:
             source.close()
         self.sources.clear()
