@@ -197,17 +197,19 @@ class AgentTrainer:
         """
         if not self.train_processor.initialized:
             raise ValueError("The training processor is not initialized; construction must finish before train().")
+        failure: BaseException | None = None
         try:
             self._start_servers()
             result = self.train_processor.train()
         except RunSuperseded as exc:
-            self._close_sinks(exc)
+            failure = exc
             raise
         except BaseException as exc:
+            failure = exc
             self._publish_records_quietly()  # a failed or interrupted run's records up to its end
-            self._close_sinks(exc)
             raise
         finally:
+            self._close_sinks(failure)
             _close_episode_loop()
             self._stop_servers()
         if hasattr(self.train_processor, "publish_run_files"):  # a processor of the user's own may lack it
@@ -223,13 +225,19 @@ class AgentTrainer:
             result.warnings = warnings
         return result
 
-    def _close_sinks(self, exc: BaseException) -> None:
-        """The run's sinks, where the backend failed before its own ``with self.sinks`` (its model did
-        not load, a server did not start): told how the run ended and closed, so that a tracker's run
-        says it failed and a sink's thread ends with the run. A no-op where the backend closed them."""
+    def _close_sinks(self, failure: BaseException | None) -> None:
+        """The run's sinks, where the backend left them open: it failed before its own ``with
+        self.sinks`` (its model did not load, a server did not start), or it is a processor of the
+        user's own that never closes them. Told how the run ended (``failure``) and closed, so that a
+        tracker's run says it failed, a sink's last batch is written and its thread ends with the run.
+        A no-op where the backend closed them."""
         sinks = getattr(self.train_processor, "sinks", None)
-        if isinstance(sinks, MultiSink) and not sinks.closed:
-            sinks.__exit__(type(exc), exc, exc.__traceback__)
+        if not isinstance(sinks, MultiSink) or sinks.closed:
+            return
+        if failure is None:
+            sinks.close()
+        else:
+            sinks.__exit__(type(failure), failure, failure.__traceback__)
 
     def _publish_records_quietly(self) -> None:
         if not hasattr(self.train_processor, "publish_run_files"):

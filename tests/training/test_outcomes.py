@@ -139,3 +139,24 @@ def test_a_run_that_fails_before_training_starts_still_tells_and_closes_its_sink
     with pytest.raises(OSError, match="could not be read"):
         trainer.train()
     assert sink.outcomes == [("failed", "OSError: the model's weights could not be read")] and sink.closed == 1
+
+
+def test_a_processor_of_the_users_own_that_never_closes_its_sinks_has_them_closed(tmp_path):
+    """A registered processor (AWorld's ``TrainerProcessor`` contract) that returns without closing
+    the sinks it was given: their last batch written and their threads ended with the run."""
+    from training import register_processor, unregister_processor
+    from training.backends.base import BuiltinProcessor, TrainResult
+
+    class Forgetful(BuiltinProcessor):
+        def train(self):
+            self.sinks.log_metrics(1, {"reward": 1.0})
+            return TrainResult(run_path=self.run_path, steps=1)
+
+    sink = OutcomeSink()
+    register_processor("forgetful", Forgetful)
+    try:
+        AgentTrainer(train_dataset=[{"prompt": "x="}, {"prompt": "y="}], reward_func=lambda task, response: 0.0, backend="forgetful",
+                     run_path=str(tmp_path), config=TINY, sinks=[sink]).train()
+    finally:
+        unregister_processor("forgetful")
+    assert sink.closed == 1 and sink.outcomes == []
