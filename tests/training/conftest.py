@@ -19,7 +19,9 @@ class RecordingSink:
     def __init__(self):
         self.metrics: list[dict] = []
         self.episodes: list[dict] = []
+        self.outcomes: list[tuple[str, str]] = []  # how the run ended, where it raised (MultiSink.log_outcome)
         self.closed = False
+        self.closes = 0
 
     def log_metrics(self, step, metrics):
         self.metrics.append({"step": step, **metrics})
@@ -27,8 +29,12 @@ class RecordingSink:
     def log_episodes(self, step, episodes):
         self.episodes.extend(episodes)
 
+    def log_outcome(self, status, message):
+        self.outcomes.append((status, message))
+
     def close(self):
         self.closed = True
+        self.closes += 1
 
 
 @pytest.fixture

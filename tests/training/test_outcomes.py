@@ -103,27 +103,7 @@ def test_a_run_whose_episodes_are_never_scored_fails(tmp_path):
         trainer.train()
 
 
-class OutcomeSink:
-    """A sink that records how the run ended (as the platform's and the trackers' sinks do) and its close."""
-
-    def __init__(self):
-        self.outcomes: list[tuple[str, str]] = []
-        self.closed = 0
-
-    def log_metrics(self, step, metrics):
-        pass
-
-    def log_episodes(self, step, episodes):
-        pass
-
-    def log_outcome(self, status, message):
-        self.outcomes.append((status, message))
-
-    def close(self):
-        self.closed += 1
-
-
-def test_a_run_that_fails_before_training_starts_still_tells_and_closes_its_sinks(tmp_path, monkeypatch):
+def test_a_run_that_fails_before_training_starts_still_tells_and_closes_its_sinks(tmp_path, monkeypatch, sink):
     """The backend never reaches its own ``with self.sinks`` (the model does not load): the sinks are
     told the run failed and closed once, so a tracker's run does not stay "running" and a sink's
     thread does not outlive the run."""
@@ -132,16 +112,15 @@ def test_a_run_that_fails_before_training_starts_still_tells_and_closes_its_sink
     def no_model(config, run_path):
         raise OSError("the model's weights could not be read")
 
-    sink = OutcomeSink()
     trainer = AgentTrainer(train_dataset=[{"prompt": "x="}, {"prompt": "y="}], reward_func=lambda task, response: 0.0,
                            backend="trl", run_path=str(tmp_path), config=TINY, sinks=[sink])
     monkeypatch.setattr(trl_backend, "load_policy", no_model)
     with pytest.raises(OSError, match="could not be read"):
         trainer.train()
-    assert sink.outcomes == [("failed", "OSError: the model's weights could not be read")] and sink.closed == 1
+    assert sink.outcomes == [("failed", "OSError: the model's weights could not be read")] and sink.closes == 1
 
 
-def test_a_processor_of_the_users_own_that_never_closes_its_sinks_has_them_closed(tmp_path):
+def test_a_processor_of_the_users_own_that_never_closes_its_sinks_has_them_closed(tmp_path, sink):
     """A registered processor (AWorld's ``TrainerProcessor`` contract) that returns without closing
     the sinks it was given: their last batch written and their threads ended with the run."""
     from training import register_processor, unregister_processor
@@ -152,11 +131,10 @@ def test_a_processor_of_the_users_own_that_never_closes_its_sinks_has_them_close
             self.sinks.log_metrics(1, {"reward": 1.0})
             return TrainResult(run_path=self.run_path, steps=1)
 
-    sink = OutcomeSink()
     register_processor("forgetful", Forgetful)
     try:
         AgentTrainer(train_dataset=[{"prompt": "x="}, {"prompt": "y="}], reward_func=lambda task, response: 0.0, backend="forgetful",
                      run_path=str(tmp_path), config=TINY, sinks=[sink]).train()
     finally:
         unregister_processor("forgetful")
-    assert sink.closed == 1 and sink.outcomes == []
+    assert sink.closes == 1 and sink.outcomes == [] and sink.metrics == [{"step": 1, "reward": 1.0}]
