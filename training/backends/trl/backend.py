@@ -655,6 +655,7 @@ def _agent_grpo_trainer_class():
     from trl import GRPOTrainer
 
     from training.algorithms.advantages import compute_advantages, equal_reward_groups  # brings in torch: imported on first use
+    from training.backends.trl.length_chunks import score_in_chunks  # brings in torch
 
     class AgentGRPOTrainer(GRPOTrainer):
         agent_run: _TRLRun
@@ -682,6 +683,23 @@ def _agent_grpo_trainer_class():
                 self._own_advantages(output)
             run.store_episodes(output)
             return output
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                               compute_entropy=False, compute_aux_loss=False, **multimodal):
+            # Text rows are scored in chunks of similar length without their shared padding
+            # (training.backends.trl.length_chunks). Images, and a MoE's load-balancing loss (a mean over
+            # TRL's chunks), keep TRL's own chunks.
+            whole = super()._get_per_token_logps_and_entropies
+            if compute_aux_loss or any(value is not None for value in multimodal.values()):
+                return whole(model, input_ids, attention_mask, logits_to_keep, batch_size,
+                             compute_entropy, compute_aux_loss, **multimodal)
+
+            def score(ids, mask, keep, rows):
+                logps, entropies, _ = whole(model, ids, mask, keep, rows, compute_entropy)
+                return logps, entropies
+
+            logps, entropies = score_in_chunks(score, input_ids, attention_mask, logits_to_keep, batch_size or input_ids.size(0))
+            return logps, entropies, None
 
         def _own_advantages(self, output):
             algorithm = self.agent_run.config.algorithm
