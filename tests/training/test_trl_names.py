@@ -31,7 +31,8 @@ def test_trl_names_map_onto_ours_and_back_to_trl_unchanged(tmp_path, caplog):
               "max_completion_length": 3, "beta": 0.04, "temperature": 0.9, "top_p": 0.95, "epsilon": 0.3,
               "num_iterations": 2, "max_steps": 2, "logging_steps": 1, "save_strategy": "no", "seed": 7,
               "lr_scheduler_type": "cosine", "warmup_steps": 1, "max_grad_norm": 0.5, "scale_rewards": "none",
-              "loss_type": "dr_grpo", "epsilon_high": 0.35, "importance_sampling_level": "sequence"}
+              "loss_type": "dr_grpo", "epsilon_high": 0.35, "importance_sampling_level": "sequence",
+              "gradient_checkpointing": False}
     with caplog.at_level(logging.INFO, logger="training"):
         trainer = AgentTrainer(train_dataset=[{"prompt": p} for p in "wxyz"], reward_func=batch_reward, config=config,
                                run_path=str(tmp_path), train_engine_name="trl")

@@ -56,6 +56,7 @@ def test_our_keys_land_on_verl_paths(tmp_path):
             "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
             "actor_rollout_ref.actor.use_kl_loss": True,
             "actor_rollout_ref.actor.kl_loss_coef": 0.01,
+            "actor_rollout_ref.model.enable_gradient_checkpointing": False,
             "algorithm.adv_estimator": "rloo",
             "trainer.nnodes": 2,
             "trainer.n_gpus_per_node": 4,
@@ -72,6 +73,7 @@ def test_our_keys_land_on_verl_paths(tmp_path):
     assert verl.actor_rollout_ref.actor.ppo_mini_batch_size == 8
     assert verl.actor_rollout_ref.actor.use_kl_loss is True and verl.actor_rollout_ref.actor.kl_loss_coef == 0.01
     assert verl.algorithm.adv_estimator == "rloo"
+    assert verl.actor_rollout_ref.model.enable_gradient_checkpointing is False
     assert (verl.trainer.nnodes, verl.trainer.n_gpus_per_node) == (2, 4)
     assert verl.trainer.default_local_dir == str(tmp_path / "checkpoints")
     assert verl.ray_kwargs.ray_init.address == "auto"

@@ -148,6 +148,9 @@ KEY_EFFECTS: dict[str, dict[str, Effect]] = {
         verl=mapped("verl's actor_rollout_ref.rollout.dtype (and the verl backend's default bfloat16)"),
         swift=mapped("ms-swift's torch_dtype"),
         remote=no_effect("the service holds the weights in its own precision")),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": row(
+        trl=mapped("TRL's gradient_checkpointing"), swift=mapped("ms-swift's gradient_checkpointing"),
+        remote=no_effect("the service trains on its own machines")),
     "actor_rollout_ref.model.tiny_layers": row(applied("with model.path=tiny-char"), remote=TINY_ON_SERVICE),
     "actor_rollout_ref.model.tiny_hidden_size": row(applied("with model.path=tiny-char"), remote=TINY_ON_SERVICE),
     "actor_rollout_ref.model.lora_rank": row(remote=applied("at least 1: the services train LoRA adapters")),

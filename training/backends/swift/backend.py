@@ -333,6 +333,7 @@ class SwiftProcessor(BuiltinProcessor):
             "dataset_shuffle": cfg.data.shuffle, "report_to": ["none"], "use_vllm": False,
             "check_model": False,  # else ms-swift asks ModelScope's hub whether the model is the latest, sending the run's settings
             "torch_dtype": cfg.actor_rollout_ref.model.dtype, "dataloader_num_workers": 0,
+            "gradient_checkpointing": cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
             "scale_rewards": "group" if cfg.algorithm.norm_adv_by_std_in_grpo else "none",
             **({"resume_from_checkpoint": resume} if resume else {}),
         }

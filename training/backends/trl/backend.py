@@ -191,6 +191,7 @@ class _TRLRun:
             beta=actor.kl_loss_coef if actor.use_kl_loss else 0.0,
             num_iterations=actor.ppo_epochs,
             entropy_coef=actor.entropy_coeff,
+            gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
             **trl_loss_options(cfg),
             **_vllm_server_options(cfg),
             logging_steps=cfg.trainer.log_freq,

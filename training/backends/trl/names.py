@@ -45,6 +45,7 @@ DIRECT = {
     "epsilon": "actor_rollout_ref.actor.clip_ratio",
     "epsilon_high": "actor_rollout_ref.actor.clip_ratio_high",
     "num_iterations": "actor_rollout_ref.actor.ppo_epochs",
+    "gradient_checkpointing": "actor_rollout_ref.model.enable_gradient_checkpointing",
     "entropy_coef": "actor_rollout_ref.actor.entropy_coeff",
     "num_generations": "actor_rollout_ref.rollout.n",
     "temperature": "actor_rollout_ref.rollout.temperature",

@@ -155,6 +155,7 @@ def _our_keys_in_verl(config: Config, run_path: Path) -> dict[str, Any]:
         "actor_rollout_ref.model.tokenizer_path": model.tokenizer_path,
         "actor_rollout_ref.model.trust_remote_code": model.trust_remote_code,
         "actor_rollout_ref.model.lora_rank": model.lora_rank,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": model.enable_gradient_checkpointing,
         "actor_rollout_ref.model.lora_alpha": model.lora_alpha,
         "actor_rollout_ref.model.target_modules": model.target_modules,
         "actor_rollout_ref.model.exclude_modules": model.exclude_modules,

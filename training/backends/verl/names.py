@@ -40,7 +40,6 @@ VERL_NO_EFFECT: tuple[tuple[str, tuple | None, str], ...] = (
     ("*micro_batch_size*", None, "micro-batch size (gradients are the same)"),
     ("actor_rollout_ref.actor.strategy", None, "verl's training engine"),
     ("actor_rollout_ref.model.use_remove_padding", None, "padding-free kernels"),
-    ("actor_rollout_ref.model.enable_gradient_checkpointing", None, "activation checkpointing"),
     ("actor_rollout_ref.model.use_fused_kernels", None, "fused kernels"),
     ("actor_rollout_ref.hybrid_engine", None, "verl's colocated engines"),
     ("actor_rollout_ref.rollout.mode", None, "verl's rollout mode"),
