@@ -59,8 +59,10 @@ TRAIN_TINKER_SH = {
 
 
 def hydra_config(cookbook: str, *overrides: str):
-    """The cookbook's overrides then ours ("$@" in its script), as hydra composes them: later wins."""
-    items = [item.replace("rllm/backend=", "rllm.backend=", 1) for item in (*TRAIN_TINKER_SH[cookbook], *overrides)]
+    """The cookbook's overrides then ours ("$@" in its script), as hydra composes them: later wins.
+    The tiny model: recomputing activations costs more than keeping them (and learns the same, bit for bit)."""
+    ours = ("actor_rollout_ref.model.enable_gradient_checkpointing=false", *overrides)
+    items = [item.replace("rllm/backend=", "rllm.backend=", 1) for item in (*TRAIN_TINKER_SH[cookbook], *ours)]
     return OmegaConf.from_dotlist(items)
 
 
@@ -111,7 +113,7 @@ MATH_QUESTIONS = ["3+4=", "2+5=", "1+6=", "9-2="]
 def train_math(directory: Path, seed: int = 0, steps: int = 5, extra: tuple[str, ...] = ()) -> dict:
     """cookbooks/math's train.py on the tiny model warmed up from ``seed`` (which also seeds the
     trainer), in ``directory``: the rewarded answer's log-probability before and after, the per-step
-    metrics, every metrics record, the episodes and the run folder. bench/solver_judge_seeds.py
+    metrics, every metrics record, the episodes and the run folder. bench/learning_seeds.py
     (``--recipe math``) runs this same recipe over many seeds.
 
     Four answers warmed alike, one rewarded (a quarter of the samples right at the start), at lr
@@ -148,7 +150,7 @@ def train_math(directory: Path, seed: int = 0, steps: int = 5, extra: tuple[str,
 def test_math_cookbook_trains_unchanged_and_learns(tmp_path):
     """cookbooks/math: math_flow asks once through AsyncOpenAI(base_url=config.base_url), the
     evaluator grades the last \\boxed{} of episode.artifacts["answer"]; every answer is 7. The recipe
-    learns on every seed of bench/solver_judge_seeds.py --recipe math (bench/results/math_seeds.json)."""
+    learns on every seed of bench/learning_seeds.py --recipe math (bench/results/math_seeds.json)."""
     trained = train_math(tmp_path)
     metrics, records, episodes, run = trained["metrics"], trained["records"], trained["episodes"], trained["run"]
     assert len(metrics) == 5 and all(m["termination/error"] == m["termination/timeout"] == 0.0 for m in metrics), metrics
@@ -266,7 +268,7 @@ SOLVER_JUDGE_STEPS = 5
 def train_solver_judge(directory: Path, seed: int = 0, steps: int = SOLVER_JUDGE_STEPS, extra: tuple[str, ...] = ()) -> dict:
     """cookbooks/solver_judge_flow's train.py on the tiny model warmed up from ``seed`` (which also
     seeds the trainer's sampling), in ``directory``: the rewarded solver answer's log-probability
-    before and after, the per-step metrics and the run folder. bench/solver_judge_seeds.py runs this
+    before and after, the per-step metrics and the run folder. bench/learning_seeds.py runs this
     same recipe over many seeds; ``extra`` (hydra overrides) is how it tries others."""
     from rllm_cookbook_solver_judge_flow import _create_judge_prompt, _format_countdown_problem
     from rllm_cookbook_solver_judge_train import main
@@ -277,7 +279,7 @@ def train_solver_judge(directory: Path, seed: int = 0, steps: int = SOLVER_JUDGE
     # start, enough signal in 5 steps of 16 episodes (with ten answers, one in ten, the move of the
     # policy in CI ranged from +0.25 to +1.0). At lr 1e-3 one seed in three broke the policy in its
     # first step (reward 0.56 -> 0, the answer's log-probability -1.59 -> -6.96, as on a fresh install
-    # once); 5e-4 learns on every seed of bench/solver_judge_seeds.py.
+    # once); 5e-4 learns on every seed of bench/learning_seeds.py.
     pairs = [(solver_prompt, f"<answer>{d}</answer>") for d in (3, 5, 7, 9)]
     for solutions in (["<answer>7</answer>", "<answer>3</answer>"], ["No solution found", "<answer>7</answer>"]):
         judge = [{"role": "user", "content": _create_judge_prompt(problem, solutions)}]
@@ -304,7 +306,7 @@ def test_solver_judge_cookbook_trains_unchanged_and_learns(tmp_path):
     """cookbooks/solver_judge_flow trained: two solvers in parallel and a judge, each its own call
     and trajectory; the evaluator scores each trajectory with countdown's compute_score (1 only for
     an answer that uses the number 7 once and reaches 7). The recipe learns on every seed of
-    bench/solver_judge_seeds.py (bench/results/solver_judge_seeds.json)."""
+    bench/learning_seeds.py (bench/results/solver_judge_seeds.json)."""
     trained = train_solver_judge(tmp_path)
     metrics, episodes, run = trained["metrics"], trained["episodes"], trained["run"]
     assert len(metrics) == SOLVER_JUDGE_STEPS, metrics

@@ -4,11 +4,14 @@ made through it with the real ``openai`` client are what it trains on."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
 from training import AgentTrainer
@@ -38,6 +41,7 @@ def tiny_config(steps: int, **extra) -> dict:
         "rllm.agent.max_tokens_per_turn": 2,
         "trainer.total_training_steps": steps,
         "trainer.logger": [],
+        "actor_rollout_ref.model.enable_gradient_checkpointing": False,  # the tiny model: recomputing costs more than it saves
         **extra,
     }
 
@@ -146,44 +150,71 @@ def answer_logprob(model, prompts: list[list[int]], target: list[int]) -> float:
     return total / len(prompts)
 
 
-@pytest.mark.slow
-def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged_and_learns(tmp_path, monkeypatch):
-    """rLLM's examples/sdk/solver_judge (train_session.py and solver_judge_flow_session.py) with only
-    their imports changed: two solvers and a judge per episode, each call in its own session(),
-    returned as TrajectoryViews with step rewards from countdown_reward_fn.
+SDK_SOLVER_JUDGE_STEPS = 8
+SDK_SOLVER_JUDGE_RISE = 0.5  # of the rewarded answer's log-probability
+SDK_SOLVER_JUDGE_TASKS = [{"question": f"Reach 7 with 7 and {o}", "nums": [7, o], "target": 7} for o in (3, 2)]
 
-    The tiny model is first warmed up on their formats (``<answer>D</answer>`` for four digits D
-    alike from the solvers, either index from the judge), so its answers vary; then RL must raise
-    the reward: both tasks' target is 7, which a warmed solver writes about one time in four."""
+
+def solver_prompt(task: dict) -> str:
+    return f"{task['question']}. Output the final answer within <answer>...</answer>"
+
+
+def train_sdk_solver_judge(directory: Path, seed: int = 0, steps: int = SDK_SOLVER_JUDGE_STEPS, extra: tuple[str, ...] = ()) -> dict:
+    """rLLM's examples/sdk/solver_judge train_session.py on the tiny model warmed up from ``seed`` (which
+    also seeds the trainer), in ``directory``: the log-probability of ``<answer>7</answer>`` after the
+    solvers' prompts before and after, the per-step metrics and the run folder. bench/learning_seeds.py
+    runs this same recipe over many seeds; ``extra`` (``key=value``) is how it tries others.
+
+    The tiny model is first warmed up on their formats (``<answer>D</answer>`` for four digits D alike
+    from the solvers, either index from the judge), so its answers vary; then RL must raise the
+    reward: both tasks' target is 7, which a warmed solver writes about one time in four."""
     from warm_start import warm_tiny_model
 
-    monkeypatch.syspath_prepend(str(RLLM_EXAMPLE.parent.parent))  # their import of the flow module
+    if str(RLLM_EXAMPLE.parent.parent) not in sys.path:
+        sys.path.insert(0, str(RLLM_EXAMPLE.parent.parent))  # their import of the flow module
     from fixtures.rllm_sdk_solver_judge_flow_session import Judge
 
-    tasks = [{"question": f"Reach 7 with 7 and {o}", "nums": [7, o], "target": 7} for o in (3, 2)]
-    solver_prompts = [[{"role": "user", "content": f"{t['question']}. Output the final answer within <answer>...</answer>"}]
-                      for t in tasks]
-    pairs = [(messages, f"<answer>{d}</answer>") for messages in solver_prompts for d in (3, 5, 7, 9)]
+    tasks = SDK_SOLVER_JUDGE_TASKS
+    pairs = [([{"role": "user", "content": solver_prompt(t)}], f"<answer>{d}</answer>") for t in tasks for d in (3, 5, 7, 9)]
     judge = Judge.__new__(Judge)  # only its prompt builder: no client needed
     for task in tasks:
         for solutions in (["<answer>7</answer>", "<answer>3</answer>"], ["No solution found", "<answer>1</answer>"]):
             prompt = [{"role": "user", "content": judge._create_judge_prompt(task["question"], solutions)}]
             pairs += [(prompt, "<answer>1</answer>"), (prompt, "<answer>2</answer>")]
-    model = warm_tiny_model(tmp_path / "warm", pairs, steps=80)
+    model = warm_tiny_model(directory / "warm", pairs, steps=80, seed=seed)
 
     DatasetRegistry.register_dataset("countdown", tasks, "train")
     DatasetRegistry.register_dataset("countdown", tasks[:1], "test")
     main = import_object(f"{RLLM_EXAMPLE.parent / 'rllm_sdk_solver_judge_train_session.py'}:main")
-    monkeypatch.chdir(tmp_path)
-    main({
-        "actor_rollout_ref.model.path": model, "actor_rollout_ref.actor.optim.lr": 5e-4,
-        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 2,
-        "data.max_prompt_length": 2048, "data.max_response_length": 24, "rllm.agent.max_tokens_per_turn": 20,
-        "trainer.total_training_steps": 8, "trainer.logger": ["jsonl"],
-    })
-    run = tmp_path / "runs"
+    with contextlib.chdir(directory):  # the example trains into AgentTrainer's default run_path, ./runs
+        main({
+            "actor_rollout_ref.model.path": model, "actor_rollout_ref.actor.optim.lr": 5e-4,
+            "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 2,
+            "data.max_prompt_length": 2048, "data.max_response_length": 24, "rllm.agent.max_tokens_per_turn": 20,
+            "trainer.total_training_steps": steps, "trainer.seed": seed, "trainer.logger": ["jsonl"],
+            "actor_rollout_ref.model.enable_gradient_checkpointing": False,  # the tiny model: recomputing costs more than it saves
+            **{key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in extra)},
+        })
+    run = directory / "runs"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
-    assert len(metrics) == 8 and all(m["termination/error"] == 0.0 for m in metrics)
+    warm, trained = (AutoModelForCausalLM.from_pretrained(path) for path in (model, run / "final_model"))
+    tokenizer = build_char_tokenizer()
+    prompts = [encode(tokenizer, solver_prompt(t)) for t in tasks]
+    target = encode(tokenizer, "<answer>7</answer>")
+    return {"before": answer_logprob(warm, prompts, target), "after": answer_logprob(trained, prompts, target),
+            "metrics": metrics, "model": model, "run": run, "warm": warm, "trained": trained}
+
+
+@pytest.mark.slow
+def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged_and_learns(tmp_path):
+    """rLLM's examples/sdk/solver_judge (train_session.py and solver_judge_flow_session.py) with only
+    their imports changed: two solvers and a judge per episode, each call in its own session(),
+    returned as TrajectoryViews with step rewards from countdown_reward_fn. The recipe
+    (``train_sdk_solver_judge``) learns on every seed of bench/learning_seeds.py
+    (bench/results/sdk_solver_judge_seeds.json)."""
+    trained = train_sdk_solver_judge(tmp_path)
+    metrics, run = trained["metrics"], trained["run"]
+    assert len(metrics) == SDK_SOLVER_JUDGE_STEPS and all(m["termination/error"] == 0.0 for m in metrics)
     assert all(m["rows"] == 3 * 16 for m in metrics)  # every solver and the judge trained, each its own row
     rewards = [m["reward"] for m in metrics]  # per episode: both solvers' and the judge's, 0 to 3
     assert any(r > 0 for r in rewards), rewards  # the reward ran and paid
@@ -192,12 +223,8 @@ def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged_and_learns(tmp_path,
     # [0.51, 0.23 ... 0.21, 0.20, 0.24, 0.46]). The learning is read from the policy without
     # sampling: the log-probability of <answer>7</answer>. lr 5e-4: at 1e-3 a run under load
     # overshot (-2.49 -> -3.68) after its reward had risen.
-    warm, trained = (AutoModelForCausalLM.from_pretrained(path) for path in (model, run / "final_model"))
-    tokenizer = build_char_tokenizer()
-    prompts = [encode(tokenizer, f"{t['question']}. Output the final answer within <answer>...</answer>") for t in tasks]
-    target = encode(tokenizer, "<answer>7</answer>")
-    before_lp, after_lp = answer_logprob(warm, prompts, target), answer_logprob(trained, prompts, target)
-    assert after_lp > before_lp + 0.5, (before_lp, after_lp, rewards)
+    assert trained["after"] > trained["before"] + SDK_SOLVER_JUDGE_RISE, (trained["before"], trained["after"], rewards)
+    warm, trained, tokenizer = trained["warm"], trained["trained"], build_char_tokenizer()
     before, after = warm.state_dict(), trained.state_dict()
     assert sum(not torch.equal(before[name], after[name]) for name in before) > len(before) // 2
     episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
