@@ -35,7 +35,7 @@ from training.types import Episode, Step, Task, Trajectory
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
-from warm_start import answer_logprob, sampled_accuracy, warm_tiny_model  # noqa: E402
+from warm_start import NO_CHECKPOINTING, answer_logprob, sampled_accuracy, warm_tiny_model  # noqa: E402
 
 TOKENIZER = build_char_tokenizer()
 
@@ -59,9 +59,8 @@ TRAIN_TINKER_SH = {
 
 
 def hydra_config(cookbook: str, *overrides: str):
-    """The cookbook's overrides then ours ("$@" in its script), as hydra composes them: later wins.
-    The tiny model: recomputing activations costs more than keeping them (and learns the same, bit for bit)."""
-    ours = ("actor_rollout_ref.model.enable_gradient_checkpointing=false", *overrides)
+    """The cookbook's overrides then ours ("$@" in its script), as hydra composes them: later wins."""
+    ours = (*(f"{key}={str(value).lower()}" for key, value in NO_CHECKPOINTING.items()), *overrides)
     items = [item.replace("rllm/backend=", "rllm.backend=", 1) for item in (*TRAIN_TINKER_SH[cookbook], *ours)]
     return OmegaConf.from_dotlist(items)
 

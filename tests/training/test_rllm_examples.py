@@ -29,7 +29,7 @@ from rllm_frozenlake_agent import FrozenLakeAgent  # noqa: E402
 from rllm_frozenlake_env import FrozenLakeEnv  # noqa: E402
 from rllm_math_agent import MathAgent  # noqa: E402
 from rllm_solver_judge_flow import Judge, SolverJudgeWorkflow  # noqa: E402
-from warm_start import warm_tiny_model  # noqa: E402
+from warm_start import NO_CHECKPOINTING, warm_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -63,8 +63,7 @@ def base_config(model: str, steps: int, **extra) -> dict:
         "trainer.total_training_steps": steps,
         "trainer.logger": [],
         "trainer.cpu_threads": 1,
-        # The tiny model: recomputing activations costs more than keeping them (and learns the same, bit for bit).
-        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        **NO_CHECKPOINTING,
         **extra,
     }
 

@@ -48,7 +48,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 from rllm_frozenlake_agent import FrozenLakeAgent  # noqa: E402
 from rllm_frozenlake_env import FrozenLakeEnv, generate_random_map  # noqa: E402
-from warm_start import answer_logprob, warm_tiny_model  # noqa: E402
+from warm_start import NO_CHECKPOINTING, answer_logprob, warm_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -138,8 +138,7 @@ def test_rllm_frozenlake_workflow_example_learns_to_reach_the_goal(tmp_path, mon
         "data.train_batch_size": 1, "data.max_prompt_length": 2048,
         "data.max_response_length": 640, "rllm.agent.max_tokens_per_turn": 12,
         "trainer.total_training_steps": 12, "trainer.test_freq": 0, "trainer.logger": ["jsonl"], "trainer.cpu_threads": 1,
-        # The tiny model: recomputing activations costs more than keeping them (and learns the same, bit for bit).
-        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        **NO_CHECKPOINTING,
         # One episode at a time: concurrent episodes share generation batches made as their turns
         # arrive, so the machine's load changed the samples from step 3 on (a full suite's run
         # sampled otherwise than an idle one, and its policy collapsed); one at a time, every run

@@ -41,7 +41,7 @@ from training.utils import import_object
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from warm_start import answer_logprob, warm_tiny_model  # noqa: E402
+from warm_start import NO_CHECKPOINTING, answer_logprob, warm_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +49,7 @@ TINY = {  # the tiny model on two CPU cores instead of a 1.5B model on eight GPU
     "actor_rollout_ref.actor.optim.lr": 1e-2, "actor_rollout_ref.rollout.n": 4, "data.train_batch_size": 2,
     "data.max_prompt_length": 4096, "trainer.total_training_steps": 2, "trainer.logger": ["jsonl"],
     "trainer.cpu_threads": 1,
-    # The tiny model: recomputing activations costs more than keeping them (and learns the same, bit for bit).
-    "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+    **NO_CHECKPOINTING,
 }
 
 

@@ -21,6 +21,7 @@ from training.errors import TooManyEpisodeErrors
 from training.agents.sdk import get_chat_client
 from training.rollouts.tiny import build_char_tokenizer, build_tiny_model
 from training.utils import import_object
+from warm_start import NO_CHECKPOINTING
 
 RLLM_EXAMPLE = Path(__file__).parents[1] / "fixtures" / "rllm_sdk_hendrycks_math.py"
 QUESTIONS = ["3+4=", "2+5=", "1+6=", "9-2="]
@@ -41,7 +42,7 @@ def tiny_config(steps: int, **extra) -> dict:
         "rllm.agent.max_tokens_per_turn": 2,
         "trainer.total_training_steps": steps,
         "trainer.logger": [],
-        "actor_rollout_ref.model.enable_gradient_checkpointing": False,  # the tiny model: recomputing costs more than it saves
+        **NO_CHECKPOINTING,
         **extra,
     }
 
@@ -192,7 +193,7 @@ def train_sdk_solver_judge(directory: Path, seed: int = 0, steps: int = SDK_SOLV
             "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 2,
             "data.max_prompt_length": 2048, "data.max_response_length": 24, "rllm.agent.max_tokens_per_turn": 20,
             "trainer.total_training_steps": steps, "trainer.seed": seed, "trainer.logger": ["jsonl"],
-            "actor_rollout_ref.model.enable_gradient_checkpointing": False,  # the tiny model: recomputing costs more than it saves
+            **NO_CHECKPOINTING,
             **{key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in extra)},
         })
     run = directory / "runs"

@@ -16,6 +16,7 @@ from task_rewards import PROMPTS
 from training import AgentTrainer
 from training.errors import RunSuperseded
 from training.backends.swift.backend import DEFAULT_PYTHON, environment_problem
+from warm_start import NO_CHECKPOINTING
 
 pytestmark = pytest.mark.slow
 needs_swift_env = pytest.mark.skipif(
@@ -35,7 +36,7 @@ def config(steps, **extra):
         "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.actor.optim.lr": 3e-2,
         "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 2,
         "trainer.total_training_steps": steps, "trainer.logger": ["jsonl"],
-        "actor_rollout_ref.model.enable_gradient_checkpointing": False, **extra,  # the tiny model: recomputing costs more than it saves
+        **NO_CHECKPOINTING, **extra,
     }
 
 

@@ -52,6 +52,10 @@ def warm_tiny_model(
     return str(directory)
 
 
+# What a tiny-model training run sets: it trains faster keeping its activations than recomputing them,
+# with the same gradients bit for bit.
+NO_CHECKPOINTING = {"actor_rollout_ref.model.enable_gradient_checkpointing": False}
+
 WARM_MODELS = Path(__file__).resolve().parents[2] / "var" / "test-cache" / "warm-models"
 # Whatever the warmed weights depend on, besides the arguments.
 _CODE = [Path(__file__), *(Path(__file__).resolve().parents[2] / "training" / name for name in ("rollouts/tiny.py", "rendering.py"))]
