@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
 from training import AgentTrainer, RewardOutput, SingleTurnEnvironment
@@ -52,6 +53,11 @@ def assert_no_failed_episodes(reported: list[dict]) -> None:
     assert reported, "no step was reported"
     for metrics in reported:
         assert metrics["error_rate"] == 0.0 and metrics["termination/timeout"] == 0.0, metrics
+
+
+def overrides(items: tuple[str, ...]) -> dict:
+    """``key=value`` items (a bench's ``--set``) as config entries, each value read as YAML."""
+    return {key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in items)}
 
 
 def base_config(model: str, steps: int, **extra) -> dict:
@@ -221,37 +227,56 @@ def frozenlake_warmup_pairs(tasks: list[dict], agent_args: dict) -> list[tuple[l
     return list({(repr(messages), reply): (messages, reply) for messages, reply in pairs}.values())
 
 
-def test_frozenlake_agent_and_env_from_rllm_learn_to_reach_the_goal(tmp_path, sink):
-    """rLLM's FrozenLakeAgent and FrozenLakeEnv, unchanged but for their imports (the agent sets
-    ``Step(thought=...)``, which used to kill every episode). A randomly initialised model never
-    writes a fenced move, so the reward could not move: the test first warms the tiny model on the
-    environment's own moves in rLLM's format, with no preference among them, then RL must raise
-    the share of episodes that reach the goal."""
+FROZENLAKE_STEPS = 12
+
+
+def train_frozenlake(directory: Path, seed: int = 0, steps: int = FROZENLAKE_STEPS, extra: tuple[str, ...] = ()) -> dict:
+    """rLLM's FrozenLakeAgent and FrozenLakeEnv on the tiny model warmed up from ``seed`` (which also
+    seeds the trainer's sampling), in ``directory``: the mean reward of the first and the last three
+    steps, the per-step metrics, the episodes and the result. bench/learning_seeds.py runs this same
+    recipe over many seeds; ``extra`` (``key=value``) is how it tries others."""
+    from recording_sink import RecordingSink
+
     agent_args = {"max_steps": 1, "use_accumulate_history": False}
-    tasks = [{"size": 2, "p": 0.8, "seed": seed, "max_steps": 1, "is_slippery": False} for seed in FROZENLAKE_SEEDS]
-    model = warm_tiny_model(tmp_path / "warm", frozenlake_warmup_pairs(tasks, agent_args), steps=200)
+    tasks = [{"size": 2, "p": 0.8, "seed": lake, "max_steps": 1, "is_slippery": False} for lake in FROZENLAKE_SEEDS]
+    model = warm_tiny_model(directory / "warm", frozenlake_warmup_pairs(tasks, agent_args), steps=200, seed=seed)
+    sink = RecordingSink()
     trainer = AgentTrainer(
         agent_class=FrozenLakeAgent,
         env_class=FrozenLakeEnv,
         agent_args=agent_args,
-        config=base_config(model, 12, **{
+        config=base_config(model, steps, **{
             "actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.actor.optim.lr": 5e-4,
             "data.max_prompt_length": 2048, "data.max_response_length": 48,
-            "rllm.agent.max_steps": 1, "rllm.agent.max_tokens_per_turn": 12,
+            "rllm.agent.max_steps": 1, "rllm.agent.max_tokens_per_turn": 12, "trainer.seed": seed,
+            **overrides(extra),
         }),
         train_dataset=tasks,
-        run_path=str(tmp_path / "run"),
+        run_path=str(directory / "run"),
         sinks=[sink],
     )
     result = trainer.train()
-    assert result.steps == 12
-    assert_no_failed_episodes(sink.metrics)
-    assert_learnt(model, result)
-    steps = [s for e in sink.episodes for t in e["trajectories"] for s in t["steps"]]
-    assert steps and all(s["thought"] is not None and s["observation"] for s in steps)
-    assert {e["termination_reason"] for e in sink.episodes} <= {"max_turns", "env_done", "max_response_length"}
     rewards = [m["reward"] for m in sink.metrics]
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+    return {"before": sum(rewards[:3]) / 3, "after": sum(rewards[-3:]) / 3, "metrics": sink.metrics,
+            "episodes": sink.episodes, "model": model, "result": result}
+
+
+def test_frozenlake_agent_and_env_from_rllm_learn_to_reach_the_goal(tmp_path):
+    """rLLM's FrozenLakeAgent and FrozenLakeEnv, unchanged but for their imports (the agent sets
+    ``Step(thought=...)``, which used to kill every episode). A randomly initialised model never
+    writes a fenced move, so the reward could not move: the test first warms the tiny model on the
+    environment's own moves in rLLM's format, with no preference among them, then RL must raise
+    the share of episodes that reach the goal. The recipe learns on every seed of
+    bench/learning_seeds.py (bench/results/frozenlake_example_seeds.json)."""
+    trained = train_frozenlake(tmp_path)
+    result, metrics, episodes = trained["result"], trained["metrics"], trained["episodes"]
+    assert result.steps == FROZENLAKE_STEPS
+    assert_no_failed_episodes(metrics)
+    assert_learnt(trained["model"], result)
+    steps = [s for e in episodes for t in e["trajectories"] for s in t["steps"]]
+    assert steps and all(s["thought"] is not None and s["observation"] for s in steps)
+    assert {e["termination_reason"] for e in episodes} <= {"max_turns", "env_done", "max_response_length"}
+    assert trained["after"] > trained["before"] + 0.2, [m["reward"] for m in metrics]
 
 
 # -- rLLM's agent-plus-environment workflows: SingleTurnWorkflow and CumulativeWorkflow -----------------
