@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import fcntl
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +22,8 @@ DatasetBuilder = Callable[[], dict[str, list[dict] | datasets.Dataset]]
 _FILE_BUILDERS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _BUILDERS: dict[str, DatasetBuilder] = {}
 _BUILT: dict[str, dict[str, datasets.Dataset]] = {}
+_SHADOWED_SAID: set[tuple[str, str]] = set()  # (name, split) whose stored copy this process has warned about
+_log = logging.getLogger("training.data")  # a child of the library's logger (training/log.py), which handlers read
 
 
 def register_dataset(name: str, builder: DatasetBuilder) -> None:
@@ -174,7 +177,14 @@ class DatasetRegistry:
     def splits(cls, name: str) -> dict[str, datasets.Dataset]:
         """Every split of ``name``: the built-in ones, then those on disk, then this process's own."""
         found = dict(_build(name)) if name in _BUILDERS else {}
-        found.update(_Stored.load(name))
+        stored = _Stored.load(name)
+        for split in sorted(set(found) & set(stored) - set(cls._splits.get(name, {})) - {s for n, s in _SHADOWED_SAID if n == name}):
+            # Registered on disk by some earlier script, perhaps long ago: say so, or its rows pass for the built-in ones.
+            _SHADOWED_SAID.add((name, split))
+            _log.warning("dataset %r split %r: the rows registered in %s replace the built-in split; "
+                         "DatasetRegistry.remove_dataset_split(%r, %r) brings the built-in one back.",
+                         name, split, registry_home() / name, name, split)
+        found.update(stored)
         found.update(cls._splits.get(name, {}))
         return found
 
