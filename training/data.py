@@ -178,14 +178,17 @@ class DatasetRegistry:
         """Every split of ``name``: the built-in ones, then those on disk, then this process's own."""
         found = dict(_build(name)) if name in _BUILDERS else {}
         stored = _Stored.load(name)
-        for split in sorted(set(found) & set(stored) - set(cls._splits.get(name, {})) - {s for n, s in _SHADOWED_SAID if n == name}):
+        own = cls._splits.get(name, {})
+        for split in sorted((found.keys() & stored.keys()) - own.keys()):
             # Registered on disk by some earlier script, perhaps long ago: say so, or its rows pass for the built-in ones.
+            if (name, split) in _SHADOWED_SAID:
+                continue
             _SHADOWED_SAID.add((name, split))
             _log.warning("dataset %r split %r: the rows registered in %s replace the built-in split; "
                          "DatasetRegistry.remove_dataset_split(%r, %r) brings the built-in one back.",
                          name, split, registry_home() / name, name, split)
         found.update(stored)
-        found.update(cls._splits.get(name, {}))
+        found.update(own)
         return found
 
     @classmethod

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from recording_sink import RecordingSink
+from learning_recipes import RecordingSink
 
 
 @pytest.fixture(autouse=True, scope="module")

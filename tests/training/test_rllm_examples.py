@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from transformers import AutoModelForCausalLM
 
 from training import AgentTrainer, RewardOutput, SingleTurnEnvironment
@@ -53,11 +52,6 @@ def assert_no_failed_episodes(reported: list[dict]) -> None:
     assert reported, "no step was reported"
     for metrics in reported:
         assert metrics["error_rate"] == 0.0 and metrics["termination/timeout"] == 0.0, metrics
-
-
-def overrides(items: tuple[str, ...]) -> dict:
-    """``key=value`` items (a bench's ``--set``) as config entries, each value read as YAML."""
-    return {key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in items)}
 
 
 def base_config(model: str, steps: int, **extra) -> dict:
@@ -235,7 +229,7 @@ def train_frozenlake(directory: Path, seed: int = 0, steps: int = FROZENLAKE_STE
     seeds the trainer's sampling), in ``directory``: the mean reward of the first and the last three
     steps, the per-step metrics, the episodes and the result. bench/learning_seeds.py runs this same
     recipe over many seeds; ``extra`` (``key=value``) is how it tries others."""
-    from recording_sink import RecordingSink
+    from learning_recipes import RecordingSink, overrides
 
     agent_args = {"max_steps": 1, "use_accumulate_history": False}
     tasks = [{"size": 2, "p": 0.8, "seed": lake, "max_steps": 1, "is_slippery": False} for lake in FROZENLAKE_SEEDS]

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from transformers import AutoModelForCausalLM
 
 from training.data import DatasetRegistry
@@ -50,6 +49,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 from rllm_frozenlake_agent import FrozenLakeAgent  # noqa: E402
 from rllm_frozenlake_env import FrozenLakeEnv, generate_random_map  # noqa: E402
+from learning_recipes import overrides  # noqa: E402
 from warm_start import NO_CHECKPOINTING, answer_logprob, warm_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -160,7 +160,7 @@ def train_workflow(directory: Path, seed: int = 0, steps: int = STEPS, extra: tu
             # sampled otherwise than an idle one, and its policy collapsed); one at a time, every run
             # samples alike.
             "rllm.agent.n_parallel_tasks": 1,
-            **{key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in extra)},
+            **overrides(extra),
         })
     return taught(directory / "runs", model, prompts)
 

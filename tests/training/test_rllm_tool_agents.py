@@ -33,7 +33,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from transformers import AutoModelForCausalLM
 
 import training.rewards
@@ -44,6 +43,7 @@ from training.utils import import_object
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning_recipes import overrides  # noqa: E402
 from warm_start import NO_CHECKPOINTING, answer_logprob, warm_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -185,7 +185,7 @@ def assert_learnt(trained: dict, rise: float) -> None:
 
 def with_seed(seed: int, extra: tuple[str, ...]) -> dict:
     """The trainer's seed and a bench's ``key=value`` overrides (values read as YAML), as config entries."""
-    return {"trainer.seed": seed, **{key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in extra)}}
+    return {"trainer.seed": seed, **overrides(extra)}
 
 
 MATH_TOOL_RISE = 0.1

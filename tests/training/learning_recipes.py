@@ -1,6 +1,14 @@
-"""A metric sink for tests and the learning benches, which call test recipes outside pytest."""
+"""What the learning tests' recipes share with bench/learning_seeds.py, which calls them outside pytest:
+a metric sink that keeps what it is given, and the bench's ``--set key=value`` items as config entries."""
 
 from __future__ import annotations
+
+import yaml
+
+
+def overrides(items: tuple[str, ...]) -> dict:
+    """``key=value`` items (a bench's ``--set``) as config entries, each value read as YAML."""
+    return {key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in items)}
 
 
 class RecordingSink:
