@@ -74,14 +74,35 @@ def cpu_report(folder: Path, top: int) -> dict:
     """The CPU seconds per test file (and the slowest tests) that a run with SUITE_CPU_REPORT wrote."""
     tests: dict[str, float] = {}
     for path in sorted(folder.glob("*.json")):
-        tests.update(json.loads(path.read_text()))
+        if not path.name.endswith(".wall.json"):
+            tests.update(json.loads(path.read_text()))
     files: dict[str, float] = defaultdict(float)
     for nodeid, seconds in tests.items():
         files[nodeid.split("::")[0]] += seconds
     ranked = sorted(files.items(), key=lambda item: item[1], reverse=True)
     return {"tests": len(tests), "cpu_s_in_tests": round(sum(tests.values()), 1),
             "files": {name: round(seconds, 1) for name, seconds in ranked[:top]},
-            "slowest_tests": {name: seconds for name, seconds in sorted(tests.items(), key=lambda item: item[1], reverse=True)[:top]}}
+            "slowest_tests": {name: seconds for name, seconds in sorted(tests.items(), key=lambda item: item[1], reverse=True)[:top]},
+            **wall_report(folder, tests, top)}
+
+
+def wall_report(folder: Path, cpu: dict[str, float], top: int) -> dict:
+    """Where the wall clock went: each test process's span and how long it sat idle after its last
+    test (waiting for the others to finish), and the tests that took the most wall time for their CPU
+    (they wait: on servers, timeouts, heartbeats)."""
+    spans, walls = {}, {}
+    for path in sorted(folder.glob("*.wall.json")):
+        times = json.loads(path.read_text())
+        walls.update({name: end - start for name, (start, end) in times.items()})
+        if times:
+            spans[path.name.removesuffix(".wall.json")] = (min(s for s, _ in times.values()), max(e for _, e in times.values()))
+    if not spans:
+        return {}
+    first, last = min(s for s, _ in spans.values()), max(e for _, e in spans.values())
+    waiting = sorted(((wall - cpu.get(name, 0.0), name) for name, wall in walls.items()), reverse=True)
+    return {"wall": {"first_test_to_last_s": round(last - first, 1),
+                     "idle_after_its_last_test_s": {name: round(last - end, 1) for name, (_, end) in sorted(spans.items())},
+                     "wall_minus_cpu_s_most": {name: round(gap, 1) for gap, name in waiting[:top]}}}
 
 
 def main() -> None:

@@ -54,8 +54,11 @@ def pytest_collection_finish(session):
 # -- where the CPU goes: ``SUITE_CPU_REPORT=<folder>`` ---------------------------------------------
 # Each test process writes ``<folder>/<worker>.json``: per test, the CPU seconds (user + sys) of the
 # process and of the children it waited for during the test (its servers, workers and training
-# processes, once reaped). ``python bench/suite_time.py --cpu-report <folder>`` sums them per file.
+# processes, once reaped); and ``<worker>.wall.json``: when each test began and ended (Unix seconds),
+# which shows where the run's wall clock went (a process idle at the end, tests that wait).
+# ``python bench/suite_time.py --cpu-report <folder>`` sums them per file.
 _cpu: dict[str, float] = {}
+_wall: dict[str, tuple[float, float]] = {}
 
 
 def _cpu_now() -> float:
@@ -70,9 +73,12 @@ def pytest_runtest_protocol(item, nextitem):
     if not os.environ.get("SUITE_CPU_REPORT"):
         yield
         return
-    began = _cpu_now()
+    import time
+
+    began, started = _cpu_now(), time.time()
     yield
     _cpu[item.nodeid] = round(_cpu_now() - began, 3)
+    _wall[item.nodeid] = (round(started, 2), round(time.time(), 2))
 
 
 def pytest_sessionfinish(session):
@@ -83,3 +89,4 @@ def pytest_sessionfinish(session):
         Path(folder).mkdir(parents=True, exist_ok=True)
         name = os.environ.get("PYTEST_XDIST_WORKER", "main")
         (Path(folder) / f"{name}.json").write_text(json.dumps(_cpu, indent=0))
+        (Path(folder) / f"{name}.wall.json").write_text(json.dumps(_wall, indent=0))

@@ -121,15 +121,18 @@ def tail():
 def embedded_platform(request, tmp_path, tail):
     """``manage.py platform`` (SQLite, the file broker and channel layer) on a free port, stopped with
     Ctrl-C after the test; ``@pytest.mark.parametrize("embedded_platform", [[args]], indirect=True)``
-    adds arguments (``--no-demo-run``). Its address and login are chosen as the README says
-    ($PLATFORM_PORT, $PLATFORM_DEMO_USERNAME, $PLATFORM_DEMO_PASSWORD); ``login`` is the pair."""
+    adds arguments (``--no-demo-run``), and ``[{"args": [...], "env": {...}}]`` settings too. Its
+    address and login are chosen as the README says ($PLATFORM_PORT, $PLATFORM_DEMO_USERNAME,
+    $PLATFORM_DEMO_PASSWORD); ``login`` is the pair."""
+    param = getattr(request, "param", [])
+    args, settings = (param.get("args", []), param.get("env", {})) if isinstance(param, dict) else (param, {})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
     login = ("ada", "not-the-demo-password")
     env.update({"PLATFORM_VAR_DIR": str(tmp_path / "var"), "RUN_HEARTBEAT_SECONDS": "1", "PLATFORM_PORT": str(port),
-                "PLATFORM_DEMO_USERNAME": login[0], "PLATFORM_DEMO_PASSWORD": login[1]})
+                "PLATFORM_DEMO_USERNAME": login[0], "PLATFORM_DEMO_PASSWORD": login[1], **settings})
     log = tmp_path / "platform.log"
     # A child inherits an ignored SIGINT (a shell ignores it in the commands it starts in the
     # background), and Python then raises no KeyboardInterrupt in it: Ctrl-C would do nothing. A
@@ -137,7 +140,7 @@ def embedded_platform(request, tmp_path, tail):
     # that a platform that does not stop is killed with its web server and worker, none left behind.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        process = subprocess.Popen([sys.executable, "manage.py", "platform", *getattr(request, "param", [])], cwd=ROOT, env=env,
+        process = subprocess.Popen([sys.executable, "manage.py", "platform", *args], cwd=ROOT, env=env,
                                    stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         signal.signal(signal.SIGINT, previous)
