@@ -144,6 +144,31 @@ def test_bad_key_names_the_verl_path():
     assert "Did you mean 'actor_rollout_ref.actor.fsdp_config.param_offload'" in str(error.value)
 
 
+@pytest.mark.parametrize("groups", [(), (("model_engine", "dp"),), (("model_engine", "megatron"),)])
+def test_verls_defaults_composed_from_its_folder_are_those_its_module_composes(groups):
+    from hydra import compose, initialize_config_module
+
+    from training.backends.verl.names import _verl_defaults_yaml
+
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        through_module = OmegaConf.to_yaml(compose("ppo_trainer", overrides=[f"{k}={v}" for k, v in groups]))
+    assert _verl_defaults_yaml(groups) == through_module
+
+
+def test_telling_an_unknown_key_from_verls_imports_neither_verl_nor_torch():
+    """A typo in the CLI or the run form is answered in about a second, not after verl's imports."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom training.config import Config\n"
+            "try:\n    Config.build({'data.train_batchsize': 2})\nexcept ValueError as exc:\n    print(exc)\n"
+            "print(sorted(name for name in ('verl', 'torch', 'ray', 'tensordict') if name in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.splitlines()
+    assert out[0] == "data.train_batchsize: unknown config key. Did you mean 'data.train_batch_size'?"
+    assert out[-1] == "[]"
+
+
 def test_verl_rejects_an_inconsistent_config():
     config = Config.build({"actor_rollout_ref.model.path": "some/model"})
     # Fixed-size micro-batches without a size: verl's validate_config refuses and names the key.
