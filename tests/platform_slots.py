@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,6 @@ def pytest_runtest_protocol(item, nextitem):
     if not os.environ.get("SUITE_CPU_REPORT"):
         yield
         return
-    import time
-
     began, started = _cpu_now(), time.time()
     yield
     _cpu[item.nodeid] = round(_cpu_now() - began, 3)
