@@ -37,11 +37,16 @@ RECIPES = {
     "frozenlake_cookbook": ("test_rllm_frozenlake_learning", "train_cookbook", "logprob_likeliest", 0.3, None),
     "math_tool": ("test_rllm_tool_agents", "train_math_tool", "logprob", 0.1, None),
     "search": ("test_rllm_tool_agents", "train_search", "logprob", 0.2, None),
+    "single_turn_workflow": ("test_rllm_examples", "train_single_turn_workflow", "logprob", 0.3, None),
+    "math_agent": ("test_rllm_examples", "train_math_agent", "reward", 0.2, None),
+    "trl_single_turn": ("test_trl_smoke", "train_single_turn", "reward", 0.3, None),
+    "trl_multi_turn": ("test_trl_smoke", "train_multi_turn", "reward_5", 0.05, None),
 }
 ASSERTED = {
     "logprob": "the log-probability of the rewarded answer rises by more than {rise}",
     "sampled_accuracy": "the share of sampled answers graded right (temperature 0.6) rises by more than {rise}",
     "reward": "the mean reward of the last three steps exceeds the first three's by more than {rise}",
+    "reward_5": "the mean reward of the last five steps exceeds the first five's by more than {rise}",
     "logprob_likeliest": "the log-probability of the winning move rises by more than {rise}, and it is the likeliest move after",
 }
 

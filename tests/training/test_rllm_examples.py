@@ -77,25 +77,39 @@ def a_to_m_reward_fn(task_info: dict, action: str) -> RewardOutput:
     return RewardOutput(reward=float(correct), is_correct=correct)
 
 
-def test_math_agent_with_single_turn_environment_and_a_reward_fn_in_env_args(tmp_path, sink):
+def train_math_agent(directory: Path, seed: int = 0, extra: tuple[str, ...] = ()) -> dict:
+    """rLLM's MathAgent with SingleTurnEnvironment and a reward function in env_args, 12 steps from the
+    untrained tiny model (``seed`` seeds the trainer), in ``directory``: the mean reward of the first and
+    the last three steps. bench/learning_seeds.py runs this recipe over many seeds; ``extra`` tries others."""
+    from learning_recipes import RecordingSink, overrides
+
     questions = [{"question": q, "data_source": "math"} for q in ("1+1=", "2+2=", "3+3=", "4+4=")]
+    sink = RecordingSink()
     trainer = AgentTrainer(
         agent_class=MathAgent,
         agent_args={},
         env_args={"reward_fn": a_to_m_reward_fn},
         env_class=SingleTurnEnvironment,
         config=base_config("tiny-char", 12, **{"actor_rollout_ref.rollout.n": 8, "data.max_response_length": 2,
-                                               "rllm.agent.max_steps": 1}),
+                                               "rllm.agent.max_steps": 1, "trainer.seed": seed, **overrides(extra)}),
         train_dataset=questions,
-        run_path=str(tmp_path),
+        run_path=str(directory),
         sinks=[sink],
     )
     result = trainer.train()
+    rewards = [m["reward"] for m in sink.metrics]
+    return {"before": sum(rewards[:3]) / 3, "after": sum(rewards[-3:]) / 3, "metrics": sink.metrics, "episodes": sink.episodes,
+            "result": result, "sink": sink}
+
+
+def test_math_agent_with_single_turn_environment_and_a_reward_fn_in_env_args(tmp_path):
+    """The recipe learns on every seed of bench/learning_seeds.py (bench/results/math_agent_seeds.json)."""
+    trained = train_math_agent(tmp_path)
+    result, sink = trained["result"], trained["sink"]
     assert result.steps == 12
     assert_no_failed_episodes(sink.metrics)
     assert_learnt(tmp_path / "base_model", result)
-    rewards = [m["reward"] for m in sink.metrics]
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+    assert trained["after"] > trained["before"] + 0.2, [m["reward"] for m in sink.metrics]
     # config.yaml records the function by its import path (a raw function made yaml raise before).
     assert f"{__name__}.a_to_m_reward_fn" in (tmp_path / "config.yaml").read_text()
 
@@ -287,16 +301,17 @@ def own_dataset_registry(monkeypatch):
     return DatasetRegistry
 
 
-def run_rllm_example(script: str, tmp_path: Path, monkeypatch, config: dict) -> tuple[Path, list[dict], list[dict]]:
-    """Run an rLLM train script's ``main`` in ``tmp_path`` (it trains into AgentTrainer's default
+def run_rllm_example(script: str, directory: Path, config: dict) -> tuple[Path, list[dict], list[dict]]:
+    """Run an rLLM train script's ``main`` in ``directory`` (it trains into AgentTrainer's default
     ./runs); return the run's directory, its per-step metrics and its episodes."""
+    import contextlib
     import json
 
     from training.utils import import_object
 
-    monkeypatch.chdir(tmp_path)
-    import_object(f"{FIXTURES / script}:main")({**config, "trainer.logger": ["jsonl"]})  # hydra passes a given config through
-    run = tmp_path / "runs"
+    with contextlib.chdir(directory):
+        import_object(f"{FIXTURES / script}:main")({**config, "trainer.logger": ["jsonl"]})  # hydra passes a given config through
+    run = directory / "runs"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
     episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
     return run, metrics, episodes
@@ -314,30 +329,57 @@ def answer_logprob(model_path: str | Path, prompts: list[list[int]], answer: lis
     return total / len(prompts)
 
 
-def test_rllm_single_turn_workflow_example_trains_unchanged(tmp_path, monkeypatch, own_dataset_registry):
-    """rLLM's examples/simple_math/workflow/single_turn_workflow/train_hendrycks_math.py with only
-    its imports changed: SingleTurnWorkflow with rLLM's MathAgent and SingleTurnEnvironment scored
-    by math_reward_fn. The tiny model is first taught to answer with a digit, every digit alike;
-    RL must then make the right one (7) likelier."""
+SINGLE_TURN_QUESTIONS = ["3+4=", "2+5=", "1+6=", "9-2="]
+# 8 steps at 5e-4 learn on every seed, and alike when run twice side by side; 4 steps at 3e-3 (the
+# former recipe, which failed once in the suite) or 1e-3 each left a seed flat or collapsed
+# (bench/results/single_turn_workflow_seeds*.json).
+SINGLE_TURN_LR = 5e-4
+SINGLE_TURN_STEPS = 8
+
+
+def train_single_turn_workflow(directory: Path, seed: int = 0, extra: tuple[str, ...] = ()) -> dict:
+    """rLLM's single-turn workflow example on the tiny model warmed up from ``seed`` to answer with a
+    digit, every digit alike (``seed`` also seeds the trainer), in ``directory``: the log-probability
+    of the right answer (7) before and after, the per-step metrics, the episodes and the run's folder.
+    bench/learning_seeds.py runs this recipe over many seeds; ``extra`` (``key=value``) tries others."""
+    from learning_recipes import overrides
+
+    from training.data import DatasetRegistry
     from training.rendering import encode, render_messages
     from training.rollouts.tiny import build_char_tokenizer
 
-    questions = ["3+4=", "2+5=", "1+6=", "9-2="]
     tokenizer = build_char_tokenizer()
-    messages = [[{"role": "user", "content": q}] for q in questions]
-    model = warm_tiny_model(tmp_path / "warm", [(m, str(d)) for m in messages for d in range(10)], steps=80)
-    own_dataset_registry.register_dataset("hendrycks_math", [{"question": q, "ground_truth": "7"} for q in questions], "train")
-    own_dataset_registry.register_dataset("math500", [{"question": q, "ground_truth": "7"} for q in questions[:2]], "test")
-
-    run, metrics, episodes = run_rllm_example("rllm_single_turn_workflow_hendrycks_math.py", tmp_path, monkeypatch, {
-        "actor_rollout_ref.model.path": model, "actor_rollout_ref.actor.optim.lr": 3e-3,
+    messages = [[{"role": "user", "content": q}] for q in SINGLE_TURN_QUESTIONS]
+    model = warm_tiny_model(directory / "warm", [(m, str(d)) for m in messages for d in range(10)], steps=80, seed=seed)
+    DatasetRegistry.register_dataset("hendrycks_math", [{"question": q, "ground_truth": "7"} for q in SINGLE_TURN_QUESTIONS], "train")
+    DatasetRegistry.register_dataset("math500", [{"question": q, "ground_truth": "7"} for q in SINGLE_TURN_QUESTIONS[:2]], "test")
+    run, metrics, episodes = run_rllm_example("rllm_single_turn_workflow_hendrycks_math.py", directory, {
+        "actor_rollout_ref.model.path": model, "actor_rollout_ref.actor.optim.lr": SINGLE_TURN_LR,
         "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 2,
-        "rllm.agent.max_tokens_per_turn": 2, "trainer.total_training_steps": 4,
+        "rllm.agent.max_tokens_per_turn": 2, "trainer.total_training_steps": SINGLE_TURN_STEPS, "trainer.seed": seed,
+        "trainer.cpu_threads": 1, **overrides(extra),
     })
-    assert len(metrics) == 4 and all(m["termination/error"] == 0.0 and m["termination/timeout"] == 0.0 for m in metrics)
     prompts = [encode(tokenizer, render_messages(tokenizer, m)) for m in messages]
-    before, after = answer_logprob(model, prompts, encode(tokenizer, "7")), answer_logprob(run / "final_model", prompts, encode(tokenizer, "7"))
-    assert after > before + 0.3, (before, after)  # -2.31 -> -1.06 in one run
+    seven = encode(tokenizer, "7")
+    return {"before": answer_logprob(model, prompts, seven), "after": answer_logprob(run / "final_model", prompts, seven),
+            "metrics": metrics, "episodes": episodes, "model": model, "run": run}
+
+
+def test_rllm_single_turn_workflow_example_trains_unchanged(tmp_path, own_dataset_registry):
+    """rLLM's examples/simple_math/workflow/single_turn_workflow/train_hendrycks_math.py with only
+    its imports changed: SingleTurnWorkflow with rLLM's MathAgent and SingleTurnEnvironment scored
+    by math_reward_fn. The tiny model is first taught to answer with a digit, every digit alike;
+    RL must then make the right one (7) likelier. The recipe learns on every seed of
+    bench/learning_seeds.py (bench/results/single_turn_workflow_seeds.json)."""
+    from training.rendering import encode, render_messages
+    from training.rollouts.tiny import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    trained = train_single_turn_workflow(tmp_path)
+    run, metrics, episodes, model = trained["run"], trained["metrics"], trained["episodes"], trained["model"]
+    assert len(metrics) == SINGLE_TURN_STEPS
+    assert all(m["termination/error"] == 0.0 and m["termination/timeout"] == 0.0 for m in metrics)
+    assert trained["after"] > trained["before"] + 0.3, (trained["before"], trained["after"])
     assert_weights_changed(model, run / "final_model")
     for episode in episodes:  # one step: the agent's question, the model's exact tokens, the env's reward
         [trajectory] = episode["trajectories"]
