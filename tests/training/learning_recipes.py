@@ -1,5 +1,6 @@
 """What the learning tests' recipes share with bench/learning_seeds.py, which calls them outside pytest:
-a metric sink that keeps what it is given, and the bench's ``--set key=value`` items as config entries."""
+a metric sink that keeps what it is given, the bench's ``--set key=value`` items as config entries, and
+what a recipe measured by its reward returns."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ import yaml
 def overrides(items: tuple[str, ...]) -> dict:
     """``key=value`` items (a bench's ``--set``) as config entries, each value read as YAML."""
     return {key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in items)}
+
+
+def reward_rise(sink: "RecordingSink", result, window: int = 3) -> dict:
+    """What a recipe measured by its reward returns: the mean reward of the first and of the last
+    ``window`` steps (``before``, ``after``), the steps' metrics and episodes, the result and the sink."""
+    rewards = [m["reward"] for m in sink.metrics]
+    return {"before": sum(rewards[:window]) / window, "after": sum(rewards[-window:]) / window, "metrics": sink.metrics,
+            "episodes": sink.episodes, "result": result, "sink": sink}
 
 
 class RecordingSink:

@@ -81,7 +81,7 @@ def train_math_agent(directory: Path, seed: int = 0, extra: tuple[str, ...] = ()
     """rLLM's MathAgent with SingleTurnEnvironment and a reward function in env_args, 12 steps from the
     untrained tiny model (``seed`` seeds the trainer), in ``directory``: the mean reward of the first and
     the last three steps. bench/learning_seeds.py runs this recipe over many seeds; ``extra`` tries others."""
-    from learning_recipes import RecordingSink, overrides
+    from learning_recipes import RecordingSink, overrides, reward_rise
 
     questions = [{"question": q, "data_source": "math"} for q in ("1+1=", "2+2=", "3+3=", "4+4=")]
     sink = RecordingSink()
@@ -96,10 +96,7 @@ def train_math_agent(directory: Path, seed: int = 0, extra: tuple[str, ...] = ()
         run_path=str(directory),
         sinks=[sink],
     )
-    result = trainer.train()
-    rewards = [m["reward"] for m in sink.metrics]
-    return {"before": sum(rewards[:3]) / 3, "after": sum(rewards[-3:]) / 3, "metrics": sink.metrics, "episodes": sink.episodes,
-            "result": result, "sink": sink}
+    return reward_rise(sink, trainer.train())
 
 
 def test_math_agent_with_single_turn_environment_and_a_reward_fn_in_env_args(tmp_path):
@@ -243,7 +240,7 @@ def train_frozenlake(directory: Path, seed: int = 0, steps: int = FROZENLAKE_STE
     seeds the trainer's sampling), in ``directory``: the mean reward of the first and the last three
     steps, the per-step metrics, the episodes and the result. bench/learning_seeds.py runs this same
     recipe over many seeds; ``extra`` (``key=value``) is how it tries others."""
-    from learning_recipes import RecordingSink, overrides
+    from learning_recipes import RecordingSink, overrides, reward_rise
 
     agent_args = {"max_steps": 1, "use_accumulate_history": False}
     tasks = [{"size": 2, "p": 0.8, "seed": lake, "max_steps": 1, "is_slippery": False} for lake in FROZENLAKE_SEEDS]
@@ -263,10 +260,7 @@ def train_frozenlake(directory: Path, seed: int = 0, steps: int = FROZENLAKE_STE
         run_path=str(directory / "run"),
         sinks=[sink],
     )
-    result = trainer.train()
-    rewards = [m["reward"] for m in sink.metrics]
-    return {"before": sum(rewards[:3]) / 3, "after": sum(rewards[-3:]) / 3, "metrics": sink.metrics,
-            "episodes": sink.episodes, "model": model, "result": result}
+    return {**reward_rise(sink, trainer.train()), "model": model}
 
 
 def test_frozenlake_agent_and_env_from_rllm_learn_to_reach_the_goal(tmp_path):

@@ -38,16 +38,14 @@ def train_single_turn(directory: Path, seed: int = 0, extra: tuple[str, ...] = (
     """Four prompts, the reward 1 for a reply that starts with "a", 20 steps from the untrained tiny model
     (``seed`` seeds the trainer), in ``directory``: the mean reward of the first and the last three steps.
     bench/learning_seeds.py runs this recipe over many seeds; ``extra`` (``key=value``) tries others."""
-    from learning_recipes import RecordingSink, overrides
+    from learning_recipes import RecordingSink, overrides, reward_rise
 
     sink = RecordingSink()
     result = AgentTrainer(
         train_dataset=[{"prompt": p} for p in ("x=", "y=", "z=", "w=")], reward_func=starts_with_a, backend="trl",
         run_path=str(directory), config=tiny_config(20, **{"trainer.seed": seed, **overrides(extra)}), sinks=[sink],
     ).train()
-    rewards = [m["reward"] for m in sink.metrics]
-    return {"before": sum(rewards[:3]) / 3, "after": sum(rewards[-3:]) / 3, "metrics": sink.metrics, "episodes": sink.episodes,
-            "result": result, "sink": sink}
+    return reward_rise(sink, result)
 
 
 def test_single_turn_weights_change_and_reward_rises(tmp_path):
@@ -99,7 +97,7 @@ def train_multi_turn(directory: Path, seed: int = 0, extra: tuple[str, ...] = ()
     trainer), in ``directory``: the mean reward of the first and the last five steps. bench/learning_seeds.py
     runs this recipe over many seeds; ``extra`` (``key=value``) tries others."""
     import examples  # noqa: F401  (the frozenlake dataset)
-    from learning_recipes import RecordingSink, overrides
+    from learning_recipes import RecordingSink, overrides, reward_rise
 
     config = {
         "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.actor.optim.lr": 3e-3,
@@ -111,9 +109,7 @@ def train_multi_turn(directory: Path, seed: int = 0, extra: tuple[str, ...] = ()
     result = AgentTrainer(agent_class="examples.frozenlake.FrozenLakeAgent", env_class="examples.frozenlake.FrozenLakeEnv",
                           train_dataset="frozenlake:train", backend="trl", run_path=str(directory), config=config,
                           sinks=[sink]).train()
-    rewards = [m["reward"] for m in sink.metrics]
-    return {"before": sum(rewards[:5]) / 5, "after": sum(rewards[-5:]) / 5, "metrics": sink.metrics, "episodes": sink.episodes,
-            "result": result, "sink": sink}
+    return reward_rise(sink, result, window=5)
 
 
 def test_multi_turn_agent_env_learns(tmp_path):
