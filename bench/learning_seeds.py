@@ -41,12 +41,25 @@ RECIPES = {
     "math_agent": ("test_rllm_examples", "train_math_agent", "reward", 0.2, None),
     "trl_single_turn": ("test_trl_smoke", "train_single_turn", "reward", 0.3, None),
     "trl_multi_turn": ("test_trl_smoke", "train_multi_turn", "reward_5", 0.05, None),
+    "trl_filtered": ("test_trl_smoke", "train_filtered", "reward", 0.0, None),
+    "aworld_trl": ("test_aworld_agent", "train_aworld_trl", "reward", 0.3, None),
+    "fireworks": ("test_fireworks_backend", "train_single_conversation", "reward", 0.3, None),
+    "fireworks_two_conversations": ("test_fireworks_backend", "train_two_conversations", "reward", 0.4, None),
+    "tinker": ("test_tinker_backend", "train_single_conversation", "reward", 0.3, None),
+    "tinker_two_conversations": ("test_tinker_backend", "train_two_conversations", "reward", 0.4, None),
+    "sdk_hendrycks_math": ("test_sdk_training", "train_hendrycks_math", "reward_last_first", 0.3, None),
+    "sdk_countdown": ("test_sdk_training", "train_countdown", "reward_last_first", 0.3, None),
+    "swift_single_turn": ("test_swift_backend", "train_single_turn", "reward_last_first", 0.3, None),
+    "swift_frozenlake": ("test_swift_backend", "train_frozenlake", "reward_10", 0.05, None),
+    "mcp_example": ("test_rllm_mcp", "train_example", "logprob", 0.3, None),
 }
 ASSERTED = {
     "logprob": "the log-probability of the rewarded answer rises by more than {rise}",
     "sampled_accuracy": "the share of sampled answers graded right (temperature 0.6) rises by more than {rise}",
     "reward": "the mean reward of the last three steps exceeds the first three's by more than {rise}",
     "reward_5": "the mean reward of the last five steps exceeds the first five's by more than {rise}",
+    "reward_10": "the mean reward of the last ten steps exceeds the first ten's by more than {rise}",
+    "reward_last_first": "the last step's reward exceeds the first step's by more than {rise}",
     "logprob_likeliest": "the log-probability of the winning move rises by more than {rise}, and it is the likeliest move after",
 }
 

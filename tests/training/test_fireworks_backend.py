@@ -56,15 +56,51 @@ def trainer(platform, tmp_path, steps, sink=None, extra=None, **kwargs):
                         config=config, sinks=[sink] if sink else None, **kwargs)
 
 
-def test_reward_rises_weights_hotload_each_step_and_nothing_is_left_running(platform, tmp_path, sink):
+def train_recipe(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), platform: FireworksStandIn | None = None,
+                 steps: int = 10, config: dict | None = None, on_remote_ids=None, **kwargs) -> dict:
+    """The learning tests' recipe: ``steps`` steps from the untrained tiny model on the stand-in
+    ``platform`` (one of its own when None) with ``config`` added, ``seed`` seeding the trainer, in
+    ``directory``: the mean reward of the first and the last three steps."""
+    from learning_recipes import RecordingSink, overrides, reward_rise
+
+    own = platform is None
+    if own:
+        platform = FireworksStandIn()
+        os.environ["FIREWORKS_API_KEY"] = platform.api_key
+    try:
+        sink = RecordingSink()
+        built = trainer(platform, directory, steps, sink, extra={"trainer.seed": seed, **(config or {}), **overrides(extra)}, **kwargs)
+        if on_remote_ids is not None:
+            built.train_processor.remote_ids_callback = on_remote_ids
+        return {**reward_rise(sink, built.train()), "platform": platform}
+    finally:
+        if own:
+            platform.close()
+
+
+def train_single_conversation(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), platform: FireworksStandIn | None = None,
+                              on_remote_ids=None) -> dict:
+    """Four prompts, the reward 1 for a reply that starts with a letter from a to m, 10 steps.
+    bench/learning_seeds.py runs it over many seeds (bench/results/fireworks_seeds.json)."""
+    return train_recipe(directory, seed, extra, platform, on_remote_ids=on_remote_ids)
+
+
+def train_two_conversations(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), platform: FireworksStandIn | None = None) -> dict:
+    """The same with rLLM-style episodes of two conversations, each trained with its own reward, 8 steps.
+    bench/learning_seeds.py runs it over many seeds (bench/results/fireworks_two_conversations_seeds.json)."""
+    from task_workflows import TwoConversations
+
+    return train_recipe(directory, seed, extra, platform, steps=8, config={"rllm.agent.max_tokens_per_turn": 2},
+                        workflow_class=TwoConversations)
+
+
+def test_reward_rises_weights_hotload_each_step_and_nothing_is_left_running(platform, tmp_path):
     ids = []
-    built = trainer(platform, tmp_path, 10, sink)
-    built.train_processor.remote_ids_callback = ids.append
-    result = built.train()
+    trained = train_single_conversation(tmp_path, platform=platform, on_remote_ids=ids.append)
+    result = trained["result"]
 
     assert result.steps == 10 and not result.stopped
-    rewards = [m["reward"] for m in sink.metrics]
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
+    assert trained["after"] > trained["before"] + 0.3, [m["reward"] for m in trained["metrics"]]
     trainer_side = platform.trainer
     first, last = (trainer_side.snapshots[trainer_side.sampler_names[name]] for name in (platform.hotloads[0], platform.hotloads[-1]))
     changed = [k for k in first.weights if not torch.equal(first.weights[k], last.weights[k])]
@@ -219,13 +255,13 @@ def test_missing_api_key_is_named_at_construction(monkeypatch, tmp_path):
                      config={"actor_rollout_ref.model.path": "tiny-char", "data.train_batch_size": 4})
 
 
-def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(platform, tmp_path, sink):
+def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(platform, tmp_path):
     """Episodes of two conversations (as rLLM's solver-judge has three): each conversation is a
     Datum of its own sent to the trainer; the first conversation alone used to be trained."""
-    from task_workflows import TwoConversations, datums_by_conversation
+    from task_workflows import datums_by_conversation
 
-    result = trainer(platform, tmp_path, 8, sink, extra={"rllm.agent.max_tokens_per_turn": 2}, workflow_class=TwoConversations).train()
-    assert result.steps == 8
+    trained = train_two_conversations(tmp_path, platform=platform)
+    assert trained["result"].steps == 8
 
     batches = platform.trainer.batches
     assert len(batches) == 8
@@ -234,8 +270,8 @@ def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(platform,
         assert len(batch) == 64 and {name: len(d) for name, d in found.items()} == {"first": 32, "second": 32}
     second = [d["advantages"] for batch in batches for d in datums_by_conversation(batch, PROMPTS)["second"]]
     assert any(any(a != 0 for a in advantages) for advantages in second)
-    rewards = [m["reward"] for m in sink.metrics]  # the episode's reward: both conversations', 0 to 2
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.4, rewards
+    # The episode's reward: both conversations', 0 to 2.
+    assert trained["after"] > trained["before"] + 0.4, [m["reward"] for m in trained["metrics"]]
     assert platform.running() == []
 
 

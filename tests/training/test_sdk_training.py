@@ -88,10 +88,9 @@ def test_a_run_whose_function_never_calls_the_model_fails_naming_it(tmp_path):
         trainer.train()
 
 
-@pytest.fixture(scope="module")
-def digit_model(tmp_path_factory) -> Path:
-    """The tiny model taught to answer with a digit, any digit alike (P(7) ~ 0.1): a stand-in for a
-    model that writes numbers, so that rLLM's math reward has something to reinforce."""
+def make_digit_model(path: Path) -> Path:
+    """The tiny model taught to answer with a digit, any digit alike (P(7) ~ 0.1), saved in ``path``: a
+    stand-in for a model that writes numbers, so that rLLM's math reward has something to reinforce."""
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer)
     digits = torch.tensor(encode(tokenizer, "0123456789"))
@@ -103,30 +102,62 @@ def digit_model(tmp_path_factory) -> Path:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    path = tmp_path_factory.mktemp("digit_model")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
 
+@pytest.fixture(scope="module")
+def digit_model(tmp_path_factory) -> Path:
+    return make_digit_model(tmp_path_factory.mktemp("digit_model"))
+
+
+def train_rllm_example(script: Path, directory: Path, seed: int, extra: tuple[str, ...], model: Path | None, tasks: dict) -> dict:
+    """rLLM's example ``script`` (its ``main``, as hydra calls it) run in ``directory`` for 3 steps on the
+    digit model (``model``, else one made in ``directory``), its datasets ``tasks`` registered, ``seed``
+    seeding the trainer: the first and the last step's reward (``before``, ``after``) and the metrics."""
+    from learning_recipes import overrides
+
+    saved = dict(DatasetRegistry._splits)  # the names registered here are the example's alone
+    try:
+        for (name, split), rows in tasks.items():
+            DatasetRegistry.register_dataset(name, rows, split)
+        model = model or make_digit_model(directory / "digit_model")
+        with contextlib.chdir(directory):  # the example trains into AgentTrainer's default run_path, ./runs
+            import_object(f"{script}:main")({  # hydra's main passes a given config straight through
+                "actor_rollout_ref.model.path": str(model), "actor_rollout_ref.actor.optim.lr": 2e-2,
+                "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 2,
+                "rllm.agent.max_tokens_per_turn": 1, "trainer.total_training_steps": 3, "trainer.logger": ["jsonl"],
+                "trainer.seed": seed, **overrides(extra),
+            })
+    finally:
+        DatasetRegistry._splits = saved
+    lines = (directory / "runs" / "metrics.jsonl").read_text().splitlines()
+    metrics = [m for m in map(json.loads, lines) if "reward" in m]
+    return {"before": metrics[0]["reward"], "after": metrics[-1]["reward"], "metrics": metrics, "all_metrics": [json.loads(line) for line in lines]}
+
+
+def train_hendrycks_math(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), model: Path | None = None) -> dict:
+    """rLLM's examples/sdk/simple_math/train_hendrycks_math.py (bench/results/sdk_hendrycks_math_seeds.json)."""
+    tasks = {("hendrycks_math", "train"): [{"question": q, "ground_truth": "7"} for q in QUESTIONS],
+             ("math500", "test"): [{"question": q, "ground_truth": "7", "data_source": "math500"} for q in QUESTIONS[:2]]}
+    return train_rllm_example(RLLM_EXAMPLE, directory, seed, extra, model, tasks)
+
+
+def train_countdown(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), model: Path | None = None) -> dict:
+    """rLLM's examples/countdown/train_countdown.py (bench/results/sdk_countdown_seeds.json)."""
+    tasks = [{"question": q, "nums": [7, 3], "target": 7} for q in QUESTIONS]
+    return train_rllm_example(RLLM_EXAMPLE.parent / "rllm_countdown_train.py", directory, seed, extra, model,
+                              {("countdown", "train"): tasks, ("countdown", "test"): tasks[:2]})
+
+
 @pytest.mark.slow
-def test_rllm_sdk_example_trains_unchanged(tmp_path, monkeypatch, digit_model):
+def test_rllm_sdk_example_trains_unchanged(tmp_path, digit_model):
     """rLLM's examples/sdk/simple_math/train_hendrycks_math.py with only its imports changed: its
     rollout(**kwargs) makes its own client for rLLM's proxy address and returns math_reward_fn's reward."""
-    DatasetRegistry.register_dataset("hendrycks_math", [{"question": q, "ground_truth": "7"} for q in QUESTIONS], "train")
-    DatasetRegistry.register_dataset("math500", [{"question": q, "ground_truth": "7", "data_source": "math500"}
-                                                 for q in QUESTIONS[:2]], "test")
-    main = import_object(f"{RLLM_EXAMPLE}:main")
-    monkeypatch.chdir(tmp_path)  # the example trains into AgentTrainer's default run_path, ./runs
-    main({  # hydra's main passes a given config straight through
-        "actor_rollout_ref.model.path": str(digit_model), "actor_rollout_ref.actor.optim.lr": 2e-2,
-        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 2,
-        "rllm.agent.max_tokens_per_turn": 1, "trainer.total_training_steps": 3, "trainer.logger": ["jsonl"],
-    })
-    run = tmp_path / "runs"
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    rewards = [m["reward"] for m in metrics if "reward" in m]
-    assert len(rewards) == 3 and rewards[-1] > rewards[0] + 0.3, rewards
+    trained = train_hendrycks_math(tmp_path, model=digit_model)
+    run, metrics = tmp_path / "runs", trained["all_metrics"]
+    assert len(trained["metrics"]) == 3 and trained["after"] > trained["before"] + 0.3, [m["reward"] for m in trained["metrics"]]
     assert all(m["termination/error"] == 0.0 for m in metrics if "reward" in m)
     assert "val/math500/reward" in metrics[0]  # val_dataset scored before training, through the endpoint too
     before = AutoModelForCausalLM.from_pretrained(digit_model).state_dict()
@@ -241,24 +272,13 @@ def test_rllm_sdk_solver_judge_with_sessions_runs_unchanged_and_learns(tmp_path)
 
 
 @pytest.mark.slow
-def test_rllm_countdown_example_with_simple_workflow_trains_unchanged(tmp_path, monkeypatch, digit_model):
+def test_rllm_countdown_example_with_simple_workflow_trains_unchanged(tmp_path, digit_model):
     """rLLM's examples/countdown/train_countdown.py with only its imports changed: its
     SimpleWorkflow (one call on the task's question) scored by countdown_reward_fn. The expression
     "7" reaches the target 7 from the numbers [7, 3] (reward 1); "3" is a valid miss (0.1)."""
-    tasks = [{"question": q, "nums": [7, 3], "target": 7} for q in QUESTIONS]
-    DatasetRegistry.register_dataset("countdown", tasks, "train")
-    DatasetRegistry.register_dataset("countdown", tasks[:2], "test")
-    main = import_object(f"{RLLM_EXAMPLE.parent / 'rllm_countdown_train.py'}:main")
-    monkeypatch.chdir(tmp_path)
-    main({
-        "actor_rollout_ref.model.path": str(digit_model), "actor_rollout_ref.actor.optim.lr": 2e-2,
-        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 2,
-        "rllm.agent.max_tokens_per_turn": 1, "trainer.total_training_steps": 3, "trainer.logger": ["jsonl"],
-    })
-    run = tmp_path / "runs"
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
-    rewards = [m["reward"] for m in metrics]
-    assert len(rewards) == 3 and rewards[-1] > rewards[0] + 0.3, rewards
+    trained = train_countdown(tmp_path, model=digit_model)
+    run, metrics = tmp_path / "runs", trained["metrics"]
+    assert len(metrics) == 3 and trained["after"] > trained["before"] + 0.3, [m["reward"] for m in metrics]
     assert all(m["termination/error"] == 0.0 for m in metrics)
     before = AutoModelForCausalLM.from_pretrained(digit_model).state_dict()
     after = AutoModelForCausalLM.from_pretrained(run / "final_model").state_dict()

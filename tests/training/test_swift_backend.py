@@ -40,10 +40,43 @@ def config(steps, **extra):
     }
 
 
+def train_single_turn(directory: Path, seed: int = 0, extra: tuple[str, ...] = ()) -> dict:
+    """Four prompts, the reward 1 for a reply that starts with a letter from a to m, 6 steps of ms-swift's
+    GRPO from the untrained tiny model (``seed`` seeds the trainer and the model), in ``directory``: the
+    first and the last step's reward. bench/learning_seeds.py runs it over many seeds
+    (bench/results/swift_single_turn_seeds.json)."""
+    from learning_recipes import RecordingSink, overrides, reward_rise
+
+    sink = RecordingSink()
+    result = AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(directory),
+                          config=config(6, **{"trainer.seed": seed, **overrides(extra)}), sinks=[sink]).train()
+    return reward_rise(sink, result, window=1)
+
+
+def train_frozenlake(directory: Path, seed: int = 0, extra: tuple[str, ...] = ()) -> dict:
+    """FrozenLake through ms-swift's multi-turn hook for 30 steps from the untrained tiny model (``seed``
+    seeds the trainer and the model), in ``directory``: the mean reward of the first and the last ten
+    steps. bench/learning_seeds.py runs it over many seeds (bench/results/swift_frozenlake_seeds.json)."""
+    import examples  # noqa: F401  (registers the frozenlake dataset)
+    from learning_recipes import RecordingSink, overrides, reward_rise
+
+    config = {
+        "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.actor.optim.lr": 3e-3,
+        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 48,
+        "rllm.agent.max_steps": 7, "rllm.agent.max_tokens_per_turn": 1, "trainer.total_training_steps": 30,
+        "trainer.logger": [], "trainer.seed": seed, **overrides(extra),
+    }
+    sink = RecordingSink()
+    result = AgentTrainer(agent_class="examples.frozenlake.FrozenLakeAgent", env_class="examples.frozenlake.FrozenLakeEnv",
+                          train_dataset="frozenlake:train", backend="swift", run_path=str(directory), config=config,
+                          sinks=[sink]).train()
+    return reward_rise(sink, result, window=10)
+
+
 @needs_swift_env
-def test_grpo_in_its_own_environment_changes_weights_and_raises_reward(tmp_path, sink):
-    result = AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
-                          config=config(6), sinks=[sink]).train()
+def test_grpo_in_its_own_environment_changes_weights_and_raises_reward(tmp_path):
+    trained = train_single_turn(tmp_path)
+    result, sink = trained["result"], trained["sink"]
 
     assert result.steps == 6 and not result.stopped
     before = AutoModelForCausalLM.from_pretrained(tmp_path / "base_model").state_dict()
@@ -51,7 +84,7 @@ def test_grpo_in_its_own_environment_changes_weights_and_raises_reward(tmp_path,
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) > len(before) // 2
     rewards = [m["reward"] for m in sink.metrics]
-    assert len(rewards) == 6 and rewards[-1] > rewards[0] + 0.3, rewards
+    assert len(rewards) == 6 and trained["after"] > trained["before"] + 0.3, rewards
     assert {"loss", "lr", "response_length", "step_time", "grad_norm"} <= set(sink.metrics[-1])
     assert sink.episodes and sink.episodes[0]["trajectories"][0]["steps"][0]["model_response"] is not None
     # The prompt the model read, not the dataset row as an observation (the episode viewer shows it).
@@ -86,20 +119,11 @@ def test_a_missing_environment_is_named_at_construction(tmp_path):
 
 
 @needs_swift_env
-def test_agent_and_env_train_multi_turn_through_swifts_scheduler(tmp_path, sink):
+def test_agent_and_env_train_multi_turn_through_swifts_scheduler(tmp_path):
     """FrozenLake through ms-swift's multi-turn hook: our agent and environment play each turn
     inside ms-swift's rollout, and the episode's reward is the environment's."""
-    import examples  # noqa: F401  (registers the frozenlake dataset)
-
-    config = {
-        "actor_rollout_ref.model.path": "tiny-char", "actor_rollout_ref.actor.optim.lr": 3e-3,
-        "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 4, "data.max_response_length": 48,
-        "rllm.agent.max_steps": 7, "rllm.agent.max_tokens_per_turn": 1, "trainer.total_training_steps": 30,
-        "trainer.logger": [],
-    }
-    result = AgentTrainer(agent_class="examples.frozenlake.FrozenLakeAgent", env_class="examples.frozenlake.FrozenLakeEnv",
-                          train_dataset="frozenlake:train", backend="swift", run_path=str(tmp_path), config=config,
-                          sinks=[sink]).train()
+    trained = train_frozenlake(tmp_path)
+    result, sink = trained["result"], trained["sink"]
 
     assert result.steps == 30 and not result.stopped
     before = AutoModelForCausalLM.from_pretrained(tmp_path / "base_model").state_dict()
@@ -117,7 +141,7 @@ def test_agent_and_env_train_multi_turn_through_swifts_scheduler(tmp_path, sink)
     last = sink.metrics[-1]
     assert abs(last["termination/env_done"] + last["termination/max_turns"] - 1) < 1e-6 and last["termination/error"] == 0
     rewards = [m["reward"] for m in sink.metrics]
-    assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.05, rewards
+    assert trained["after"] > trained["before"] + 0.05, rewards
     job = json.loads((tmp_path / "swift" / "job.json").read_text())
     assert job["agent"]["env_class"] == "examples.frozenlake.FrozenLakeEnv" and job["swift_args"]["max_turns"] == 7
 

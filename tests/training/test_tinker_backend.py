@@ -54,8 +54,46 @@ def trainer(service, tmp_path, steps, sink=None, **kwargs):
     )
 
 
-def test_reward_rises_and_the_service_weights_change(service, tmp_path, sink):
-    result = trainer(service, tmp_path, 10, sink).train()
+def train_recipe(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), service: TinkerStandIn | None = None,
+                 steps: int = 10, config: dict | None = None, **kwargs) -> dict:
+    """The learning tests' recipe: ``steps`` steps from the untrained tiny model on the stand-in
+    ``service`` (one of its own when None) with ``config`` added, ``seed`` seeding the trainer, in
+    ``directory``: the mean reward of the first and the last three steps."""
+    import os
+
+    from learning_recipes import RecordingSink, overrides, reward_rise
+
+    own = service is None
+    if own:
+        service = TinkerStandIn()
+        os.environ["TINKER_API_KEY"] = service.api_key
+    try:
+        sink = RecordingSink()
+        built = trainer(service, directory, steps, sink, extra={"trainer.seed": seed, **(config or {}), **overrides(extra)}, **kwargs)
+        return {**reward_rise(sink, built.train()), "service": service}
+    finally:
+        if own:
+            service.close()
+
+
+def train_single_conversation(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), service: TinkerStandIn | None = None) -> dict:
+    """Four prompts, the reward 1 for a reply that starts with a letter from a to m, 10 steps.
+    bench/learning_seeds.py runs it over many seeds (bench/results/tinker_seeds.json)."""
+    return train_recipe(directory, seed, extra, service)
+
+
+def train_two_conversations(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), service: TinkerStandIn | None = None) -> dict:
+    """The same with rLLM-style episodes of two conversations, each trained with its own reward, 8 steps.
+    bench/learning_seeds.py runs it over many seeds (bench/results/tinker_two_conversations_seeds.json)."""
+    from task_workflows import TwoConversations
+
+    return train_recipe(directory, seed, extra, service, steps=8, config={"rllm.agent.max_tokens_per_turn": 2},
+                        workflow_class=TwoConversations)
+
+
+def test_reward_rises_and_the_service_weights_change(service, tmp_path):
+    trained = train_single_conversation(tmp_path, service=service)
+    result, sink = trained["result"], trained["sink"]
 
     assert result.steps == 10 and not result.stopped
     assert result.checkpoint == f"tinker://{next(iter(service.models))}/sampler_weights/step-000010"
@@ -64,7 +102,7 @@ def test_reward_rises_and_the_service_weights_change(service, tmp_path, sink):
     assert len(changed) > len(before.weights) // 2
     rewards = [m["reward"] for m in sink.metrics]
     assert len(rewards) == 10
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
+    assert trained["after"] > trained["before"] + 0.3, rewards
     # One forward_backward + optim_step per step, weights published for sampling every step.
     assert service.counts["forward_backward"] == service.counts["optim_step"] == 10
     assert service.counts["save_weights_for_sampler"] == 11
@@ -194,15 +232,15 @@ def test_a_reward_that_raises_fails_the_run_naming_it_and_closes_the_session(ser
     assert list(service.sessions.values())[0]["finished"] == "errored"
 
 
-def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(service, tmp_path, sink):
+def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(service, tmp_path):
     """Episodes of two conversations (as rLLM's solver-judge has three): each conversation is a
     Datum of its own, with the advantage of its own trajectory's reward among the same-named
     trajectories of its task; the first conversation alone used to be trained."""
-    from task_workflows import TwoConversations, datums_by_conversation
+    from task_workflows import datums_by_conversation
 
-    extra = {"rllm.agent.max_tokens_per_turn": 2}
-    result = trainer(service, tmp_path, 8, sink, extra=extra, workflow_class=TwoConversations).train()
-    assert result.steps == 8
+    trained = train_two_conversations(tmp_path, service=service)
+    sink = trained["sink"]
+    assert trained["result"].steps == 8
 
     assert len(service.batches) == 8
     for batch in service.batches:  # 4 tasks x 8 episodes x 2 conversations
@@ -211,8 +249,8 @@ def test_every_trajectory_of_an_episode_is_trained_with_its_own_reward(service, 
     second = [d["advantages"] for batch in service.batches for d in datums_by_conversation(batch, PROMPTS)["second"]]
     assert any(any(a != 0 for a in advantages) for advantages in second)
     assert all(m["rows"] == 64 and m["trained_sequences"] == 64 for m in sink.metrics), sink.metrics
-    rewards = [m["reward"] for m in sink.metrics]  # the episode's reward: both conversations', 0 to 2
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.4, rewards
+    # The episode's reward: both conversations', 0 to 2.
+    assert trained["after"] > trained["before"] + 0.4, [m["reward"] for m in sink.metrics]
 
 
 def test_rllm_lora_layer_names_reach_the_service(service, tmp_path):
