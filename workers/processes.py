@@ -25,7 +25,7 @@ from billiard.process import current_process
 from django.conf import settings
 from django.db import connection
 
-from training.utils import cuda_device_count
+from training.utils import NO_TRANSFORMERS_MLFLOW, cuda_device_count
 
 
 def start_child(module: str, *args: str, env: dict[str, str], output: IO | int | None = None,
@@ -172,6 +172,7 @@ def child_env(needs_gpu: bool) -> dict[str, str]:
     env["DJANGO_SETTINGS_MODULE"] = os.environ.get("DJANGO_SETTINGS_MODULE", "webapp.settings")
     env["DATABASE_URL"] = database_url(connection.settings_dict)
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(NO_TRANSFORMERS_MLFLOW)
     if needs_gpu:
         gpu = gpu_for_this_worker()
         if gpu is not None:

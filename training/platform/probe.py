@@ -53,7 +53,7 @@ from typing import Any
 from training.config import secrets
 from training.isolation.jail import Jail, interpreter, refuse_new_programs
 from training.errors import ConfigError, JailUnavailable, Problems
-from training.utils import leaves
+from training.utils import NO_TRANSFORMERS_MLFLOW, leaves
 from training.agents.tools import load_tool
 from training.rollouts.models import TINY_MODEL, resolve_model_path
 from training.trainer import AgentTrainer
@@ -352,7 +352,7 @@ def checker_jail(code: list[str], inbox: str, path: list[str]) -> Jail:
     folders = [os.path.realpath(entry or os.getcwd()) for entry in path]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "PYTHONPATH": os.pathsep.join(folders),
            "HF_HUB_CACHE": HF_HUB_CACHE, "HF_DATASETS_CACHE": "/tmp/datasets-cache",  # datasets writes its cache
-           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", **OFFLINE}
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", **OFFLINE, **NO_TRANSFORMERS_MLFLOW}
     # Not killed with the thread that starts it (often a passing one): it ends when its stdin closes.
     return Jail(workdir="/tmp", read_only=(*code, HF_HUB_CACHE, inbox), env=env, die_with_parent=False)
 
