@@ -24,16 +24,24 @@ RUN_FILE_KEYS = {"agent", "train_dataset", "val_dataset", "reward_func", "backen
 
 
 class ProgressSink:
-    """A progress bar over training steps, with the console's one-line summary written above it."""
+    """A progress bar over training steps, with the console's one-line summary written above it. The
+    bar is drawn from ``start()`` (once the run is built and checked: a refused config shows its
+    error alone, not an empty bar above it) or the first step logged."""
 
     def __init__(self, total: int) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="step", dynamic_ncols=True)
+        self.total = total
+        self.bar: Any = None
         self.line = ConsoleSink(total)
         self.last_step = 0
 
+    def start(self) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=self.total, unit="step", dynamic_ncols=True)
+
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.start()
         self.bar.update(step - self.last_step)
         self.last_step = step
         if "reward" in metrics:
@@ -46,7 +54,8 @@ class ProgressSink:
         pass
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 class RewardTarget:
@@ -160,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    sinks[0].start()
     started = time.perf_counter()
     try:
         result = trainer.train()

@@ -56,6 +56,7 @@ def test_bad_key_is_reported_without_a_traceback():
     assert result.returncode == 2
     assert "error: data.train_batchsize: unknown config key. Did you mean 'data.train_batch_size'?" in result.stderr
     assert "Traceback" not in result.stderr
+    assert "step/s]" not in result.stderr  # no empty progress bar ("0/100 [00:00<?, ?step/s]") above the error
 
 
 @pytest.mark.slow
