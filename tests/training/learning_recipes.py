@@ -4,6 +4,9 @@ what a recipe measured by its reward returns."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import yaml
 
 
@@ -18,6 +21,21 @@ def reward_rise(sink: "RecordingSink", result, window: int = 3) -> dict:
     rewards = [m["reward"] for m in sink.metrics]
     return {"before": sum(rewards[:window]) / window, "after": sum(rewards[-window:]) / window, "metrics": sink.metrics,
             "episodes": sink.episodes, "result": result, "sink": sink}
+
+
+@contextlib.contextmanager
+def stand_in(given, make, key: str):
+    """``given`` (a stand-in service that a test's fixture started), else one ``make()`` starts for the
+    block, its API key in the environment variable ``key``, closed after it (a bench's recipe)."""
+    if given is not None:
+        yield given
+        return
+    service = make()
+    os.environ[key] = service.api_key
+    try:
+        yield service
+    finally:
+        service.close()
 
 
 class RecordingSink:

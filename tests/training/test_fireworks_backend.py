@@ -61,21 +61,14 @@ def train_recipe(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), pl
     """The learning tests' recipe: ``steps`` steps from the untrained tiny model on the stand-in
     ``platform`` (one of its own when None) with ``config`` added, ``seed`` seeding the trainer, in
     ``directory``: the mean reward of the first and the last three steps."""
-    from learning_recipes import RecordingSink, overrides, reward_rise
+    from learning_recipes import RecordingSink, overrides, reward_rise, stand_in
 
-    own = platform is None
-    if own:
-        platform = FireworksStandIn()
-        os.environ["FIREWORKS_API_KEY"] = platform.api_key
-    try:
+    with stand_in(platform, FireworksStandIn, "FIREWORKS_API_KEY") as platform:
         sink = RecordingSink()
         built = trainer(platform, directory, steps, sink, extra={"trainer.seed": seed, **(config or {}), **overrides(extra)}, **kwargs)
         if on_remote_ids is not None:
             built.train_processor.remote_ids_callback = on_remote_ids
         return {**reward_rise(sink, built.train()), "platform": platform}
-    finally:
-        if own:
-            platform.close()
 
 
 def train_single_conversation(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), platform: FireworksStandIn | None = None,

@@ -59,21 +59,12 @@ def train_recipe(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), se
     """The learning tests' recipe: ``steps`` steps from the untrained tiny model on the stand-in
     ``service`` (one of its own when None) with ``config`` added, ``seed`` seeding the trainer, in
     ``directory``: the mean reward of the first and the last three steps."""
-    import os
+    from learning_recipes import RecordingSink, overrides, reward_rise, stand_in
 
-    from learning_recipes import RecordingSink, overrides, reward_rise
-
-    own = service is None
-    if own:
-        service = TinkerStandIn()
-        os.environ["TINKER_API_KEY"] = service.api_key
-    try:
+    with stand_in(service, TinkerStandIn, "TINKER_API_KEY") as service:
         sink = RecordingSink()
         built = trainer(service, directory, steps, sink, extra={"trainer.seed": seed, **(config or {}), **overrides(extra)}, **kwargs)
         return {**reward_rise(sink, built.train()), "service": service}
-    finally:
-        if own:
-            service.close()
 
 
 def train_single_conversation(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), service: TinkerStandIn | None = None) -> dict:
