@@ -51,7 +51,7 @@ RECIPES = {
     "sdk_countdown": ("test_sdk_training", "train_countdown", "reward_last_first", 0.3, None),
     "swift_single_turn": ("test_swift_backend", "train_single_turn", "reward_last_first", 0.3, None),
     "swift_frozenlake": ("test_swift_backend", "train_frozenlake", "reward_10", 0.05, None),
-    "mcp_example": ("test_rllm_mcp", "train_example", "logprob", 0.3, None),
+    "mcp_example": ("test_rllm_mcp", "train_example", "logprob", 0.1, None),
 }
 ASSERTED = {
     "logprob": "the log-probability of the rewarded answer rises by more than {rise}",

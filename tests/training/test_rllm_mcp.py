@@ -30,6 +30,7 @@ log-probability of it before and after.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -316,12 +317,12 @@ class ScriptedModelServer:
         })
 
 
-@pytest.fixture(scope="module")
-def example_run(tmp_path_factory):
-    """rLLM's ``run_tool_mcp.py`` run as ``python run_tool_mcp.py <tavily_api_key>`` would run it,
-    with the stand-ins above; its state (PATH with our ``npx``, the dataset registry) stays until the
-    module's tests are done."""
-    work = tmp_path_factory.mktemp("mcp_example")
+@contextlib.contextmanager
+def example_run_in(work: Path):
+    """rLLM's ``run_tool_mcp.py`` run in ``work`` as ``python run_tool_mcp.py <tavily_api_key>`` would run
+    it, with the stand-ins above; its state (PATH with our ``npx``, the dataset registry) stays until the
+    context ends."""
+    work.mkdir(parents=True, exist_ok=True)
     log = work / "mcp_search.log"
     bin_dir = work / "bin"
     bin_dir.mkdir()
@@ -374,6 +375,13 @@ def example_run(tmp_path_factory):
             MCPEnvironment.cleanup_global_resources()
 
 
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory):
+    """The example's run, kept until the module's tests are done."""
+    with example_run_in(tmp_path_factory.mktemp("mcp_example")) as run:
+        yield run
+
+
 def test_run_tool_mcp_example_evaluates_through_the_mcp_server(example_run):
     run = example_run
     assert run.tokenizers == ["Qwen/Qwen3-4B"]
@@ -413,26 +421,48 @@ def first_turn(agent_args: dict, task: dict) -> list[dict]:
     return [dict(m) for m in agent.chat_completions]
 
 
-@pytest.mark.slow
-def test_the_examples_agent_and_environment_train_and_close_their_servers(example_run, tmp_path):
+def train_example(directory: Path, seed: int = 0, extra: tuple[str, ...] = (), example_run=None) -> dict:
+    """The example's agent, environment and MCP server trained on TRL for 3 steps at lr 5e-4 in
+    ``directory`` from the tiny model warmed up to answer "\\boxed{yes}" or "\\boxed{no}" alike (``seed``
+    seeds the warm start and the trainer), on the example's run (``example_run``; one of its own when
+    None): the log-probability of the rewarded answer before and after. bench/learning_seeds.py runs it
+    over many seeds (bench/results/mcp_example_seeds.json): every seed rises by 0.17-0.32. The former
+    recipe (four answers, lr 1e-3) learnt on 7 of 10: with "yes" sampled rarely, seed 0 drew no reward in
+    its three steps, and Adam's first steps at 1e-3 broke seed 2's replies (-2.26 -> -14.66)."""
+    from learning_recipes import overrides
+
+    if example_run is None:
+        with example_run_in(directory / "example") as run:
+            return train_example(directory, seed, extra, run)
     engine = example_run.engine
     train = DatasetRegistry.load_dataset("hotpotqa", "train")  # registered by the script's prepare_hotpotqa_data
     rows = train.get_data()
-    assert [r["ground_truth"] for r in rows] == ["yes"] * 4
     prompts = [first_turn(engine["agent_args"], row) for row in rows]
-    answers = ("yes", "no", "Delhi", "1844")
-    model = warm_tiny_model(tmp_path / "warm", [(p, f"\\boxed{{{a}}}") for p in prompts for a in answers], steps=40)
+    answers = ("yes", "no")
+    model = warm_tiny_model(directory / "warm", [(p, f"\\boxed{{{a}}}") for p in prompts for a in answers], steps=40, seed=seed)
     starts_before = sum(line.startswith("start ") for line in events(example_run.log))
 
     AgentTrainer(
         agent_class=engine["agent_class"], env_class=engine["env_class"],
         agent_args=engine["agent_args"], env_args=engine["env_args"], train_dataset=train,
-        config={"actor_rollout_ref.model.path": model, "actor_rollout_ref.actor.optim.lr": 1e-3,
+        config={"actor_rollout_ref.model.path": model, "actor_rollout_ref.actor.optim.lr": 5e-4,
                 "actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 2, "data.max_prompt_length": 4096,
                 "data.max_response_length": 16, "rllm.agent.max_tokens_per_turn": 16, "trainer.total_training_steps": 3,
-                "trainer.logger": ["jsonl"], "trainer.cpu_threads": 1},
-        backend="trl", run_path=str(tmp_path / "runs"),
+                "trainer.logger": ["jsonl"], "trainer.cpu_threads": 1, "trainer.seed": seed, **overrides(extra)},
+        backend="trl", run_path=str(directory / "runs"),
     ).train()
+    run = directory / "runs"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    before, after = (answer_logprob(AutoModelForCausalLM.from_pretrained(m), prompts, "\\boxed{yes}") for m in (model, run / "final_model"))
+    return {"before": before, "after": after, "metrics": [m for m in metrics if "loss" in m], "rows": rows,
+            "model": model, "starts_before": starts_before}
+
+
+@pytest.mark.slow
+def test_the_examples_agent_and_environment_train_and_close_their_servers(example_run, tmp_path):
+    trained = train_example(tmp_path, example_run=example_run)
+    assert [r["ground_truth"] for r in trained["rows"]] == ["yes"] * 4
+    model, starts_before = trained["model"], trained["starts_before"]
 
     run = tmp_path / "runs"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -448,8 +478,7 @@ def test_the_examples_agent_and_environment_train_and_close_their_servers(exampl
     assert sum(line.startswith("start ") for line in events(example_run.log)) - starts_before >= 4
     assert_every_server_ended(example_run.log)
 
-    warm, trained = (AutoModelForCausalLM.from_pretrained(path) for path in (model, run / "final_model"))
-    changed = [name for name, weight in warm.state_dict().items() if not torch.equal(weight, trained.state_dict()[name])]
+    warm, final = (AutoModelForCausalLM.from_pretrained(path) for path in (model, run / "final_model"))
+    changed = [name for name, weight in warm.state_dict().items() if not torch.equal(weight, final.state_dict()[name])]
     assert len(changed) > len(warm.state_dict()) // 2
-    before, after = (answer_logprob(m, prompts, "\\boxed{yes}") for m in (warm, trained))
-    assert after > before + 0.3, (before, after, [m["reward"] for m in steps])
+    assert trained["after"] > trained["before"] + 0.1, (trained["before"], trained["after"], [m["reward"] for m in steps])
