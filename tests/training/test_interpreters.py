@@ -57,18 +57,48 @@ def test_files_where_the_caller_runs_are_never_imported(tmp_path, monkeypatch):
     assert not marker.exists()
 
 
-def test_answers_are_kept_for_a_while_then_asked_again(monkeypatch):
+def counted_asks(monkeypatch) -> tuple[list, list[float]]:
+    """The subprocesses import_problem starts (each still runs), and a clock the test moves."""
     calls = []
     real_run = interpreters.subprocess.run
     monkeypatch.setattr(interpreters.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
     now = [1000.0]
     monkeypatch.setattr(interpreters.time, "monotonic", lambda: now[0])
-    assert interpreters.import_problem(THIS_PYTHON, ("json",)) is None
-    assert interpreters.import_problem(THIS_PYTHON, ("json",)) is None
+    return calls, now
+
+
+def test_answers_are_kept_for_a_while_then_asked_again(monkeypatch):
+    """An interpreter outside a virtual environment: nothing tells when its packages change."""
+    calls, now = counted_asks(monkeypatch)
+    base = Path(sys._base_executable)
+    assert interpreters.import_problem(base, ("json",)) is None
+    assert interpreters.import_problem(base, ("json",)) is None
     assert len(calls) == 1
     now[0] += interpreters.CACHE_SECONDS + 1
-    assert interpreters.import_problem(THIS_PYTHON, ("json",)) is None
+    assert interpreters.import_problem(base, ("json",)) is None
     assert len(calls) == 2
+
+
+def test_a_virtual_environments_answer_is_kept_until_its_packages_change(tmp_path, monkeypatch):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    packages = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    packages.mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"home = {Path(sys._base_executable).parent}\ninclude-system-site-packages = false\n")
+    (venv / "bin" / "python").symlink_to(sys._base_executable)
+    python = venv / "bin" / "python"
+    calls, now = counted_asks(monkeypatch)
+
+    assert "No module named 'tiny_pkg'" in interpreters.import_problem(python, ("tiny_pkg",))
+    now[0] += interpreters.CACHE_SECONDS + 1
+    assert "No module named 'tiny_pkg'" in interpreters.import_problem(python, ("tiny_pkg",))
+    assert len(calls) == 1  # the environment as it was: the answer stands
+    (packages / "tiny_pkg.py").write_text("")  # a package installed
+    assert interpreters.import_problem(python, ("tiny_pkg",)) is None
+    assert len(calls) == 2
+    now[0] += interpreters.STABLE_SECONDS + 1
+    assert interpreters.import_problem(python, ("tiny_pkg",)) is None
+    assert len(calls) == 3  # asked again once it is old, changed or not
 
 
 def test_an_interpreter_that_hangs_is_cut_off(tmp_path, monkeypatch):
