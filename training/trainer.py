@@ -11,7 +11,6 @@ from training.agents.workflow import Workflow
 
 from training.agents.spec import AgentSpec
 from training.config import Config, parse_overrides
-from training.data import load_data_files
 from training.log import logger
 from training.backends.processor import (
     TrainerProcessor,
@@ -362,6 +361,9 @@ def _inputs_named_in_config(config: Any) -> tuple[Any, dict[str, Any]]:
     loaded: dict[str, Any] = {}
     for key in ("data.train_files", "data.val_files"):
         if key in given:
+            # brings in HF datasets (a second of imports): only where a run loads data, not with `import training`
+            from training.data import load_data_files
+
             loaded[key] = load_data_files(given[key], what=key)
     path, name = given.get("custom_reward_function.path"), given.get("custom_reward_function.name")
     if name is not None and path is None:
