@@ -1,12 +1,13 @@
 """The Celery app of the workers: the web side's app (``webapp.celery_app``, settings from Django's
 ``CELERY_*``) with the workers' tasks (``workers.tasks``, included by name), their ``gpus`` inspect
 command, the housekeeping thread (lost runs, the outbox of queued runs, the graceful stop on
-SIGTERM; ``workers.housekeeping``) and each pool process's spare training process."""
+SIGTERM; ``workers.housekeeping``) and the worker's warm process (``RUN_WARM_PROCESS``), which
+forks its pool processes' children."""
 
 import os
 
 import django
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+from celery.signals import worker_init, worker_shutdown
 from celery.worker.control import inspect_command
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
@@ -18,8 +19,8 @@ from webapp.celery_app import app  # noqa: E402
 from webapp.privileges import drop_root  # noqa: E402
 from workers.database import bound_idle_transactions  # noqa: E402
 from workers import housekeeping  # noqa: E402 (also connects the graceful stop on SIGTERM)
-from workers.execute import keep_spares, stop_spares  # noqa: E402
 from workers.gpus import inventory  # noqa: E402
+from workers.processes import start_warm_process, stop_warm_process  # noqa: E402
 
 app.conf.include = ["workers.tasks"]
 app.steps["worker"].add(housekeeping.HousekeepingStep)
@@ -31,21 +32,24 @@ def gpus(state) -> list[dict]:
     return inventory()
 
 
+_warm_process = None
+
+
 @worker_init.connect
 def _not_as_root(**kwargs) -> None:
     """A worker started as root becomes the platform's user before it takes any task. Its
-    transactions (and its pool processes') are bounded (``workers.database``)."""
+    transactions (and its pool processes') are bounded (``workers.database``). With
+    ``RUN_WARM_PROCESS`` it starts its warm process, which its pool processes fork their children from."""
+    global _warm_process
     drop_root(settings.VAR_DIR)
     bound_idle_transactions()
+    if settings.RUN_WARM_PROCESS:
+        _warm_process = start_warm_process()
 
 
-@worker_process_init.connect
-def _start_spare_training_process(**kwargs) -> None:
-    """Each pool process keeps a training process started ahead (``RUN_WARM_PROCESS``)."""
-    keep_spares()
-
-
-@worker_process_shutdown.connect
-def _stop_spare_training_process(**kwargs) -> None:
-    """A pool process that exits takes its spare with it."""
-    stop_spares()
+@worker_shutdown.connect
+def _stop_warm_process(**kwargs) -> None:
+    """The worker's warm process goes with it (the children it forked are sessions of their own:
+    the graceful stop has asked them to stop already)."""
+    if _warm_process is not None:
+        stop_warm_process(_warm_process)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
 import time
 import traceback as traceback_module
 from datetime import timedelta
@@ -41,7 +40,7 @@ from webapp.runs.models import Run, RunLog
 from webapp.runs.recording import DatabaseSink
 from webapp.runs.trainer_args import attempt_kwargs
 from workers.lifecycle import Attempt, requeue_or_recover, with_database
-from workers.processes import child_env, kill_session, start_child, tail, terminate_session
+from workers.processes import Child, child_env, kill_session, start_child, tail, terminate_session
 from workers.releases import release_in_background
 
 logger = logging.getLogger(__name__)
@@ -113,92 +112,22 @@ def execute_run(run_id: int, worker_name: str) -> str:
     limit = run.backend.max_attempts
     resuming = f" (attempt {run.attempts} of {limit}, resuming from its last checkpoint)" if run.attempts > 1 else ""
     try:
-        env = child_env(run.backend.needs_gpu)
-        process = _take_spare(env)
-        how = "the training process started ahead takes it" if process else "starting the training process"
-        with_database(lambda: _log(run, "INFO", f"Claimed by {worker_name}{resuming}; {how}."), "log the claim")
-        if process is not None and not _hand_over(process, run.pk, output_path):
-            process = None
-        if process is None:
-            with open(output_path, "ab") as output:
-                process = start_child("workers.child", str(run.pk), DRAINED, env=env, output=output)
+        needs_gpu = run.backend.needs_gpu
+        with open(output_path, "ab") as output:
+            process = start_child("workers.child", str(run.pk), DRAINED, env=child_env(needs_gpu), output=output,
+                                  uses_gpu=needs_gpu)
     except Exception as exc:
         run.finish(Run.Status.FAILED, error=f"Could not start the training process: {exc}", traceback=traceback_module.format_exc())
         return Run.Status.FAILED
     try:
-        return _supervise(run, process, output_path)
-    finally:
-        start_spare()  # while this worker is idle: the next run (a resumed one too) starts warm
+        with_database(lambda: _log(run, "INFO", f"Claimed by {worker_name}{resuming}; its training process {process.started}."),
+                      "log the claim")
+    except DatabaseError:  # the line is lost, not the run: its supervision rides out the outage
+        logger.warning("Run %s: the claim could not be logged; the database is away.", run.pk)
+    return _supervise(run, process, output_path)
 
 
-# -- a warm training process ---------------------------------------------------------------------
-# Importing torch, transformers and TRL takes a new training process 5-10 s (more on a loaded
-# machine). Each worker process keeps one started ahead (``workers.child --wait``): libraries
-# imported, waiting on its stdin for a run. A run claimed by this worker takes it; the next spare is
-# started only once that run is over, so a worker that runs one run never starts one for nothing.
-_spare: tuple[subprocess.Popen, dict[str, str]] | None = None
-_keep_spares = False  # set in Celery's pool processes (workers.celery_app), not where runs are executed directly
-
-
-def keep_spares() -> None:
-    """From now on this process keeps a spare training process (when ``RUN_WARM_PROCESS`` is on)."""
-    global _keep_spares
-    _keep_spares = True
-    start_spare()
-
-
-def start_spare() -> None:
-    """Start this worker process's spare training process, unless there is one, the process keeps
-    none, or ``RUN_WARM_PROCESS`` is off."""
-    global _spare
-    if not (_keep_spares and settings.RUN_WARM_PROCESS) or (_spare is not None and _spare[0].poll() is None):
-        return
-    try:
-        env = child_env(needs_gpu=False)  # no GPU run can use it
-        process = start_child("workers.child", "--wait", DRAINED, env=env, output=subprocess.DEVNULL, stdin=subprocess.PIPE)
-    except Exception:  # noqa: BLE001 (no spare: the next run starts a process of its own)
-        logger.warning("Could not start a spare training process.", exc_info=True)
-        return
-    _spare = (process, env)
-
-
-def stop_spares() -> None:
-    """This process keeps no spare any more, and the one it has is stopped (the pool process is
-    exiting: a spare started by the last run's end would otherwise import torch for nothing, an
-    orphan, after its worker has gone)."""
-    global _keep_spares, _spare
-    _keep_spares = False
-    spare, _spare = _spare, None
-    if spare is not None:
-        terminate_session(spare[0], wait_seconds=1.0)
-
-
-def _take_spare(env: dict[str, str]) -> subprocess.Popen | None:
-    """This worker's spare training process; None when there is none alive or it was started with
-    another environment (a run given a GPU, another database)."""
-    global _spare
-    spare, _spare = _spare, None
-    if spare is None:
-        return None
-    process, spare_env = spare
-    if process.poll() is not None or spare_env != env:
-        terminate_session(process, wait_seconds=1.0)
-        return None
-    return process
-
-
-def _hand_over(process: subprocess.Popen, run_id: int, output_path: Path) -> bool:
-    """Tell a spare to train ``run_id``, writing its output to ``output_path``."""
-    try:
-        process.stdin.write(f"{run_id} {output_path}\n".encode())
-        process.stdin.close()
-        return True
-    except OSError:
-        terminate_session(process, wait_seconds=1.0)
-        return False
-
-
-def _supervise(run: Run, process: subprocess.Popen, output_path: Path) -> str:
+def _supervise(run: Run, process: Child, output_path: Path) -> str:
     # The episode store's records the training process spools are stored from here, off its interpreter.
     drain = EpisodeDrain(run.pk, run.folder(), run.attempts)
     try:
@@ -207,7 +136,7 @@ def _supervise(run: Run, process: subprocess.Popen, output_path: Path) -> str:
         drain.stop()
 
 
-def _watch(run: Run, process: subprocess.Popen, output_path: Path, drain: EpisodeDrain) -> str:
+def _watch(run: Run, process: Child, output_path: Path, drain: EpisodeDrain) -> str:
     last_beat = time.monotonic()
     cancel_seen_at: float | None = None
     database_down = False
@@ -262,7 +191,7 @@ def _given_up(run: Run) -> bool:
     return current is None or not (current[0] in Run.FINAL and current[1] == run.attempts)
 
 
-def _after_exit(run: Run, process: subprocess.Popen, output_path: Path) -> str:
+def _after_exit(run: Run, process: Child, output_path: Path) -> str:
     close_old_connections()
     attempt = run.attempts
     run.refresh_from_db()

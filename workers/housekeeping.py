@@ -255,11 +255,12 @@ def _ask_runs_to_stop(sig=None, how=None, **kwargs) -> None:
 
 
 def training_processes() -> list:
-    """The training processes (``python -m workers.child``) this worker process started, at any depth."""
+    """The training processes (``python -m workers.child``) this worker process started, at any depth
+    (forked by its warm process too, whose children name themselves so: one string, not a list)."""
     found = []
     for process in psutil.Process().children(recursive=True):
         try:
-            if "workers.child" in process.cmdline():
+            if " -m workers.child " in " ".join(process.cmdline()) + " ":
                 found.append(process)
         except psutil.Error:
             continue

@@ -1,14 +1,17 @@
-"""The child processes of a worker: a run's training process (``workers.child``), a spare one, a
-playground answer (``workers.playground_child``).
+"""The child processes of a worker: a run's training process (``workers.child``), a playground
+answer (``workers.playground_child``), a checkpoint's evaluation (``workers.evaluation_child``).
 
-Each starts in a process group of its own, so a stop reaches every process it started in turn
+Each starts in a session of its own, so a stop reaches every process it started in turn
 (dataloader workers, a local Ray cluster's raylet and its workers), and with the worker's
-environment, the database it uses and the GPU of its slot.
+environment, the database it uses and the GPU of its slot. A worker with a warm process
+(``RUN_WARM_PROCESS``: torch, transformers and TRL imported once) has it fork each child that uses no
+GPU (``training.isolation.forkserver``); otherwise, or when it cannot, the child starts plain.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -25,21 +28,84 @@ from billiard.process import current_process
 from django.conf import settings
 from django.db import connection
 
+from training.isolation import forkserver
 from training.utils import NO_TRANSFORMERS_MLFLOW, cuda_device_count
+
+logger = logging.getLogger(__name__)
+
+# The modules a worker runs as children: all that its warm process may start.
+CHILD_MODULES = ("workers.child", "workers.playground_child", "workers.evaluation_child")
+# Where the worker's pool processes find its warm process: the worker's main process sets it.
+WARM_PROCESS_ADDRESS = "WORKER_WARM_PROCESS"
+WARM_PROCESS_START_SECONDS = 10.0
+Child = subprocess.Popen | forkserver.ForkedChild  # a child as the worker supervises it
 
 
 def start_child(module: str, *args: str, env: dict[str, str], output: IO | int | None = None,
-                stdin: int | None = None) -> subprocess.Popen:
-    """``python -m <module> <args>`` in a process group of its own, its output (both streams) to ``output``."""
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args], env=env, stdin=stdin, stdout=output,
+                uses_gpu: bool = False) -> Child:
+    """``python -m <module> <args>`` in a session of its own, its output (both streams) to ``output``:
+    forked from this worker's warm process where it has one that can. ``started`` on what it returns
+    says how (the run's log shows it)."""
+    address = os.environ.get(WARM_PROCESS_ADDRESS)
+    if address:
+        try:
+            child = forkserver.start(address, module, list(args), env, settings.BASE_DIR, stdin=subprocess.DEVNULL,
+                                     stdout=output, stderr=output if output is not None else 1, uses_gpu=uses_gpu)
+            child.started = "forked from the worker's warm process"
+            return child
+        except forkserver.NotServed as exc:
+            logger.info("Starting %s without the warm process: %s.", module, exc)
+            started = f"started without the warm process ({exc})"
+    else:
+        started = "started"
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL, stdout=output,
         stderr=subprocess.DEVNULL if output is subprocess.DEVNULL else subprocess.STDOUT,
-        start_new_session=True,  # its own process group: a kill reaches every process it starts
+        start_new_session=True,  # its own session: a kill reaches every process it starts
         cwd=settings.BASE_DIR,
     )
+    process.started = started
+    return process
 
 
-def kill_session(process: subprocess.Popen) -> None:
+def start_warm_process() -> subprocess.Popen | None:
+    """In a worker's main process: start its warm process (``python -m training.isolation.forkserver``,
+    with the environment of a child that uses no GPU) and tell the pool processes where it listens.
+    None on a machine with a GPU (CUDA and fork do not mix: every child starts plain there) or when it
+    does not listen within ``WARM_PROCESS_START_SECONDS``."""
+    if cuda_device_count():
+        logger.info("No warm process on a machine with GPUs: each child starts plain.")
+        return None
+    address = Path(settings.VAR_DIR) / "warm" / f"{os.getpid()}.sock"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "training.isolation.forkserver", str(address), "--allow", *CHILD_MODULES,
+         "--owner", str(os.getpid())],
+        env=child_env(needs_gpu=False), stdin=subprocess.DEVNULL, cwd=settings.BASE_DIR,
+        start_new_session=True,  # a Ctrl-C to the worker's terminal is the worker's to handle
+    )
+    deadline = time.monotonic() + WARM_PROCESS_START_SECONDS
+    while not address.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            logger.warning("The warm process did not start (%s): each child starts plain.", how_it_ended(process.poll()))
+            stop_warm_process(process)
+            return None
+        time.sleep(0.05)
+    os.environ[WARM_PROCESS_ADDRESS] = str(address)
+    return process
+
+
+def stop_warm_process(process: subprocess.Popen) -> None:
+    """End the worker's warm process (the children it forked run on: each is its own session)."""
+    os.environ.pop(WARM_PROCESS_ADDRESS, None)
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def kill_session(process: Child) -> None:
     """SIGKILL to every process of the child's session, at once (not SIGTERM: that asks a training
     process for a checkpoint, and one that is superseded may write nothing more), then reap it."""
     kill_session_of(process.pid)
@@ -141,9 +207,9 @@ def writer_gone(folder: str | Path) -> bool:
     return not session_alive(session)
 
 
-def terminate_session(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:
+def terminate_session(process: Child, wait_seconds: float = 5.0) -> None:
     """SIGTERM to the child's process group (a training process saves nothing on it when it is
-    cancelled; a spare exits); after ``wait_seconds``, or once it has exited, SIGKILL to whatever
+    cancelled); after ``wait_seconds``, or once it has exited, SIGKILL to whatever
     is left of its session."""
     try:
         os.killpg(process.pid, signal.SIGTERM)
@@ -215,7 +281,7 @@ def run_child_within(module: str, arg: str, needs_gpu: bool, seconds: float, tai
     output = tempfile.NamedTemporaryFile(prefix=f"{module.rsplit('.', 1)[-1]}-", suffix=".log", dir=settings.VAR_DIR, delete=False)
     try:
         with output:
-            process = start_child(module, arg, env=child_env(needs_gpu), output=output)
+            process = start_child(module, arg, env=child_env(needs_gpu), output=output, uses_gpu=needs_gpu)
             try:
                 process.wait(timeout=seconds)
             except subprocess.TimeoutExpired:

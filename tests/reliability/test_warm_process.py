@@ -1,49 +1,94 @@
-"""A worker keeps a training process started ahead (its libraries imported): the next run it
-claims is trained by that process, and a new one is started once the run is over. A spare started
-with another environment (here: another database) is never used for a run."""
+"""A worker's warm process (torch, transformers and TRL imported once) forks its children: a claimed
+run is trained by a process it forked, named as a plain ``python -m workers.child`` is; a child
+whose environment differs in a variable those libraries read when imported starts plain, and the
+run's log says why; a GPU run starts plain."""
 
 from __future__ import annotations
 
+import os
+
+import psutil
 import pytest
 
 from webapp.runs.models import Run, RunLog
-from workers import execute
-from workers.processes import terminate_session
+from workers import execute, processes
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the training process reads the committed rows
 
 
+@pytest.fixture(scope="module")
+def warm_process(django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock():
+        process = processes.start_warm_process()
+    assert process is not None, "the warm process did not start"
+    address = os.environ[processes.WARM_PROCESS_ADDRESS]
+    yield process
+    processes.stop_warm_process(process)
+    assert processes.WARM_PROCESS_ADDRESS not in os.environ
+    assert process.returncode is not None and not os.path.exists(address)
+
+
 @pytest.fixture
-def spares(monkeypatch, settings, tmp_path):
-    settings.RUNS_DIR = tmp_path
-    settings.RUN_WARM_PROCESS = True
-    monkeypatch.setattr(execute, "_spare", None)
-    monkeypatch.setattr(execute, "_keep_spares", False)
-    yield
-    if execute._spare is not None:
-        terminate_session(execute._spare[0], wait_seconds=5)
+def forked(warm_process, monkeypatch):
+    """Every child the worker starts here, as (module, how it started, pid, its parent's pid)."""
+    started = []
+    start_child = processes.start_child
+
+    def recording(module, *args, **kwargs):
+        child = start_child(module, *args, **kwargs)
+        started.append((module, child.started, child.pid, psutil.Process(child.pid).ppid()))
+        return child
+
+    monkeypatch.setattr(execute, "start_child", recording)
+    return started
 
 
 def claimed_line(run: Run) -> str:
     return RunLog.objects.filter(run=run, message__startswith="Claimed by").get().message
 
 
-def test_a_claimed_run_is_trained_by_the_process_started_ahead(make_run, spares):
-    execute.keep_spares()
-    spare = execute._spare[0]
+def test_a_claimed_run_is_trained_by_a_process_the_warm_process_forked(make_run, warm_process, forked, settings, tmp_path):
+    settings.RUNS_DIR = tmp_path
     run = make_run()
     assert execute.execute_run(run.pk, "warm-worker") == Run.Status.SUCCEEDED
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED and run.steps == 2, f"{run.error}\n{run.traceback}"
-    assert "the training process started ahead takes it" in claimed_line(run)
-    assert spare.returncode == 0, "the run was not trained by the spare"
+    assert "its training process forked from the worker's warm process" in claimed_line(run)
+    [(module, how, pid, parent)] = forked
+    assert module == "workers.child" and parent == warm_process.pid, "the run was not trained by a forked process"
     assert "training on backend trl" in (run.folder() / "process.log").read_text()
-    assert execute._spare is not None and execute._spare[0].pid != spare.pid and execute._spare[0].poll() is None
+    assert warm_process.poll() is None, "the warm process ended with its child"
 
 
-def test_a_spare_with_another_environment_is_not_used(spares):
-    execute.keep_spares()
-    spare, env = execute._spare
-    assert execute._take_spare({**env, "DATABASE_URL": "postgres://elsewhere/other"}) is None
-    assert spare.wait(timeout=10) is not None, "the unusable spare was left running"
-    assert execute._spare is None
+def test_a_child_that_runs_now_is_named_as_a_plain_one(warm_process, tmp_path):
+    """The housekeeping's graceful stop and the operators' ``ps`` find a training process by its command line."""
+    with open(tmp_path / "out.log", "wb") as output:
+        child = processes.start_child("workers.evaluation_child", "--help", env=processes.child_env(needs_gpu=False), output=output)
+    try:
+        assert child.started == "forked from the worker's warm process"
+        assert " ".join(psutil.Process(child.pid).cmdline()).split() == [os.sys.executable, "-m", "workers.evaluation_child", "--help"]
+        assert os.getsid(child.pid) == child.pid, "the child does not lead a session of its own"
+        assert "workers.child" not in " ".join(psutil.Process(warm_process.pid).cmdline()), \
+            "the warm process reads as a training process"
+    finally:
+        child.wait(timeout=60)
+
+
+def test_a_child_whose_environment_differs_where_the_libraries_read_it_starts_plain(make_run, forked, settings, tmp_path, monkeypatch):
+    settings.RUNS_DIR = tmp_path
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if os.environ.get("HF_HUB_OFFLINE") != "1" else "0")
+    run = make_run()
+    assert execute.execute_run(run.pk, "warm-worker") == Run.Status.SUCCEEDED
+    line = claimed_line(run)
+    assert "started without the warm process" in line and "HF_HUB_OFFLINE" in line, line
+    [(_, _, pid, parent)] = forked
+    assert parent == os.getpid(), "a plain child is this worker's own"
+
+
+def test_a_gpu_child_starts_plain(warm_process, tmp_path):
+    with open(tmp_path / "out.log", "wb") as output:
+        child = processes.start_child("workers.evaluation_child", "--help", env=processes.child_env(needs_gpu=False),
+                                      output=output, uses_gpu=True)
+    assert child.started == "started without the warm process (the child uses a GPU)"
+    assert psutil.Process(child.pid).ppid() == os.getpid()
+    child.wait(timeout=60)

@@ -53,7 +53,7 @@ def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
     # the worker, not outlive it as an orphan importing torch for nobody.
     deadline = time.monotonic() + 10
     while orphans := [p for p in psutil.process_iter(["cmdline", "ppid", "create_time"])
-                      if "workers.child" in (p.info["cmdline"] or []) and p.info["ppid"] == 1 and p.info["create_time"] >= started]:
+                      if "workers.child" in " ".join(p.info["cmdline"] or []) and p.info["ppid"] == 1 and p.info["create_time"] >= started]:
         assert time.monotonic() < deadline, f"training processes outlived their worker: {orphans}"
         time.sleep(0.2)
 
