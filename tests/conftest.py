@@ -14,10 +14,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 # The suite runs as root on CI and its servers and workers use folders the tests made as root:
 # they may stay root here (webapp/privileges.py). tests/security/test_not_root.py unsets it.
 os.environ.setdefault("PLATFORM_ALLOW_ROOT", "1")
-# The workers the tests start keep no training process started ahead (RUN_WARM_PROCESS, on in
-# production): each run starts its own, and no spare imports torch after a worker's last run for
-# nothing (about 8 CPU-s a worker). The warm path keeps its tests: tests/reliability/test_warm_process.py
-# and the Celery worker of tests/workers/test_celery_end_to_end.py, which turns it on.
+# The workers the tests start have no warm process (RUN_WARM_PROCESS, on in production) unless the
+# test turns it on: it imports torch once for the worker (about 6 CPU-s), worth it only for a worker
+# that starts more than one child (tests/browser/conftest.py's does; tests/reliability/test_warm_process.py
+# and tests/workers/test_celery_end_to_end.py test it).
 os.environ.setdefault("RUN_WARM_PROCESS", "0")
 
 

@@ -320,8 +320,9 @@ RUN_ON_FULL_DISK = os.environ.get("RUN_ON_FULL_DISK", "continue").strip().lower(
 if RUN_ON_FULL_DISK not in ("continue", "pause"):
     raise ImproperlyConfigured(f"RUN_ON_FULL_DISK must be continue or pause, not {RUN_ON_FULL_DISK!r}.")
 RUN_FULL_DISK_CHECK_SECONDS = envint("RUN_FULL_DISK_CHECK_SECONDS", "5", minimum=1)
-# Each worker process keeps a training process started ahead, its libraries imported (torch,
-# transformers, TRL: seconds), for its next run; a resumed run trains again that much sooner.
+# Each worker starts a warm process, its libraries imported once (torch, transformers, TRL: seconds),
+# that forks its children (runs, playground answers, evaluations; workers.processes), so each starts
+# that much sooner and cheaper; a resumed run trains again sooner too.
 RUN_WARM_PROCESS = envbool("RUN_WARM_PROCESS", "true")
 # A lost remote run's paid resources (fireworks trainer job, deployment) that could not be deleted
 # are tried again after RUN_RELEASE_BACKOFF_SECONDS * 2 ** (tries - 1), at most

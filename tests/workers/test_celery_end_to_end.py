@@ -33,7 +33,7 @@ def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
         db_url = database_url(connection.settings_dict)
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
     env = {**os.environ, "DATABASE_URL": db_url, "RUN_CANCEL_GRACE_SECONDS": "30", "RUN_HEARTBEAT_SECONDS": "1",
-           "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "RUN_WARM_PROCESS": "1"}  # the production path: a spare per pool process
+           "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "RUN_WARM_PROCESS": "1"}  # the production path: a warm process
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", QUEUE, "--concurrency", "1",
@@ -49,12 +49,13 @@ def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
         # Killed, the worker cannot be asked what it left behind.
         process.kill()
         return
-    # The pool process started a spare training process at the end of the last run; it must go with
-    # the worker, not outlive it as an orphan importing torch for nobody.
+    # Neither a training process nor the warm process that forked it outlives the worker.
+    warm_process = f"training.isolation.forkserver {settings.VAR_DIR}/warm/{process.pid}.sock"  # workers.processes
     deadline = time.monotonic() + 10
     while orphans := [p for p in psutil.process_iter(["cmdline", "ppid", "create_time"])
-                      if "workers.child" in " ".join(p.info["cmdline"] or []) and p.info["ppid"] == 1 and p.info["create_time"] >= started]:
-        assert time.monotonic() < deadline, f"training processes outlived their worker: {orphans}"
+                      if p.info["create_time"] >= started and (warm_process in " ".join(p.info["cmdline"] or [])
+                      or "workers.child" in " ".join(p.info["cmdline"] or []) and p.info["ppid"] == 1)]:
+        assert time.monotonic() < deadline, f"processes outlived their worker: {orphans}"
         time.sleep(0.2)
 
 
@@ -100,8 +101,8 @@ def test_run_created_in_the_browser_trains_to_the_end(celery_worker, on_test_que
     assert [step for step, _ in points_after(run.pk, -1)["reward"]] == [1, 2, 3]
     messages = list(RunLog.objects.filter(run=run).values_list("message", flat=True))
     assert any("Claimed by" in m for m in messages) and any("step 3/3" in m for m in messages)
-    # The pool process started a training process ahead (workers.celery_app) and this run took it.
-    assert any("the training process started ahead takes it" in m for m in messages), messages
+    # The worker started its warm process (workers.celery_app) and it forked this run's training process.
+    assert any("its training process forked from the worker's warm process" in m for m in messages), messages
 
 
 def test_cancel_from_the_browser_stops_a_running_run(celery_worker, on_test_queue, owner_client, copy_form_data):
