@@ -537,3 +537,20 @@ def ws_connect():
         return communicator, connected
 
     return connect
+
+
+@pytest.fixture(scope="module")
+def warm_process(django_db_setup, django_db_blocker):
+    """A worker's warm process (``workers.processes.start_warm_process``) for the children this test
+    process starts, as a worker with ``RUN_WARM_PROCESS`` has; stopped, and its address gone, after
+    the module."""
+    from workers import processes
+
+    with django_db_blocker.unblock():
+        process = processes.start_warm_process()
+    assert process is not None, "the warm process did not start"
+    address = os.environ[processes.WARM_PROCESS_ADDRESS]
+    yield process
+    processes.stop_warm_process(process)
+    assert processes.WARM_PROCESS_ADDRESS not in os.environ
+    assert process.returncode is not None and not os.path.exists(address)

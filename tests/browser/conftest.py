@@ -60,7 +60,8 @@ def live_platform(django_db_setup, django_db_blocker, tmp_path_factory):
         db_url = database_url(connection.settings_dict)
     logs = tmp_path_factory.mktemp("platform")
     env = {**os.environ, "DATABASE_URL": db_url, "RUN_HEARTBEAT_SECONDS": "1", "RUN_CANCEL_GRACE_SECONDS": "20",
-           "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "DJANGO_SETTINGS_MODULE": "webapp.settings"}
+           "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "DJANGO_SETTINGS_MODULE": "webapp.settings",
+           "RUN_WARM_PROCESS": "1"}  # its worker starts several runs, answers and evaluations: forked, as in production
     processes = [
         subprocess.Popen(server.command("127.0.0.1", 0, processes=1),  # several: tests/dashboard/test_server_processes.py
                          cwd=settings.BASE_DIR, env=env, stdout=open(logs / "web.log", "wb"), stderr=subprocess.STDOUT),

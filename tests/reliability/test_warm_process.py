@@ -16,18 +16,6 @@ from workers import execute, processes
 pytestmark = pytest.mark.django_db(transaction=True)  # the training process reads the committed rows
 
 
-@pytest.fixture(scope="module")
-def warm_process(django_db_setup, django_db_blocker):
-    with django_db_blocker.unblock():
-        process = processes.start_warm_process()
-    assert process is not None, "the warm process did not start"
-    address = os.environ[processes.WARM_PROCESS_ADDRESS]
-    yield process
-    processes.stop_warm_process(process)
-    assert processes.WARM_PROCESS_ADDRESS not in os.environ
-    assert process.returncode is not None and not os.path.exists(address)
-
-
 @pytest.fixture
 def forked(warm_process, monkeypatch):
     """Every child the worker starts here, as (module, how it started, pid, its parent's pid)."""

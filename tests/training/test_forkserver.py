@@ -170,3 +170,29 @@ def test_the_server_ends_with_the_process_that_started_it(tmp_path):
     while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
         assert time.monotonic() < deadline, "the warm process outlived the process that started it"
         time.sleep(0.1)
+
+
+def test_a_child_ends_as_python_ends_threads_joined_exit_functions_run_files_flushed(server, tmp_path):
+    """It skips the teardown of every module (the warm process's pages it would copy), nothing else."""
+    warm = server(ending="""
+        import atexit, sys, threading, time
+        out = open(sys.argv[1], "w")  # never closed: a plain exit flushes it
+        out.write("written, never flushed by the program")
+        atexit.register(lambda: open(sys.argv[1] + ".atexit", "w").write("ran"))
+        def late():
+            time.sleep(0.5)
+            open(sys.argv[1] + ".thread", "w").write("joined")
+        threading.Thread(target=late).start()
+        raise SystemExit(7)
+        """, allow=["ending"])
+    target = tmp_path / "kept.txt"
+    assert warm.start("ending", str(target)).wait(timeout=30) == 7
+    assert target.read_text() == "written, never flushed by the program"
+    assert (tmp_path / "kept.txt.atexit").read_text() == "ran"
+    assert (tmp_path / "kept.txt.thread").read_text() == "joined"
+
+
+def test_sys_exit_with_a_message_prints_it_and_exits_1(server, tmp_path):
+    warm = server(message="raise SystemExit('no data file')\n", allow=["message"])
+    assert warm.start("message", output=tmp_path / "out.log").wait(timeout=30) == 1
+    assert (tmp_path / "out.log").read_text().strip() == "no data file"

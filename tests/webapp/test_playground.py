@@ -2,8 +2,9 @@
 the question, a worker's child process loads the weights with transformers and answers.
 
 The answering here is the real one (``answer_request`` starts the real child process on the test
-database; the model is the tiny built-in one, saved as the run's final model); only the Celery
-hop is skipped, which tests/browser/test_newcomer.py drives through a real worker.
+database, forked by a warm process as a worker's is; the model is the tiny built-in one, saved as
+the run's final model); only the Celery hop is skipped, which tests/browser/test_newcomer.py drives
+through a real worker.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from webapp.registry.models import Model
 from webapp.runs.models import Run
 from webapp.policy.checks import load_training_plugins
 from webapp.teams.models import Membership
-from workers.processes import database_url
+from workers.processes import WARM_PROCESS_ADDRESS, database_url
 from workers.playground import answer_request, dispatch_due_requests, trusts_remote_code
 
 # Tests whose child process reads the rows need them committed (transaction=True); the rest do not.
 committed = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.usefixtures("warm_process")
 
 
 @pytest.fixture
@@ -230,8 +232,9 @@ def test_a_question_whose_worker_was_lost_says_so(trained_run, owner_client, set
 
 
 @committed
-def test_an_answer_that_takes_too_long_is_stopped(trained_run, owner_client, settings):
-    settings.PLAYGROUND_REPLY_SECONDS = 1  # less than the child needs to import torch
+def test_an_answer_that_takes_too_long_is_stopped(trained_run, owner_client, settings, monkeypatch):
+    monkeypatch.delenv(WARM_PROCESS_ADDRESS)  # a plain child: forked, it may well answer within the second
+    settings.PLAYGROUND_REPLY_SECONDS = 1  # less than a plain child needs to import torch
     asked = ask(owner_client, trained_run).json()
     assert answer_request(asked["id"], "w") == "failed"
     assert "took longer than 1 s and was stopped" in owner_client.get(asked["url"]).json()["error"]

@@ -32,7 +32,8 @@ def worker(django_db_setup, django_db_blocker, tmp_path_factory):
     with django_db_blocker.unblock():
         db_url = database_url(connection.settings_dict)
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    env = {**os.environ, "DATABASE_URL": db_url, "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "PLAYGROUND_QUEUE": ""}
+    env = {**os.environ, "DATABASE_URL": db_url, "PLATFORM_VAR_DIR": str(settings.VAR_DIR), "PLAYGROUND_QUEUE": "",
+           "RUN_WARM_PROCESS": "1"}  # its worker evaluates several checkpoints: each forked, as in production
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", QUEUE, "--concurrency", "1",

@@ -111,14 +111,14 @@ class Command(BaseCommand):
 
     def _start_playground_worker(self, queue: str) -> subprocess.Popen:
         """One slot that only answers playground questions: the runs' worker trains one run at a time,
-        and a question behind a 150-step run would wait minutes. It keeps no training process started
-        ahead (it trains nothing)."""
+        and a question behind a 150-step run would wait minutes. Its warm process (``RUN_WARM_PROCESS``)
+        forks each answer's process with torch and transformers imported."""
         command = [
             sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queue, "--concurrency", "1",
             "--loglevel", "INFO", "-n", "playground@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]
         self.stdout.write(f"Starting playground worker: {' '.join(command[1:])}")
-        return subprocess.Popen(command, cwd=settings.BASE_DIR, env={**os.environ, "RUN_WARM_PROCESS": "0"})
+        return subprocess.Popen(command, cwd=settings.BASE_DIR)
 
     def _start_web(self, host: str, port: int) -> subprocess.Popen:
         command = server.command(host, port)
