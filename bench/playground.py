@@ -69,7 +69,7 @@ def main() -> None:
             if index < 0 and kind == "plain":
                 continue
             if kind == "plain":
-                os.environ.pop(WARM_PROCESS_ADDRESS)
+                os.environ.pop(WARM_PROCESS_ADDRESS, None)
             else:
                 os.environ[WARM_PROCESS_ADDRESS] = address
             asked = PlaygroundRequest.objects.create(

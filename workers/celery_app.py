@@ -43,7 +43,7 @@ def _not_as_root(**kwargs) -> None:
     global _warm_process
     drop_root(settings.VAR_DIR)
     bound_idle_transactions()
-    if settings.RUN_WARM_PROCESS:
+    if settings.RUN_WARM_PROCESS and not inventory():  # CUDA and fork do not mix: with GPUs each child starts plain
         _warm_process = start_warm_process()
 
 

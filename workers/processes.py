@@ -71,11 +71,8 @@ def start_child(module: str, *args: str, env: dict[str, str], output: IO | int |
 def start_warm_process() -> subprocess.Popen | None:
     """In a worker's main process: start its warm process (``python -m training.isolation.forkserver``,
     with the environment of a child that uses no GPU) and tell the pool processes where it listens.
-    None on a machine with a GPU (CUDA and fork do not mix: every child starts plain there) or when it
-    does not listen within ``WARM_PROCESS_START_SECONDS``."""
-    if cuda_device_count():
-        logger.info("No warm process on a machine with GPUs: each child starts plain.")
-        return None
+    None when it does not listen within ``WARM_PROCESS_START_SECONDS``. Not for a machine with GPUs
+    (the worker starts none there: CUDA and fork do not mix)."""
     address = Path(settings.VAR_DIR) / "warm" / f"{os.getpid()}.sock"
     process = subprocess.Popen(
         [sys.executable, "-m", "training.isolation.forkserver", str(address), "--allow", *CHILD_MODULES,

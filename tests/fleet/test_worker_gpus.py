@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 
+import psutil
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -64,7 +65,8 @@ def test_no_driver_no_gpus(tmp_path, monkeypatch):
 @pytest.mark.django_db(transaction=True)
 def test_a_real_worker_reports_its_gpus_to_the_workers_page(fake_driver, tmp_path):
     name = f"fleet-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "DATABASE_URL": database_url(connection.settings_dict), "PLATFORM_VAR_DIR": str(settings.VAR_DIR)}
+    env = {**os.environ, "DATABASE_URL": database_url(connection.settings_dict), "PLATFORM_VAR_DIR": str(settings.VAR_DIR),
+           "RUN_WARM_PROCESS": "1"}  # asked for, but a machine with GPUs gets none: CUDA and fork do not mix
     log = tmp_path / "worker.log"
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", name, "--concurrency", "1", "-n", f"{name}@%h",
@@ -81,6 +83,8 @@ def test_a_real_worker_reports_its_gpus_to_the_workers_page(fake_driver, tmp_pat
             pytest.fail("the worker never reported its GPUs:\n" + log.read_text()[-3000:])
         assert mine[0].queues == [name] and [gpu["index"] for gpu in mine[0].gpus] == [0, 1]
         assert mine[0].gpus[1]["memory_used_mib"] == 40211
+        started = [" ".join(child.cmdline()) for child in psutil.Process(worker.pid).children(recursive=True)]
+        assert not [c for c in started if "training.isolation.forkserver" in c], started
     finally:
         worker.send_signal(signal.SIGTERM)
         try:

@@ -351,6 +351,8 @@ def _refusal(request: _Request, uid: int, allowed: set[str], sensitivity: Sensit
         return f"the warm process does not run {request.module}"
     if threading.active_count() > 1:
         return "the warm process holds a second thread (no fork then)"
+    if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+        return "the warm process has initialised CUDA (no fork then)"
     differs = sensitivity.difference(request.env)
     if differs is not None:
         return f"the environment differs from the warm process's in {differs}, which its libraries read when imported"
