@@ -15,7 +15,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 # they may stay root here (webapp/privileges.py). tests/security/test_not_root.py unsets it.
 os.environ.setdefault("PLATFORM_ALLOW_ROOT", "1")
 # The workers the tests start have no warm process (RUN_WARM_PROCESS, on in production) unless the
-# test turns it on: it imports torch once for the worker (about 6 CPU-s), worth it only for a worker
+# test turns it on: it imports torch once for the worker (about 7 CPU-s), worth it only for a worker
 # that starts more than one child (tests/browser/conftest.py's does; tests/reliability/test_warm_process.py
 # and tests/workers/test_celery_end_to_end.py test it).
 os.environ.setdefault("RUN_WARM_PROCESS", "0")

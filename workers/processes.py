@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,6 +39,7 @@ CHILD_MODULES = ("workers.child", "workers.playground_child", "workers.evaluatio
 # Where the worker's pool processes find its warm process: the worker's main process sets it.
 WARM_PROCESS_ADDRESS = "WORKER_WARM_PROCESS"
 WARM_PROCESS_START_SECONDS = 10.0
+UNIX_SOCKET_PATH_BYTES = 107  # what a Unix socket's address holds on Linux (sun_path, less its NUL)
 Child = subprocess.Popen | forkserver.ForkedChild  # a child as the worker supervises it
 
 
@@ -73,13 +75,14 @@ def start_warm_process() -> subprocess.Popen | None:
     with the environment of a child that uses no GPU) and tell the pool processes where it listens.
     None when it does not listen within ``WARM_PROCESS_START_SECONDS``. Not for a machine with GPUs
     (the worker starts none there: CUDA and fork do not mix)."""
-    address = Path(settings.VAR_DIR) / "warm" / f"{os.getpid()}.sock"
+    address, own_folder = warm_process_address()
     process = subprocess.Popen(
         [sys.executable, "-m", "training.isolation.forkserver", str(address), "--allow", *CHILD_MODULES,
          "--owner", str(os.getpid())],
         env=child_env(needs_gpu=False), stdin=subprocess.DEVNULL, cwd=settings.BASE_DIR,
         start_new_session=True,  # a Ctrl-C to the worker's terminal is the worker's to handle
     )
+    process.own_folder = own_folder  # removed with it (stop_warm_process)
     deadline = time.monotonic() + WARM_PROCESS_START_SECONDS
     while not address.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -91,6 +94,17 @@ def start_warm_process() -> subprocess.Popen | None:
     return process
 
 
+def warm_process_address() -> tuple[Path, str | None]:
+    """Where this worker's warm process listens: ``$PLATFORM_VAR_DIR/warm/<pid>.sock``, or, where that
+    is too long for a socket's address, the same in a private temporary folder (returned second: it
+    goes with the warm process)."""
+    address = Path(settings.VAR_DIR) / "warm" / f"{os.getpid()}.sock"
+    if len(os.fsencode(address)) <= UNIX_SOCKET_PATH_BYTES:
+        return address, None
+    own_folder = tempfile.mkdtemp(prefix="platform-warm-")  # mode 0700
+    return Path(own_folder) / "warm" / f"{os.getpid()}.sock", own_folder
+
+
 def stop_warm_process(process: subprocess.Popen) -> None:
     """End the worker's warm process (the children it forked run on: each is its own session)."""
     os.environ.pop(WARM_PROCESS_ADDRESS, None)
@@ -100,6 +114,8 @@ def stop_warm_process(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    if getattr(process, "own_folder", None):
+        shutil.rmtree(process.own_folder, ignore_errors=True)
 
 
 def kill_session(process: Child) -> None:

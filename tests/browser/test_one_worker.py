@@ -14,8 +14,10 @@ import requests
 pytestmark = pytest.mark.browser
 
 # One web process (the default is two, each with its run checker): these tests are about the worker's
-# slot, and a second web process would only add its start-up to their CPU.
-ONE_WEB_PROCESS = {"WEB_PROCESSES": "1"}
+# slot, and a second web process would only add its start-up to their CPU. The workers keep `make run`'s
+# default, a warm process each (tests/conftest.py turns it off for the workers tests start): their runs
+# and answers are forked, as a person's are.
+ONE_WORKER = {"WEB_PROCESSES": "1", "RUN_WARM_PROCESS": "1"}
 TINY = {"data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2, "data.max_response_length": 4}
 
 
@@ -51,7 +53,7 @@ class Api:
         return trained, long
 
 
-@pytest.mark.parametrize("embedded_platform", [{"args": ["--no-demo-run"], "env": ONE_WEB_PROCESS}], indirect=True)
+@pytest.mark.parametrize("embedded_platform", [{"args": ["--no-demo-run"], "env": ONE_WORKER}], indirect=True)
 def test_the_playground_answers_while_a_run_trains_and_a_queued_run_says_what_it_waits_behind(
         embedded_platform, browser, log_in, tail):
     url = embedded_platform["url"]
@@ -101,7 +103,7 @@ def test_the_playground_answers_while_a_run_trains_and_a_queued_run_says_what_it
         page.close()
 
 
-@pytest.mark.parametrize("embedded_platform", [{"args": ["--no-demo-run", "--playground-queue="], "env": ONE_WEB_PROCESS}],
+@pytest.mark.parametrize("embedded_platform", [{"args": ["--no-demo-run", "--playground-queue="], "env": ONE_WORKER}],
                          indirect=True)
 def test_without_its_own_worker_a_question_says_which_run_it_waits_behind(embedded_platform, browser, log_in, tail):
     """As with workers started by hand (no PLAYGROUND_QUEUE): a question takes a slot of the runs' queue,

@@ -80,3 +80,16 @@ def test_a_gpu_child_starts_plain(warm_process, tmp_path):
     assert child.started == "started without the warm process (the child uses a GPU)"
     assert psutil.Process(child.pid).ppid() == os.getpid()
     child.wait(timeout=60)
+
+
+def test_a_var_folder_too_deep_for_a_socket_gets_a_private_folder_of_its_own(settings, tmp_path):
+    settings.VAR_DIR = tmp_path / ("deep" * 30)
+    address, own_folder = processes.warm_process_address()
+    try:
+        assert len(os.fsencode(address)) <= processes.UNIX_SOCKET_PATH_BYTES
+        assert own_folder is not None and str(address).startswith(own_folder)
+        assert os.stat(own_folder).st_mode & 0o777 == 0o700
+    finally:
+        os.rmdir(own_folder)
+    settings.VAR_DIR = tmp_path
+    assert processes.warm_process_address() == (tmp_path / "warm" / f"{os.getpid()}.sock", None)
