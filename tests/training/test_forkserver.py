@@ -196,3 +196,15 @@ def test_sys_exit_with_a_message_prints_it_and_exits_1(server, tmp_path):
     warm = server(message="raise SystemExit('no data file')\n", allow=["message"])
     assert warm.start("message", output=tmp_path / "out.log").wait(timeout=30) == 1
     assert (tmp_path / "out.log").read_text().strip() == "no data file"
+
+
+def test_a_caller_that_gave_up_waiting_gets_no_child_once_the_server_is_ready(server, tmp_path, monkeypatch):
+    """A warm process still importing (or hung) past the caller's patience: the caller starts its child
+    plain, and the server, ready later, must not start a second one."""
+    warm = server(preload=["numpy", "slow"], slow="import time\ntime.sleep(3)\n")
+    monkeypatch.setattr(forkserver, "REPLY_SECONDS", 0.5)
+    with pytest.raises(forkserver.NotServed, match="timed out"):
+        warm.start("probe", "given-up", output=tmp_path / "given-up.log")
+    monkeypatch.setattr(forkserver, "REPLY_SECONDS", 60)
+    assert warm.start("probe", output=tmp_path / "later.log").wait(timeout=30) == 0  # ready now, and serving
+    assert outputs(tmp_path / "later.log") and not (tmp_path / "given-up.log").read_text(), "the abandoned child ran"

@@ -59,6 +59,8 @@ INTERPRETER_PREFIX = "PYTHON"
 APPLIED_IN_CHILD = {"PYTHONUNBUFFERED"}
 MESSAGE_BYTES = 1 << 20
 OWNER_CHECK_SECONDS = 1.0
+# A hang guard only: the first request waits for the imports (seconds; a minute on a loaded machine).
+REPLY_SECONDS = 300.0
 
 
 class NotServed(Exception):
@@ -146,7 +148,9 @@ def start(address: str | os.PathLike, module: str, args: list[str], env: dict[st
             connection.connect(os.fspath(address))
             request = {"module": module, "args": list(args), "env": dict(env), "cwd": os.fspath(cwd)}
             socket.send_fds(connection, [json.dumps(request).encode()], streams)
+            connection.settimeout(REPLY_SECONDS)  # a hung warm process: the child starts plain (it forks nothing once we hang up)
             reply = json.loads(connection.recv(MESSAGE_BYTES) or b'{"refused": "the warm process closed the connection"}')
+            connection.settimeout(None)
         except OSError as exc:
             connection.close()
             raise NotServed(f"no warm process at {address} ({exc.strerror or exc})") from exc
@@ -306,6 +310,8 @@ def _answer(connection: socket.socket, allowed: set[str], sensitivity: Sensitivi
             refused = "three standard streams were not passed"
     except (OSError, ValueError, KeyError, TypeError) as exc:
         refused, request = f"a request the warm process could not read ({exc})", None
+    if refused is None and _hung_up(connection):
+        refused = "the caller gave up waiting"
     if refused is not None:
         for fd in fds:
             os.close(fd)
@@ -342,6 +348,16 @@ def _answer(connection: socket.socket, allowed: set[str], sensitivity: Sensitivi
     except OSError:
         pass
     return None
+
+
+def _hung_up(connection: socket.socket) -> bool:
+    """Whether the caller has closed its end (it waited past ``REPLY_SECONDS`` and started the child plain)."""
+    if not select.select([connection], [], [], 0)[0]:
+        return False
+    try:
+        return connection.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _refusal(request: _Request, uid: int, allowed: set[str], sensitivity: Sensitivity) -> str | None:
