@@ -546,10 +546,15 @@ def warm_process(django_db_setup, django_db_blocker):
     the module."""
     from workers import processes
 
+    import time
+
     with django_db_blocker.unblock():
         process = processes.start_warm_process()
-    assert process is not None, "the warm process did not start"
     address = os.environ[processes.WARM_PROCESS_ADDRESS]
+    deadline = time.monotonic() + 180  # a hang guard: it listens once it has imported (seconds)
+    while not os.path.exists(address):  # before, a child would start plain
+        assert process.poll() is None and time.monotonic() < deadline, "the warm process did not start listening"
+        time.sleep(0.1)
     yield process
     processes.stop_warm_process(process)
     assert processes.WARM_PROCESS_ADDRESS not in os.environ

@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 CHILD_MODULES = ("workers.child", "workers.playground_child", "workers.evaluation_child")
 # Where the worker's pool processes find its warm process: the worker's main process sets it.
 WARM_PROCESS_ADDRESS = "WORKER_WARM_PROCESS"
-WARM_PROCESS_START_SECONDS = 10.0
 UNIX_SOCKET_PATH_BYTES = 107  # what a Unix socket's address holds on Linux (sun_path, less its NUL)
 Child = subprocess.Popen | forkserver.ForkedChild  # a child as the worker supervises it
 
@@ -70,11 +69,12 @@ def start_child(module: str, *args: str, env: dict[str, str], output: IO | int |
     return process
 
 
-def start_warm_process() -> subprocess.Popen | None:
+def start_warm_process() -> subprocess.Popen:
     """In a worker's main process: start its warm process (``python -m training.isolation.forkserver``,
     with the environment of a child that uses no GPU) and tell the pool processes where it listens.
-    None when it does not listen within ``WARM_PROCESS_START_SECONDS``. Not for a machine with GPUs
-    (the worker starts none there: CUDA and fork do not mix)."""
+    It listens once it has imported torch, transformers and TRL: a child asked for before (or when it does not answer within
+    ``forkserver.REPLY_SECONDS``) starts plain, so no pool process waits on it. Not for a machine with
+    GPUs (the worker starts none there: CUDA and fork do not mix)."""
     address, own_folder = warm_process_address()
     process = subprocess.Popen(
         [sys.executable, "-m", "training.isolation.forkserver", str(address), "--allow", *CHILD_MODULES,
@@ -82,14 +82,7 @@ def start_warm_process() -> subprocess.Popen | None:
         env=child_env(needs_gpu=False), stdin=subprocess.DEVNULL, cwd=settings.BASE_DIR,
         start_new_session=True,  # a Ctrl-C to the worker's terminal is the worker's to handle
     )
-    process.own_folder = own_folder  # removed with it (stop_warm_process)
-    deadline = time.monotonic() + WARM_PROCESS_START_SECONDS
-    while not address.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            logger.warning("The warm process did not start (%s): each child starts plain.", how_it_ended(process.poll()))
-            stop_warm_process(process)
-            return None
-        time.sleep(0.05)
+    process.address, process.own_folder = address, own_folder  # the folder is removed with it (stop_warm_process)
     os.environ[WARM_PROCESS_ADDRESS] = str(address)
     return process
 

@@ -198,13 +198,32 @@ def test_sys_exit_with_a_message_prints_it_and_exits_1(server, tmp_path):
     assert (tmp_path / "out.log").read_text().strip() == "no data file"
 
 
-def test_a_caller_that_gave_up_waiting_gets_no_child_once_the_server_is_ready(server, tmp_path, monkeypatch):
-    """A warm process still importing (or hung) past the caller's patience: the caller starts its child
-    plain, and the server, ready later, must not start a second one."""
-    warm = server(preload=["numpy", "slow"], slow="import time\ntime.sleep(3)\n")
-    monkeypatch.setattr(forkserver, "REPLY_SECONDS", 0.5)
-    with pytest.raises(forkserver.NotServed, match="timed out"):
-        warm.start("probe", "given-up", output=tmp_path / "given-up.log")
-    monkeypatch.setattr(forkserver, "REPLY_SECONDS", 60)
-    assert warm.start("probe", output=tmp_path / "later.log").wait(timeout=30) == 0  # ready now, and serving
+def test_a_caller_that_gave_up_waiting_gets_no_child_once_the_server_answers(server, tmp_path):
+    """A warm process that does not answer within ``REPLY_SECONDS`` (frozen here): the caller starts
+    its child plain, and the server, answering later, must not start a second one."""
+    warm = server()
+    os.kill(warm.process.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(forkserver.NotServed, match="timed out"):
+            warm.start("probe", "given-up", output=tmp_path / "given-up.log")
+    finally:
+        os.kill(warm.process.pid, signal.SIGCONT)
+    assert warm.start("probe", output=tmp_path / "later.log").wait(timeout=30) == 0  # answering again
     assert outputs(tmp_path / "later.log") and not (tmp_path / "given-up.log").read_text(), "the abandoned child ran"
+
+
+def test_before_it_has_imported_there_is_nothing_to_wait_for(tmp_path):
+    """It listens only once it has imported: a caller meanwhile finds no socket and starts plain at once."""
+    write_modules(tmp_path, probe=PROBE, slow="import time\ntime.sleep(60)\n")
+    address = tmp_path / "warm" / "server.sock"
+    process = subprocess.Popen([sys.executable, "-m", "training.isolation.forkserver", str(address), "--allow", "probe",
+                                "--preload", "slow"], env={**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"}, cwd=tmp_path)
+    try:
+        time.sleep(1)
+        started = time.monotonic()
+        with pytest.raises(forkserver.NotServed, match="no warm process"):
+            forkserver.start(address, "probe", [], dict(os.environ), tmp_path)
+        assert time.monotonic() - started < 1
+    finally:
+        process.kill()
+        process.wait()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -40,6 +41,13 @@ def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
              "-n", f"{QUEUE}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"],
             cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
+    # The worker's warm process listens once it has imported: the runs below are forked (one claimed
+    # before would start plain, as in production).
+    warm = Path(settings.VAR_DIR) / "warm" / f"{process.pid}.sock"
+    deadline = time.monotonic() + 180
+    while not warm.exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the worker's warm process never listened"
+        time.sleep(0.2)
     yield log_path
     started = psutil.Process(process.pid).create_time()
     process.send_signal(signal.SIGTERM)

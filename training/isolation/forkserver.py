@@ -59,8 +59,9 @@ INTERPRETER_PREFIX = "PYTHON"
 APPLIED_IN_CHILD = {"PYTHONUNBUFFERED"}
 MESSAGE_BYTES = 1 << 20
 OWNER_CHECK_SECONDS = 1.0
-# A hang guard only: the first request waits for the imports (seconds; a minute on a loaded machine).
-REPLY_SECONDS = 300.0
+# A ready warm process answers in milliseconds. A caller (a worker's pool process, which must go on
+# heartbeating its runs) waits no longer than this, then starts the child plain.
+REPLY_SECONDS = 2.0
 
 
 class NotServed(Exception):
@@ -148,7 +149,7 @@ def start(address: str | os.PathLike, module: str, args: list[str], env: dict[st
             connection.connect(os.fspath(address))
             request = {"module": module, "args": list(args), "env": dict(env), "cwd": os.fspath(cwd)}
             socket.send_fds(connection, [json.dumps(request).encode()], streams)
-            connection.settimeout(REPLY_SECONDS)  # a hung warm process: the child starts plain (it forks nothing once we hang up)
+            connection.settimeout(REPLY_SECONDS)  # a slow or hung warm process: plain (it forks nothing once we hang up)
             reply = json.loads(connection.recv(MESSAGE_BYTES) or b'{"refused": "the warm process closed the connection"}')
             connection.settimeout(None)
         except OSError as exc:
@@ -255,18 +256,19 @@ class _Request:
 
 
 def serve(address: Path, allowed: set[str], modules: tuple[str, ...], owner: int) -> _Request:
-    """Listen at ``address``, import ``modules``, then fork a child for each request. Returns only
+    """Import ``modules``, listen at ``address``, then fork a child for each request. Returns only
     in a child, with its request; the server itself ends once ``owner`` (its parent) has, and the
     children it waits for have ended."""
     address.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(address.parent, 0o700)
     address.unlink(missing_ok=True)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(os.fspath(address))
-    listener.listen(64)  # requests wait here while the libraries are imported
     sensitivity = preload(modules)
     gc.collect()
     gc.freeze()  # what it imported is never traversed by a child's collections (which would copy its pages)
+    # It listens once it has imported: a child asked for before finds no socket and starts plain, at once.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(os.fspath(address))
+    listener.listen(64)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "listener")
     waiting: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
