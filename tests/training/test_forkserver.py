@@ -129,6 +129,14 @@ def test_an_environment_that_differs_where_a_preloaded_module_read_it_is_refused
     assert child.wait(timeout=30) == 0 and outputs(tmp_path / "x.log")[0]["x"] == "read by nobody at import"
 
 
+def test_the_terminals_size_read_at_import_does_not_refuse_a_child(server, tmp_path):
+    """accelerate reads it at import for its menus' width; readline puts it in a caller's environment."""
+    warm = server(preload=["numpy", "width"], width="import shutil\nWIDTH = shutil.get_terminal_size()\n")
+    env = {**warm.env, "COLUMNS": "123", "LINES": "45", "X": "sized"}
+    assert warm.start("probe", env=env, output=tmp_path / "x.log").wait(timeout=30) == 0
+    assert outputs(tmp_path / "x.log")[0]["x"] == "sized"
+
+
 def test_a_preload_that_reads_the_whole_environment_serves_only_the_same_one(server, tmp_path):
     warm = server(preload=["numpy", "scans"], scans="import os\nSEEN = dict(os.environ)\n")
     with pytest.raises(forkserver.NotServed, match="X"):

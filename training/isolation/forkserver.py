@@ -55,8 +55,11 @@ PRELOAD = ("torch", "transformers:AutoModelForCausalLM", "transformers:AutoToken
 PREFIX_SCANNERS = {"tqdm.utils": "TQDM_", "fsspec.config": "FSSPEC_"}
 # Read by the interpreter as it starts, before any module: the server's and the child's must agree.
 INTERPRETER_PREFIX = "PYTHON"
-# The child makes its streams afresh with the caller's choice of buffering.
-APPLIED_IN_CHILD = {"PYTHONUNBUFFERED"}
+# The child makes its streams afresh with the caller's choice of buffering; the terminal's size is
+# read at import only for the width of text (accelerate's menus), and readline sets it in the
+# environment of a process that imports it, so a caller's children may carry it where the server
+# has none.
+APPLIED_IN_CHILD = {"PYTHONUNBUFFERED", "COLUMNS", "LINES"}
 MESSAGE_BYTES = 1 << 20
 OWNER_CHECK_SECONDS = 1.0
 # A ready warm process answers in milliseconds. A caller (a worker's pool process, which must go on
@@ -266,9 +269,14 @@ def serve(address: Path, allowed: set[str], modules: tuple[str, ...], owner: int
     gc.collect()
     gc.freeze()  # what it imported is never traversed by a child's collections (which would copy its pages)
     # It listens once it has imported: a child asked for before finds no socket and starts plain, at once.
+    # Bound and listening under a private name, then renamed: a caller that finds the address can
+    # connect (one that came between bind and listen would be refused).
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(os.fspath(address))
+    binding = address.parent / f".{os.getpid()}"
+    binding.unlink(missing_ok=True)
+    listener.bind(os.fspath(binding))
     listener.listen(64)
+    os.replace(binding, address)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "listener")
     waiting: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
