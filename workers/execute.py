@@ -40,7 +40,7 @@ from webapp.runs.models import Run, RunLog
 from webapp.runs.recording import DatabaseSink
 from webapp.runs.trainer_args import attempt_kwargs
 from workers.lifecycle import Attempt, requeue_or_recover, with_database
-from workers.processes import Child, child_env, kill_session, start_child, tail, terminate_session
+from workers.processes import Child, kill_session, start_child, tail, terminate_session
 from workers.releases import release_in_background
 
 logger = logging.getLogger(__name__)
@@ -114,8 +114,7 @@ def execute_run(run_id: int, worker_name: str) -> str:
     try:
         needs_gpu = run.backend.needs_gpu
         with open(output_path, "ab") as output:
-            process = start_child("workers.child", str(run.pk), DRAINED, env=child_env(needs_gpu), output=output,
-                                  uses_gpu=needs_gpu)
+            process = start_child("workers.child", str(run.pk), DRAINED, output=output, uses_gpu=needs_gpu)
     except Exception as exc:
         run.finish(Run.Status.FAILED, error=f"Could not start the training process: {exc}", traceback=traceback_module.format_exc())
         return Run.Status.FAILED

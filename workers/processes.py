@@ -42,11 +42,12 @@ UNIX_SOCKET_PATH_BYTES = 107  # what a Unix socket's address holds on Linux (sun
 Child = subprocess.Popen | forkserver.ForkedChild  # a child as the worker supervises it
 
 
-def start_child(module: str, *args: str, env: dict[str, str], output: IO | int | None = None,
-                uses_gpu: bool = False) -> Child:
-    """``python -m <module> <args>`` in a session of its own, its output (both streams) to ``output``:
-    forked from this worker's warm process where it has one that can. ``started`` on what it returns
-    says how (the run's log shows it)."""
+def start_child(module: str, *args: str, output: IO | int | None = None, uses_gpu: bool = False) -> Child:
+    """``python -m <module> <args>`` in a session of its own, with the worker's environment
+    (``child_env``: the GPU of this worker's slot where it ``uses_gpu``), its output (both streams)
+    to ``output``: forked from this worker's warm process where it has one that can. ``started`` on
+    what it returns says how (the run's log shows it)."""
+    env = child_env(uses_gpu)
     address = os.environ.get(WARM_PROCESS_ADDRESS)
     if address:
         try:
@@ -287,7 +288,7 @@ def run_child_within(module: str, arg: str, needs_gpu: bool, seconds: float, tai
     output = tempfile.NamedTemporaryFile(prefix=f"{module.rsplit('.', 1)[-1]}-", suffix=".log", dir=settings.VAR_DIR, delete=False)
     try:
         with output:
-            process = start_child(module, arg, env=child_env(needs_gpu), output=output, uses_gpu=needs_gpu)
+            process = start_child(module, arg, output=output, uses_gpu=needs_gpu)
             try:
                 process.wait(timeout=seconds)
             except subprocess.TimeoutExpired:

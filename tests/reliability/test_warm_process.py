@@ -51,7 +51,7 @@ def test_a_claimed_run_is_trained_by_a_process_the_warm_process_forked(make_run,
 def test_a_child_that_runs_now_is_named_as_a_plain_one(warm_process, tmp_path):
     """The housekeeping's graceful stop and the operators' ``ps`` find a training process by its command line."""
     with open(tmp_path / "out.log", "wb") as output:
-        child = processes.start_child("workers.evaluation_child", "--help", env=processes.child_env(needs_gpu=False), output=output)
+        child = processes.start_child("workers.evaluation_child", "--help", output=output)
     try:
         assert child.started == "forked from the worker's warm process"
         assert " ".join(psutil.Process(child.pid).cmdline()).split() == [os.sys.executable, "-m", "workers.evaluation_child", "--help"]
@@ -75,8 +75,7 @@ def test_a_child_whose_environment_differs_where_the_libraries_read_it_starts_pl
 
 def test_a_gpu_child_starts_plain(warm_process, tmp_path):
     with open(tmp_path / "out.log", "wb") as output:
-        child = processes.start_child("workers.evaluation_child", "--help", env=processes.child_env(needs_gpu=False),
-                                      output=output, uses_gpu=True)
+        child = processes.start_child("workers.evaluation_child", "--help", output=output, uses_gpu=True)
     assert child.started == "started without the warm process (the child uses a GPU)"
     assert psutil.Process(child.pid).ppid() == os.getpid()
     child.wait(timeout=60)
