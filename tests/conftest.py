@@ -14,10 +14,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 # The suite runs as root on CI and its servers and workers use folders the tests made as root:
 # they may stay root here (webapp/privileges.py). tests/security/test_not_root.py unsets it.
 os.environ.setdefault("PLATFORM_ALLOW_ROOT", "1")
-# The workers the tests start have no warm process (RUN_WARM_PROCESS, on in production) unless the
-# test turns it on: it imports torch once for the worker (about 7 CPU-s), worth it only for a worker
-# that starts more than one child (tests/browser/conftest.py's does; tests/reliability/test_warm_process.py
-# and tests/workers/test_celery_end_to_end.py test it).
+# The workers the tests start have no warm process of their own (RUN_WARM_PROCESS, on in production)
+# unless the test turns it on: it imports torch once for the worker (about 7 CPU-s), worth it only for
+# a worker that starts more than one child (tests/browser/conftest.py's does; tests/reliability/test_warm_process.py
+# and tests/workers/test_celery_end_to_end.py test it). Their children fork from the session's warm
+# process instead (tests/platform_slots.py), as a pool process forks from its worker's.
 os.environ.setdefault("RUN_WARM_PROCESS", "0")
 
 
@@ -548,6 +549,7 @@ def warm_process(django_db_setup, django_db_blocker):
 
     import time
 
+    session_address = os.environ.get(processes.WARM_PROCESS_ADDRESS)  # the session's (tests/platform_slots.py)
     with django_db_blocker.unblock():
         process = processes.start_warm_process()
     address = os.environ[processes.WARM_PROCESS_ADDRESS]
@@ -559,3 +561,5 @@ def warm_process(django_db_setup, django_db_blocker):
     processes.stop_warm_process(process)
     assert processes.WARM_PROCESS_ADDRESS not in os.environ
     assert process.returncode is not None and not os.path.exists(address)
+    if session_address:
+        os.environ[processes.WARM_PROCESS_ADDRESS] = session_address

@@ -52,6 +52,67 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+# -- one warm process for the session's children ------------------------------------------------
+# A worker's children (training, playground and evaluation processes) are forked from a warm process
+# that imported torch, transformers and TRL once (``workers.processes.start_child``): in production
+# each worker starts its own (``RUN_WARM_PROCESS``). Most workers a test starts run one child or none,
+# where a warm process of their own would cost as much as it saves (tests/conftest.py turns it off);
+# instead the session's first process starts one (``SUITE_WARM_PROCESS=0``: none) and every test
+# process, worker and command started after inherits its address (``WORKER_WARM_PROCESS``), as a
+# worker's pool processes inherit their worker's. The warm process forks a child only where the
+# child's environment matches it in every variable its libraries read when imported (each xdist
+# process's own database, Redis database and var folder are not among them); otherwise, and before
+# it listens, a child starts plain and its run's log says why. Stopped (and reaped: its CPU and its
+# children's count in the session's) when the session ends.
+_warm = None
+
+
+def pytest_configure(config):
+    global _warm
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("SUITE_WARM_PROCESS", "1") == "0":
+        return
+    import subprocess
+    import tempfile
+
+    from training.utils import NO_TRANSFORMERS_MLFLOW
+    from workers.processes import CHILD_MODULES, WARM_PROCESS_ADDRESS
+
+    # A test process that trains in-process sets these (torch its compile cache's folder, the trl
+    # backend TRL's warning switch), and the warm process's imports read them: set for every process
+    # of the session (to the values they would set) from the start, their children stay servable.
+    import getpass
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    folder = tempfile.mkdtemp(prefix="suite-warm-")  # mode 0700
+    address = os.path.join(folder, "warm.sock")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_TRANSFORMERS_MLFLOW}
+    env.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    root = Path(__file__).resolve().parent.parent
+    _warm = subprocess.Popen([sys.executable, "-m", "training.isolation.forkserver", address, "--allow", *CHILD_MODULES,
+                              "--owner", str(os.getpid())], env=env, cwd=root, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+    _warm.folder = folder
+    os.environ[WARM_PROCESS_ADDRESS] = address
+
+
+def pytest_unconfigure(config):
+    global _warm
+    if _warm is None:
+        return
+    import shutil
+    import subprocess
+
+    _warm.terminate()
+    try:
+        _warm.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        _warm.kill()
+        _warm.wait()
+    shutil.rmtree(_warm.folder, ignore_errors=True)
+    _warm = None
+
+
 # -- where the CPU goes: ``SUITE_CPU_REPORT=<folder>`` ---------------------------------------------
 # Each test process writes ``<folder>/<worker>.json``: per test, the CPU seconds (user + sys) of the
 # process and of the children it waited for during the test (its servers, workers and training

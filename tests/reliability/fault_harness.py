@@ -86,7 +86,11 @@ def start_worker(queue: str, tag: str, env: dict[str, str], log_dir: Path,
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queue, "--concurrency", "1",
              "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"],
-            cwd=ROOT, env={**os.environ, **thresholds, **env}, stdout=output, stderr=subprocess.STDOUT,
+            # WORKER_WARM_PROCESS emptied: its children start plain, or forked from its own warm process
+            # (RUN_WARM_PROCESS), never from the session's: each stays in the worker's process tree,
+            # which these tests kill and freeze as a machine's.
+            cwd=ROOT, env={**os.environ, "WORKER_WARM_PROCESS": "", **thresholds, **env}, stdout=output,
+            stderr=subprocess.STDOUT,
         )
     return Worker(process, name, log)
 
