@@ -130,6 +130,7 @@ class Collected(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+@pytest.mark.slow  # a store outage injected
 def test_uploader_retries_through_an_outage_and_logs_it_once(s3_server, s3_env, tmp_path):
     store = ArtifactStore(f"s3://{s3_server.new_bucket()}/p")
     scratch = tmp_path / "scratch"

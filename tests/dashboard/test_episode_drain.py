@@ -110,6 +110,7 @@ def test_a_training_process_ends_once_its_supervisor_has_stored_its_episodes(mak
     assert stored(run) == [(s, p, s / 4, 1) for s in (1, 2, 3) for p in range(4)]
 
 
+@pytest.mark.slow  # a supervisor killed
 def test_a_training_process_whose_supervisor_is_gone_stores_its_episodes_itself(make_run, tmp_path, settings):
     settings.RUNS_DIR = tmp_path
     folder = tmp_path / "run-folder"
@@ -133,6 +134,7 @@ def test_a_training_process_whose_supervisor_is_gone_stores_its_episodes_itself(
     assert segments(folder) == []
 
 
+@pytest.mark.slow  # a training process killed
 def test_the_supervisor_stores_what_a_killed_training_process_spooled_before_taking_the_run_back(
         make_run, tmp_path, settings):
     settings.RUNS_DIR = tmp_path

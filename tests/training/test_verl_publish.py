@@ -134,6 +134,7 @@ def test_a_checkpoint_is_published_only_once_its_steps_metrics_were_forwarded(tm
     assert (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"
 
 
+@pytest.mark.slow  # an attempt frozen
 def test_an_attempt_frozen_past_its_takeover_forwards_and_publishes_nothing_when_it_wakes(tmp_path):
     ownership = Ownership(1)
     frozen, thaw = threading.Event(), threading.Event()

@@ -231,6 +231,7 @@ def test_a_question_whose_worker_was_lost_says_so(trained_run, owner_client, set
     assert state["status"] == "failed" and "(gone@host) was lost" in state["error"]
 
 
+@pytest.mark.slow  # a hung answer injected
 @committed
 def test_an_answer_that_takes_too_long_is_stopped(trained_run, owner_client, settings, monkeypatch):
     monkeypatch.delenv(WARM_PROCESS_ADDRESS)  # a plain child: forked, it may well answer within the second

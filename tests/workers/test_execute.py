@@ -172,6 +172,7 @@ def test_database_url_round_trips():
     assert url == "postgres://postgres@127.0.0.1:5432/test_test"
 
 
+@pytest.mark.slow  # a database outage injected
 @pytest.mark.django_db(transaction=True)
 def test_the_claim_is_retried_while_the_database_is_away_and_a_claim_whose_answer_was_lost_is_recognised(
         make_run, tmp_path, settings, monkeypatch):
