@@ -92,25 +92,17 @@ def pytest_configure(config):
     _warm = subprocess.Popen([sys.executable, "-m", "training.isolation.forkserver", address, "--allow", *CHILD_MODULES,
                               "--owner", str(os.getpid())], env=env, cwd=root, stdin=subprocess.DEVNULL,
                              start_new_session=True)
-    _warm.folder = folder
+    _warm.own_folder = folder
     os.environ[WARM_PROCESS_ADDRESS] = address
 
 
 def pytest_unconfigure(config):
     global _warm
-    if _warm is None:
-        return
-    import shutil
-    import subprocess
+    if _warm is not None:
+        from workers.processes import stop_warm_process
 
-    _warm.terminate()
-    try:
-        _warm.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        _warm.kill()
-        _warm.wait()
-    shutil.rmtree(_warm.folder, ignore_errors=True)
-    _warm = None
+        stop_warm_process(_warm)  # the address out of the environment, the process reaped, its folder removed
+        _warm = None
 
 
 # -- where the CPU goes: ``SUITE_CPU_REPORT=<folder>`` ---------------------------------------------
