@@ -71,29 +71,19 @@ def pytest_configure(config):
     global _warm
     if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("SUITE_WARM_PROCESS", "1") == "0":
         return
-    import subprocess
+    import getpass
     import tempfile
 
-    from training.utils import NO_TRANSFORMERS_MLFLOW
-    from workers.processes import CHILD_MODULES, WARM_PROCESS_ADDRESS
+    from workers.processes import start_warm_process
 
     # A test process that trains in-process sets these (torch its compile cache's folder, the trl
     # backend TRL's warning switch), and the warm process's imports read them: set for every process
     # of the session (to the values they would set) from the start, their children stay servable.
-    import getpass
-
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    folder = tempfile.mkdtemp(prefix="suite-warm-")  # mode 0700
-    address = os.path.join(folder, "warm.sock")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_TRANSFORMERS_MLFLOW}
-    env.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-    root = Path(__file__).resolve().parent.parent
-    _warm = subprocess.Popen([sys.executable, "-m", "training.isolation.forkserver", address, "--allow", *CHILD_MODULES,
-                              "--owner", str(os.getpid())], env=env, cwd=root, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
-    _warm.own_folder = folder
-    os.environ[WARM_PROCESS_ADDRESS] = address
+    folder = tempfile.mkdtemp(prefix="suite-warm-")  # mode 0700; not a var folder, where a test's own may go
+    _warm = start_warm_process(Path(folder) / "warm.sock")  # as a worker starts its own: the address into os.environ
+    _warm.own_folder = folder  # removed with it
 
 
 def pytest_unconfigure(config):

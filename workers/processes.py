@@ -70,13 +70,16 @@ def start_child(module: str, *args: str, output: IO | int | None = None, uses_gp
     return process
 
 
-def start_warm_process() -> subprocess.Popen:
+def start_warm_process(address: Path | None = None) -> subprocess.Popen:
     """In a worker's main process: start its warm process (``python -m training.isolation.forkserver``,
-    with the environment of a child that uses no GPU) and tell the pool processes where it listens.
+    with the environment of a child that uses no GPU) and tell the pool processes where it listens
+    (``address``, in a folder only this user may enter; by default ``warm_process_address()``).
     It listens once it has imported torch, transformers and TRL: a child asked for before (or when it does not answer within
     ``forkserver.REPLY_SECONDS``) starts plain, so no pool process waits on it. Not for a machine with
     GPUs (the worker starts none there: CUDA and fork do not mix)."""
-    address, own_folder = warm_process_address()
+    own_folder = None
+    if address is None:
+        address, own_folder = warm_process_address()
     process = subprocess.Popen(
         [sys.executable, "-m", "training.isolation.forkserver", str(address), "--allow", *CHILD_MODULES,
          "--owner", str(os.getpid())],
