@@ -6,6 +6,7 @@ run's log says why; a GPU run starts plain."""
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 import pytest
@@ -92,3 +93,21 @@ def test_a_var_folder_too_deep_for_a_socket_gets_a_private_folder_of_its_own(set
         os.rmdir(own_folder)
     settings.VAR_DIR = tmp_path
     assert processes.warm_process_address() == (tmp_path / "warm" / f"{os.getpid()}.sock", None)
+
+
+def test_the_sessions_warm_process_is_private_and_runs_only_the_workers_modules():
+    """The test session's own (tests/platform_slots.py), which every process of the session may ask:
+    its folder is this user's alone, and a request naming other code is refused."""
+    from training.isolation import forkserver
+
+    address = os.environ.get(processes.WARM_PROCESS_ADDRESS)
+    if not address or os.environ.get("SUITE_WARM_PROCESS") == "0":
+        pytest.skip("this session has no warm process (SUITE_WARM_PROCESS=0, or pytest without -p platform_slots)")
+    folder = os.stat(os.path.dirname(address))
+    assert (folder.st_mode & 0o777, folder.st_uid) == (0o700, os.getuid())
+    deadline = time.monotonic() + 180  # it listens once it has imported
+    while not os.path.exists(address):
+        assert time.monotonic() < deadline, "the session's warm process never listened"
+        time.sleep(0.2)
+    with pytest.raises(forkserver.NotServed, match="does not run os"):
+        forkserver.start(address, "os", [], dict(os.environ), "/")

@@ -155,6 +155,40 @@ def test_its_socket_folder_is_private(server):
     assert stat.S_IMODE(warm.address.parent.stat().st_mode) == 0o700
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="becoming another user needs root")
+def test_another_user_who_reaches_the_socket_is_refused(server, tmp_path):
+    """Past the private folder (opened up here, as a mistaken chmod would), the socket still serves
+    only its own user: the credentials the kernel gives with the connection, not anything sent."""
+    import json
+    import pwd
+
+    warm = server()
+    os.chmod(warm.address.parent, 0o711)
+    os.chmod(warm.address, 0o777)
+    nobody = pwd.getpwnam("nobody")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the other user: in the folder, then no longer root
+        try:
+            os.chdir(warm.address.parent)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            try:
+                forkserver.start(warm.address.name, "probe", ["7"], dict(warm.env), "/", stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+                answer = "forked"
+            except forkserver.NotServed as exc:
+                answer = str(exc)
+            os.write(write, json.dumps(answer).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert json.loads(os.read(read, 65536)) == "the warm process serves only its own user"
+    assert warm.start("probe", "0").wait(timeout=30) == 0  # its own user still is
+
+
 def test_a_child_whose_server_went_away_is_waited_for_by_its_pid(server):
     warm = server()
     child = warm.start("probe", "sleep")
