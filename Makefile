@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SWIFT_VENV ?= .venv-swift
 export DJANGO_SETTINGS_MODULE ?= webapp.settings
 
-.PHONY: install swift-env run demo test test-fast bench chromium jail clean
+.PHONY: install swift-env run demo test test-fast warm-models bench chromium jail clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,17 @@ run: install jail
 ## The library alone: train the multi-turn example in the terminal until reward passes 0.9.
 demo: install
 	$(PY) -m training demo
+
+## The learning tests' warm-started tiny models (tests/training/warm_start.py), made anew by running every
+## test that asks for one, then kept in tests/fixtures/warm-models (committed): exactly those the suite asks for.
+WARM_MODEL_TESTS := $(shell grep -l warm_tiny_model tests/training/test_*.py)
+warm-models: install
+	bash scripts/services.sh
+	rm -rf var/test-cache/warm-models
+	WARM_MODELS_COMMITTED=0 DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} $(PYTEST) $(WARM_MODEL_TESTS)
+	rm -rf tests/fixtures/warm-models
+	cp -r var/test-cache/warm-models tests/fixtures/warm-models
 
 ## The tests, against this machine's PostgreSQL and Redis (started if they are down), in four
 ## processes (pytest-xdist) on two cores: a test that waits on its servers, workers or browser

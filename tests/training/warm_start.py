@@ -3,16 +3,25 @@ tests of rLLM's own examples start from a model whose answers vary (a randomly i
 character model never writes ```Up``` or ``<answer>7</answer>``, and every reward would be 0).
 
 The warm-up is deterministic (same pairs, steps, seed, code, library versions and torch threads:
-same weights, byte for byte), and it costs tens of CPU seconds where the prompts are long. So each
-warmed model is kept under ``var/test-cache/warm-models/<digest of all of those>`` and copied from
-there when the same warm-up is asked for again (a later run of the suite): what a test trains from
-is what the warm-up makes. Any change to this file, the tiny model's or the chat rendering's code,
-or torch or transformers makes a new digest, so a new warm-up. ``rm -r var/test-cache`` drops them."""
+same weights, byte for byte), and it costs tens of CPU seconds where the prompts are long (about
+150 CPU-s for the suite's warm-ups). So each warmed model is kept under a digest of all of those,
+and copied from there when the same warm-up is asked for again:
+
+- ``tests/fixtures/warm-models/<digest>``: committed, what a fresh checkout (CI) starts from. The
+  learning tests then train from the same bytes on every machine (a float kernel of another CPU
+  could change the last bits of a warm-up made there, and the recipes are sensitive to those).
+  ``make warm-models`` runs every warm-up anew and keeps exactly those the suite asks for.
+- ``var/test-cache/warm-models/<digest>``: made by this checkout's runs when no committed one
+  matches (a change to the warm-up, the tiny model or the chat rendering, another torch or
+  transformers, another thread count). ``rm -r var/test-cache`` drops them.
+
+What a test trains from is what the warm-up makes, either way."""
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -36,8 +45,12 @@ def warm_tiny_model(
     A long start that every prompt shares (rLLM's FrozenLake system prompt, ~1,100 tokens) is run
     once per step without gradients and its key/value cache reused by every row: the rows then
     cost only their own tokens, and the model still learns to answer with that start in view."""
-    kept = WARM_MODELS / _digest(pairs, steps=steps, seed=seed, context=context, lr=lr)
-    if not kept.is_dir():
+    digest = _digest(pairs, steps=steps, seed=seed, context=context, lr=lr)
+    kept = WARM_MODELS / digest
+    committed = COMMITTED_WARM_MODELS / digest
+    if committed.is_dir() and os.environ.get("WARM_MODELS_COMMITTED", "1") != "0":
+        kept = committed
+    elif not kept.is_dir():
         WARM_MODELS.mkdir(parents=True, exist_ok=True)
         made = Path(tempfile.mkdtemp(dir=WARM_MODELS, prefix=".making-"))
         try:
@@ -56,9 +69,12 @@ def warm_tiny_model(
 # with the same gradients bit for bit.
 NO_CHECKPOINTING = {"actor_rollout_ref.model.enable_gradient_checkpointing": False}
 
-WARM_MODELS = Path(__file__).resolve().parents[2] / "var" / "test-cache" / "warm-models"
-# Whatever the warmed weights depend on, besides the arguments.
-_CODE = [Path(__file__), *(Path(__file__).resolve().parents[2] / "training" / name for name in ("rollouts/tiny.py", "rendering.py"))]
+_ROOT = Path(__file__).resolve().parents[2]
+WARM_MODELS = _ROOT / "var" / "test-cache" / "warm-models"
+COMMITTED_WARM_MODELS = _ROOT / "tests" / "fixtures" / "warm-models"
+# Whatever the warmed weights depend on, besides the arguments: the modules' code, and the warm-up's
+# own functions (this file's docstrings and the other helpers do not change the weights).
+_CODE = [_ROOT / "training" / name for name in ("rollouts/tiny.py", "rendering.py")]
 
 
 def _digest(pairs, **arguments) -> str:
@@ -67,6 +83,8 @@ def _digest(pairs, **arguments) -> str:
     digest = hashlib.sha256()
     for path in _CODE:
         digest.update(path.read_bytes())
+    for function in (_warm, _common_prefix):
+        digest.update(inspect.getsource(function).encode())
     digest.update(json.dumps([pairs, arguments, torch.__version__, transformers.__version__, torch.get_num_threads()],
                              sort_keys=True, default=repr).encode())
     return digest.hexdigest()[:24]
