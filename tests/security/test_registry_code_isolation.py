@@ -182,3 +182,33 @@ def test_an_admins_tool_is_loaded_in_the_jail(admin_client_, tmp_path, monkeypat
         Tool(name="broken", path="broken_tool.fn").full_clean()
     with pytest.raises(Exception, match="no_such_tool_module"):
         Tool(name="nope", path="no_such_tool_module.fn").full_clean()
+
+
+def test_a_check_sees_its_own_registry_code_and_not_the_code_an_earlier_check_used(owner_client, registry, tmp_path,
+                                                                                     no_queue):
+    """The checking server's jail shows the registry code folders of the check at hand (it starts
+    again when a check names a folder it does not show): a second admin's reward cannot read the
+    first's, and the first's sibling module imports."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in (tmp_path, first, second):
+        folder.mkdir(exist_ok=True)
+        folder.chmod(0o755)
+    (first / "helpers.py").write_text("WEIGHT = 3\n")
+    (first / "reward.py").write_text(
+        "import sys, os\nsys.path.insert(0, os.path.dirname(__file__))\nfrom helpers import WEIGHT\n"
+        "def score(completion, ground_truth, **kwargs):\n    return float(WEIGHT > 2)\n")
+    (second / "reward.py").write_text(
+        "import json\n"
+        f"FIRST = {str(first / 'helpers.py')!r}\n"
+        "def score(completion, ground_truth, **kwargs):\n"
+        "    try:\n        seen = open(FIRST).read()\n    except OSError as exc:\n        seen = type(exc).__name__\n"
+        "    raise RuntimeError('findings ' + json.dumps({'first': seen, 'file': __file__}))\n")
+    first_reward = RewardFunction.objects.create(name="first", path=f"{first / 'reward.py'}:score")
+    second_reward = RewardFunction.objects.create(name="second", path=f"{second / 'reward.py'}:score")
+
+    response = owner_client.post("/runs/new/", form_data(registry, reward=first_reward.pk))
+    assert response.status_code == 302, response.context["form"].errors  # its sibling module imported in the jail
+    response = owner_client.post("/runs/new/", form_data(registry, reward=second_reward.pk))
+    seen = findings(response.context["form"].errors)
+    assert seen["first"] == "FileNotFoundError", "a check saw the registry code of an earlier one"
+    assert seen["file"] == str(second / "reward.py"), seen  # loaded from where the admin put it
