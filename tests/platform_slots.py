@@ -64,7 +64,11 @@ def pytest_collection_finish(session):
 # process's own database, Redis database and var folder are not among them); otherwise, and before
 # it listens, a child starts plain and its run's log says why. Stopped (and reaped: its CPU and its
 # children's count in the session's) when the session ends.
+# The swift backend's training processes (its own interpreter, .venv-swift) fork likewise from a warm
+# process of that interpreter (``SWIFT_WARM_PROCESS``; training/backends/swift/backend.py), started
+# where that environment is built and the session runs the slow tests (where those trainings are).
 _warm = None
+_swift_warm = None
 
 
 def pytest_configure(config):
@@ -84,10 +88,22 @@ def pytest_configure(config):
     folder = tempfile.mkdtemp(prefix="suite-warm-")  # mode 0700; not a var folder, where a test's own may go
     _warm = start_warm_process(Path(folder) / "warm.sock")  # as a worker starts its own: the address into os.environ
     _warm.own_folder = folder  # removed with it
+    from training.backends.swift import backend as swift
+
+    if swift.DEFAULT_PYTHON.exists() and "not slow" not in (config.option.markexpr or ""):
+        global _swift_warm
+        _swift_warm = swift.start_warm_process(Path(folder) / "swift.sock")
 
 
 def pytest_unconfigure(config):
-    global _warm
+    global _warm, _swift_warm
+    if _swift_warm is not None:
+        from training.backends.swift import backend as swift
+
+        os.environ.pop(swift.WARM_PROCESS_ADDRESS, None)
+        _swift_warm.terminate()
+        _swift_warm.wait()
+        _swift_warm = None
     if _warm is not None:
         from workers.processes import stop_warm_process
 

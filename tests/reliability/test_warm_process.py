@@ -111,3 +111,25 @@ def test_the_sessions_warm_process_is_private_and_runs_only_the_workers_modules(
         time.sleep(0.2)
     with pytest.raises(forkserver.NotServed, match="does not run os"):
         forkserver.start(address, "os", [], dict(os.environ), "/")
+
+
+def test_the_sessions_swift_warm_process_is_private_and_runs_only_the_swift_training_process():
+    """The session's warm process of the swift backend's interpreter (tests/platform_slots.py; the
+    swift backend's ``start_warm_process``): its folder is this user's alone, and it forks nothing
+    but ``training.backends.swift.child``."""
+    from training.backends.swift import backend as swift
+    from training.isolation import forkserver
+
+    address = os.environ.get(swift.WARM_PROCESS_ADDRESS)
+    if not address:
+        pytest.skip("this session has no swift warm process (no .venv-swift, slow tests left out, or SUITE_WARM_PROCESS=0)")
+    folder = os.stat(os.path.dirname(address))
+    assert (folder.st_mode & 0o777, folder.st_uid) == (0o700, os.getuid())
+    deadline = time.monotonic() + 180  # it listens once it has imported ms-swift
+    while not os.path.exists(address):
+        assert time.monotonic() < deadline, "the session's swift warm process never listened"
+        time.sleep(0.2)
+    for module in ("os", "training.platform.probe", "workers.child"):
+        with pytest.raises(forkserver.NotServed, match=f"does not run {module}"):
+            forkserver.start(address, module, [], dict(os.environ), "/")
+

@@ -2,10 +2,15 @@
 
 Nothing is a stand-in here: a real few-step GRPO run of ms-swift on the CPU with the tiny model,
 in ``.venv-swift`` (built by ``make swift-env``, which ``make test`` runs first), started from this
-environment by ``AgentTrainer(backend="swift")``.
+environment by ``AgentTrainer(backend="swift")``. Under ``make test`` the training processes fork
+from the session's warm process of that interpreter (tests/platform_slots.py: ``SWIFT_WARM_PROCESS``),
+as a worker's children do from its own; one test starts its training process plain.
 """
 
 import json
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ from transformers import AutoModelForCausalLM
 from task_rewards import PROMPTS
 from training import AgentTrainer
 from training.errors import RunSuperseded
+from training.backends.swift import backend as swift_backend
 from training.backends.swift.backend import DEFAULT_PYTHON, environment_problem
 from warm_start import NO_CHECKPOINTING
 
@@ -23,6 +29,30 @@ needs_swift_env = pytest.mark.skipif(
     environment_problem(DEFAULT_PYTHON) is not None, reason="no .venv-swift here; `make swift-env` builds it (make test does)"
 )
 REWARD = str(Path(__file__).with_name("task_rewards.py")) + ":starts_a_to_m"
+
+
+@pytest.fixture
+def training_processes(monkeypatch):
+    """The training processes the swift backend starts (forked from the warm process, or plain)."""
+    started = []
+
+    def start(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    real = swift_backend._start_training_process
+    monkeypatch.setattr(swift_backend, "_start_training_process", start)
+    return started
+
+
+def wait_for_the_warm_process(timeout_s: float = 180.0) -> str | None:
+    """The address of the session's swift warm process once it listens (it imports ms-swift first), or None."""
+    address = os.environ.get(swift_backend.WARM_PROCESS_ADDRESS)
+    deadline = time.monotonic() + timeout_s
+    while address and not Path(address).exists():
+        assert time.monotonic() < deadline, f"the swift warm process did not listen at {address} within {timeout_s:g} s"
+        time.sleep(0.2)
+    return address
 
 
 def stored_records(run_path):
@@ -74,9 +104,14 @@ def train_frozenlake(directory: Path, seed: int = 0, extra: tuple[str, ...] = ()
 
 
 @needs_swift_env
-def test_grpo_in_its_own_environment_changes_weights_and_raises_reward(tmp_path):
+def test_grpo_in_its_own_environment_changes_weights_and_raises_reward(tmp_path, training_processes):
+    forked = wait_for_the_warm_process() is not None
     trained = train_single_turn(tmp_path)
     result, sink = trained["result"], trained["sink"]
+
+    # Forked from the warm process where the session has one (make test), else started plain.
+    [process] = training_processes
+    assert isinstance(process, swift_backend._ForkedTrainingProcess if forked else subprocess.Popen), process
 
     assert result.steps == 6 and not result.stopped
     before = AutoModelForCausalLM.from_pretrained(tmp_path / "base_model").state_dict()
@@ -173,9 +208,11 @@ def test_a_reward_object_the_child_cannot_import_is_refused(tmp_path):
 
 
 @needs_swift_env
-def test_a_stopped_run_resumes_from_its_checkpoint_and_continues_counting(tmp_path, sink):
+def test_a_stopped_run_resumes_from_its_checkpoint_and_continues_counting(tmp_path, sink, training_processes, monkeypatch):
     """Stopped mid-way (the platform's cancel or a lost worker), then run again in the same run
-    directory: ms-swift's resume_from_checkpoint picks up the checkpoint saved at the stop."""
+    directory: ms-swift's resume_from_checkpoint picks up the checkpoint saved at the stop. Its
+    training processes start plain (no warm process named), as on a machine without one."""
+    monkeypatch.setenv(swift_backend.WARM_PROCESS_ADDRESS, "")
     saved = []
     sink.log_checkpoint = lambda step, path: saved.append((step, Path(path)))  # as the artifact store's sink takes them
     first = AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
@@ -189,6 +226,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_continues_counting(tmp_pa
     resumed = AgentTrainer(train_dataset=PROMPTS, reward_func=REWARD, backend="swift", run_path=str(tmp_path),
                            config=config(12), sinks=[resumed_sink]).train()
     assert resumed.steps == 12 and not resumed.stopped
+    assert len(training_processes) == 2 and all(isinstance(p, subprocess.Popen) for p in training_processes)
     assert [m["step"] for m in resumed_sink.metrics] == list(range(stopped_at + 1, 13))  # continued, not restarted
     job = json.loads((tmp_path / "swift" / "job.json").read_text())
     assert job["swift_args"]["resume_from_checkpoint"] == first.checkpoint

@@ -8,6 +8,12 @@ arguments) under ``<run>/swift/`` and starts ``training.backends.swift.child`` i
 which trains through ms-swift's ``rlhf_main`` and reports each logged step back on stdout. A stop
 request is passed on through a file and honoured after the current step.
 
+Importing ms-swift, TRL and torch costs that process about 8 CPU-seconds. Where ``SWIFT_WARM_PROCESS``
+names a warm process of the default interpreter (``start_warm_process``: ms-swift imported once), the
+training process is forked from it instead, as the platform's own children are from a worker's
+(``training.isolation.forkserver``); where it cannot serve (none there, another interpreter, an
+environment its imports read differently) the process starts plain.
+
 Single-turn tasks, and agent + environment classes through ms-swift's multi-turn hook
 (``multi_turn_scheduler``: ``swift_child.agent_env_scheduler`` plays our turn loop inside ms-swift's
 rollout, one ``rllm.agent.max_tokens_per_turn`` reply per turn, at most ``rllm.agent.max_steps``
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -32,6 +39,7 @@ from training.backends.swift.child import PLAIN_TEMPLATE, PREFIX
 from training.config import Config
 from training.errors import ConfigError, DiskFull
 from training.data import dataset_to_tasks
+from training.isolation import forkserver
 from training.isolation.interpreters import import_problem
 from training.log import logger
 from training.rollouts.models import TINY_MODEL
@@ -45,6 +53,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_PYTHON = PROJECT_ROOT / ".venv-swift" / "bin" / "python"
 PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 STOP_GRACE_SECONDS = 60
+# The address of a warm process of ``DEFAULT_PYTHON`` (``start_warm_process``), when there is one.
+WARM_PROCESS_ADDRESS = "SWIFT_WARM_PROCESS"
+CHILD_MODULE = "training.backends.swift.child"
+# What the training process imports, and for long: ms-swift's GRPO entry point and its hooks.
+PRELOAD = ("torch", "swift.arguments:RLHFArguments", "swift.pipelines.train.rlhf:rlhf_main",
+           "swift.rollout.multi_turn:MultiTurnScheduler", "swift.callbacks:callbacks_map", "swift.rewards.orm:ORM", CHILD_MODULE)
 # ms-swift's metric names -> the dashboard's.
 SWIFT_METRIC_NAMES = {
     "reward": "reward", "reward_std": "reward_std", "loss": "loss", "kl": "kl", "entropy": "entropy",
@@ -80,6 +94,67 @@ def environment_problem(python: Path) -> str | None:
     """Whether ``python`` imports ms-swift and our child module and has trl and torch, asked of that
     interpreter in a short isolated subprocess (cached for a while; see ``training.isolation.interpreters``)."""
     return import_problem(python, CHILD_MODULES, hint="build it with `make swift-env`", present=CHILD_PACKAGES)
+
+
+def start_warm_process(address: Path) -> subprocess.Popen:
+    """Start a warm process of the default interpreter at ``address`` (its folder is made private) and
+    name it in ``SWIFT_WARM_PROCESS`` for this process and those it starts. It listens once ms-swift is
+    imported (seconds); a training process asked for before starts plain. It ends with this process."""
+    process = subprocess.Popen(
+        [str(DEFAULT_PYTHON), "-m", "training.isolation.forkserver", str(address), "--allow", CHILD_MODULE,
+         "--preload", *PRELOAD, "--owner", str(os.getpid())],
+        cwd=PROJECT_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    process.address = address
+    os.environ[WARM_PROCESS_ADDRESS] = str(address)
+    return process
+
+
+class _ForkedTrainingProcess:
+    """A training process forked by the warm process, with the pipes and calls of the
+    ``subprocess.Popen`` it replaces: ``stdin``, ``stdout`` (text), ``poll``, ``terminate``, ``returncode``."""
+
+    def __init__(self, child: forkserver.ForkedChild, stdin: int, stdout: int) -> None:
+        self._child = child
+        self.pid = child.pid
+        self.stdin = os.fdopen(stdin, "w")
+        self.stdout = os.fdopen(stdout, "r")
+
+    @property
+    def returncode(self) -> int | None:
+        return self._child.returncode
+
+    def poll(self) -> int | None:
+        return self._child.poll()
+
+    def terminate(self) -> None:
+        if self._child.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def _start_training_process(python: Path, job: Path, log: Any) -> subprocess.Popen | _ForkedTrainingProcess:
+    """``python -m training.backends.swift.child <job>`` with pipes to and from it, forked from the warm
+    process where one serves (``SWIFT_WARM_PROCESS``), else started plain."""
+    env = _child_env()
+    address = os.environ.get(WARM_PROCESS_ADDRESS)
+    if address and python == DEFAULT_PYTHON:
+        to_child, from_parent = os.pipe()
+        from_child, to_parent = os.pipe()
+        try:
+            child = forkserver.start(address, CHILD_MODULE, [str(job)], env, PROJECT_ROOT, stdin=to_child, stdout=to_parent, stderr=log)
+        except forkserver.NotServed as refused:
+            logger.info("the swift training process starts plain: %s", refused)
+            for fd in (to_child, from_parent, from_child, to_parent):
+                os.close(fd)
+        else:
+            os.close(to_child)
+            os.close(to_parent)
+            return _ForkedTrainingProcess(child, from_parent, from_child)
+    return subprocess.Popen([str(python), "-m", CHILD_MODULE, str(job)], cwd=PROJECT_ROOT, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
 
 
 def _child_env() -> dict[str, str]:
@@ -193,10 +268,7 @@ class SwiftProcessor(BuiltinProcessor):
         log_path = self.attempt_dir() / "swift" / "process.log"
         logger.info("training with swift in %s: %d steps", python, self.config.trainer.total_training_steps)
         with open(log_path, "ab") as log:
-            child = subprocess.Popen(
-                [str(python), "-m", "training.backends.swift.child", str(job)],
-                cwd=PROJECT_ROOT, env=_child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-            )
+            child = _start_training_process(python, job, log)
             events: list[dict] = []
             self._refusal: Exception | None = None
             reader = threading.Thread(target=self._read_events, args=(child, events), daemon=True)
