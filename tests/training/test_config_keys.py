@@ -36,7 +36,8 @@ NO_EFFECT_SAMPLES = {
     "tinker": {"actor_rollout_ref.model.dtype": "bfloat16", "remote.region": "us", "trainer.total_epochs": 3},
     "fireworks": {"trainer.device": "cpu", "actor_rollout_ref.rollout.tensor_model_parallel_size": 2},
 }
-needs_swift_env = pytest.mark.skipif(environment_problem(DEFAULT_PYTHON) is not None, reason="no .venv-swift here (`make swift-env`)")
+# Asked when the test is set up (a condition given as text), not at collection (a subprocess importing ms-swift).
+needs_swift_env = pytest.mark.skipif("environment_problem(DEFAULT_PYTHON) is not None", reason="no .venv-swift here (`make swift-env`)")
 
 
 @pytest.fixture(autouse=True)

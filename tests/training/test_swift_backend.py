@@ -25,8 +25,10 @@ from training.backends.swift.backend import DEFAULT_PYTHON, environment_problem
 from warm_start import NO_CHECKPOINTING
 
 pytestmark = pytest.mark.slow
+# Asked when a test is set up (a condition given as text), not at collection: every test process
+# collects this file, and asking imports ms-swift in a subprocess (about 1.5 CPU-s).
 needs_swift_env = pytest.mark.skipif(
-    environment_problem(DEFAULT_PYTHON) is not None, reason="no .venv-swift here; `make swift-env` builds it (make test does)"
+    "environment_problem(DEFAULT_PYTHON) is not None", reason="no .venv-swift here; `make swift-env` builds it (make test does)"
 )
 REWARD = str(Path(__file__).with_name("task_rewards.py")) + ":starts_a_to_m"
 
