@@ -140,7 +140,9 @@ def _start_training_process(python: Path, job: Path, log: Any) -> subprocess.Pop
     process where one serves (``SWIFT_WARM_PROCESS``), else started plain."""
     env = _child_env()
     address = os.environ.get(WARM_PROCESS_ADDRESS)
-    if address and python == DEFAULT_PYTHON:
+    if address and python != DEFAULT_PYTHON:
+        logger.info("the swift training process starts plain: the warm process runs %s, this run %s", DEFAULT_PYTHON, python)
+    elif address:
         to_child, from_parent = os.pipe()
         from_child, to_parent = os.pipe()
         try:
