@@ -42,8 +42,9 @@ def fleet(tmp_path, s3_url, s3_env):
     base = {"DATABASE_URL": database_url(connection.settings_dict), "REDIS_URL": settings.REDIS_URL,
             "ARTIFACTS_URL": s3_url, "ARTIFACTS_RETRY_MAX_SECONDS": "2", **s3_env}
 
-    def start(queue: str, tag: str):
-        worker = start_worker(queue, tag, {**base, "PLATFORM_VAR_DIR": str(tmp_path / f"machine-{tag}")}, tmp_path)
+    def start(queue: str, tag: str, machine_faults: bool = True):  # fault_harness.start_worker's
+        worker = start_worker(queue, tag, {**base, "PLATFORM_VAR_DIR": str(tmp_path / f"machine-{tag}")}, tmp_path,
+                              machine_faults=machine_faults)
         started.append(worker)
         return worker
 
@@ -84,7 +85,7 @@ def test_a_run_killed_with_its_machine_resumes_on_another_from_the_stores_checkp
     wait_for(lambda: latest_step(run.pk) >= 3 and fleet.store.stored_checkpoints(f"{prefix}/checkpoints"),
              RUN_TIMEOUT, "step 3 and a stored checkpoint", (first,))
     first.kill()  # the machine is lost: worker and training process SIGKILLed, its disk out of reach
-    second = fleet(queue, "b")  # another machine: its scratch folder has nothing of this run
+    second = fleet(queue, "b", machine_faults=False)  # another machine: its scratch folder has nothing of this run
     run = finished(run, second)
 
     assert run.status == Run.Status.SUCCEEDED, f"{run.error}\n{run.traceback}"
@@ -119,7 +120,7 @@ def test_a_run_killed_with_its_machine_resumes_on_another_from_the_stores_checkp
 
 def test_the_store_down_for_30_s_mid_run_loses_nothing(queue, fleet, slow_run, s3_server, settings, s3_url):
     steps = 40
-    worker = fleet(queue, "a")
+    worker = fleet(queue, "a", machine_faults=False)  # the store goes down, not the machine
     run = slow_run(steps, **{"trainer.save_freq": 5})
     prefix = f"runs/{run.pk}-{run.uid.hex}"
     wait_for(lambda: fleet.store.stored_checkpoints(f"{prefix}/checkpoints"), RUN_TIMEOUT, "a stored checkpoint", (worker,))

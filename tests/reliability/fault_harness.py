@@ -78,19 +78,23 @@ class Worker:
 
 
 def start_worker(queue: str, tag: str, env: dict[str, str], log_dir: Path,
-                 thresholds: dict[str, str] = FAST_SETTINGS) -> Worker:
-    """A ``celery worker`` process on ``queue`` (``thresholds``: settings it runs with; {} for the defaults)."""
+                 thresholds: dict[str, str] = FAST_SETTINGS, machine_faults: bool = True) -> Worker:
+    """A ``celery worker`` process on ``queue`` (``thresholds``: settings it runs with; {} for the defaults).
+
+    ``machine_faults``: the test kills, freezes or stops this worker as a machine, so its children must
+    be in its process tree: the session's warm process is not named to it (WORKER_WARM_PROCESS emptied),
+    and its children start plain or forked from its own warm process (RUN_WARM_PROCESS). A worker the
+    test deals no such fault (one that takes a run over, or one behind an outage of a server) forks its
+    children from the session's warm process, as the platform's other test workers do (the children of
+    a run that ends before the test does: a test that stops it midway would leave them running)."""
     name = f"{queue}-{tag}"
     log = log_dir / f"{name}.log"
+    own_tree = {"WORKER_WARM_PROCESS": ""} if machine_faults else {}
     with open(log, "ab") as output:
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queue, "--concurrency", "1",
              "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"],
-            # WORKER_WARM_PROCESS emptied: its children start plain, or forked from its own warm process
-            # (RUN_WARM_PROCESS), never from the session's: each stays in the worker's process tree,
-            # which these tests kill and freeze as a machine's.
-            cwd=ROOT, env={**os.environ, "WORKER_WARM_PROCESS": "", **thresholds, **env}, stdout=output,
-            stderr=subprocess.STDOUT,
+            cwd=ROOT, env={**os.environ, **own_tree, **thresholds, **env}, stdout=output, stderr=subprocess.STDOUT,
         )
     return Worker(process, name, log)
 

@@ -39,8 +39,8 @@ def env(tmp_path):
 def workers(tmp_path):
     started = []
 
-    def start(queue: str, tag: str, env: dict):
-        worker = start_worker(queue, tag, env, tmp_path)
+    def start(queue: str, tag: str, env: dict, machine_faults: bool = True):
+        worker = start_worker(queue, tag, env, tmp_path, machine_faults=machine_faults)
         started.append(worker)
         return worker
 
@@ -72,7 +72,7 @@ def test_a_run_lost_with_its_machine_resumes_on_another_worker(queue, env, worke
     first = workers(queue, "a", env)
     run = slow_run()
     wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.RUNNING, RUN_TIMEOUT, "the run to start", (first,))
-    second = workers(queue, "b", env)  # the rest of the fleet, started while the first trains
+    second = workers(queue, "b", env, machine_faults=False)  # the rest of the fleet, started while the first trains
     # Killed the moment step 4's checkpoint is saved: the reports of step 4 (logged just before it)
     # are, as a rule, not stored yet. The resumed attempt starts after step 4 and must still have them.
     saved = Path(env["PLATFORM_VAR_DIR"]) / "runs" / f"{run.pk}-{run.uid.hex}" / "checkpoints" / "checkpoint-4" / "trainer_state.json"
@@ -88,7 +88,7 @@ def test_celery_killed_alone_the_training_process_checkpoints_and_requeues_never
     first = workers(queue, "a", env)
     run = slow_run()
     wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.RUNNING, RUN_TIMEOUT, "the run to start", (first,))
-    second = workers(queue, "b", env)
+    second = workers(queue, "b", env, machine_faults=False)
     wait_for(lambda: latest_step(run.pk) >= 3, RUN_TIMEOUT, "step 3", (first,))
     first.kill_celery_only()
     run = finished(run, second)
@@ -108,7 +108,7 @@ def test_sigterm_requeues_the_run_within_the_grace_period_instead_of_finishing_i
     assert run.status == Run.Status.QUEUED and run.steps < STEPS
     messages = list(RunLog.objects.filter(run=run).values_list("message", flat=True))
     assert any("Attempt 1 ended: The worker is shutting down" in m for m in messages), "\n".join(messages[-8:])
-    second = workers(queue, "b", env)
+    second = workers(queue, "b", env, machine_faults=False)
     run = finished(run, second)
     assert_resumed_and_complete(run)
     assert run.lost_attempts == 0
@@ -118,7 +118,7 @@ def test_a_redis_outage_loses_no_run_and_queues_what_was_created_meanwhile(
     host, port = settings.REDIS_URL.split("//")[1].split("/")[0].split(":")
     proxy = TcpProxy(host, int(port))
     db_number = settings.REDIS_URL.rsplit("/", 1)[1]
-    worker = workers(queue, "a", {**env, "REDIS_URL": f"redis://127.0.0.1:{proxy.port}/{db_number}"})
+    worker = workers(queue, "a", {**env, "REDIS_URL": f"redis://127.0.0.1:{proxy.port}/{db_number}"}, machine_faults=False)
     try:
         running = slow_run(steps=16)
         wait_for(lambda: latest_step(running.pk) >= 2, RUN_TIMEOUT, "step 2", (worker,))
@@ -141,6 +141,8 @@ def test_a_postgres_outage_buffers_reports_and_training_goes_on(queue, env, work
     db = connection.settings_dict
     proxy = TcpProxy(db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))
     through_proxy = database_url({**db, "HOST": "127.0.0.1", "PORT": str(proxy.port)})
+    # Its own process tree (machine_faults): the training process, still reporting through the proxy,
+    # outlives the run's end by its database retry window once the test has closed the proxy.
     worker = workers(queue, "a", {**env, "DATABASE_URL": through_proxy})
     try:
         run = slow_run(steps=20)
@@ -188,7 +190,7 @@ def test_an_attempt_frozen_past_its_takeover_changes_nothing_of_the_finished_run
     training_pids = {p.pid for p in first.training_processes()}
     for process in frozen:
         process.suspend()
-    second = workers(queue, "b", env)
+    second = workers(queue, "b", env, machine_faults=False)
     run = finished(run, second)  # taken over by the second worker, resumed and finished there
     assert run.status == Run.Status.SUCCEEDED and run.attempts == 2, f"{run.error}\n{run.traceback}"
     assert (run.folder() / "final_model").is_dir()
