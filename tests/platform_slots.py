@@ -41,6 +41,18 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ["PLATFORM_VAR_DIR"] = str(Path(__file__).resolve().parent.parent / "var" / f"test-{worker}")
 
 
+# Tests that spend most of their time waiting (an outage held for seconds, a frozen machine, a
+# takeover after a stale window, verl's transfer queue) go first: their waits then overlap the
+# CPU-bound tests instead of running alone at the end. Whole files keep their order; the sort is
+# stable, so every xdist process collects the same list. In the last run before this (cpu_b in
+# bench/results/suite_time.json) the fault tests ran last, one process alone for 70 s.
+WAIT_MOSTLY = ("tests/reliability/", "tests/artifacts/test_fleet_runs.py", "tests/training/test_verl_dumps.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: not item.nodeid.startswith(WAIT_MOSTLY))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
     """Everything collection imported (Django, torch, transformers, the test modules: about half a

@@ -104,6 +104,7 @@ def start_warm_process(address: Path) -> subprocess.Popen:
         [str(DEFAULT_PYTHON), "-m", "training.isolation.forkserver", str(address), "--allow", CHILD_MODULE,
          "--preload", *PRELOAD, "--owner", str(os.getpid())],
         cwd=PROJECT_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.DEVNULL,  # ms-swift's import notices (each child gets the streams it is asked with)
     )
     process.address = address
     os.environ[WARM_PROCESS_ADDRESS] = str(address)
