@@ -80,13 +80,8 @@ def start_warm_process(address: Path | None = None) -> subprocess.Popen:
     own_folder = None
     if address is None:
         address, own_folder = warm_process_address()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "training.isolation.forkserver", str(address), "--allow", *CHILD_MODULES,
-         "--owner", str(os.getpid())],
-        env=child_env(needs_gpu=False), stdin=subprocess.DEVNULL, cwd=settings.BASE_DIR,
-        start_new_session=True,  # a Ctrl-C to the worker's terminal is the worker's to handle
-    )
-    process.address, process.own_folder = address, own_folder  # the folder is removed with it (stop_warm_process)
+    process = forkserver.launch(sys.executable, address, CHILD_MODULES, child_env(needs_gpu=False), settings.BASE_DIR)
+    process.own_folder = own_folder  # removed with it (stop_warm_process)
     os.environ[WARM_PROCESS_ADDRESS] = str(address)
     return process
 

@@ -95,6 +95,16 @@ def test_a_var_folder_too_deep_for_a_socket_gets_a_private_folder_of_its_own(set
     assert processes.warm_process_address() == (tmp_path / "warm" / f"{os.getpid()}.sock", None)
 
 
+def assert_private_and_listening(address: str, timeout_s: float = 180) -> None:
+    """A session's warm process: its folder is this user's alone, and it listens (once it has imported)."""
+    folder = os.stat(os.path.dirname(address))
+    assert (folder.st_mode & 0o777, folder.st_uid) == (0o700, os.getuid())
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(address):
+        assert time.monotonic() < deadline, f"the warm process at {address} never listened"
+        time.sleep(0.2)
+
+
 def test_the_sessions_warm_process_is_private_and_runs_only_the_workers_modules():
     """The test session's own (tests/platform_slots.py), which every process of the session may ask:
     its folder is this user's alone, and a request naming other code is refused."""
@@ -103,12 +113,7 @@ def test_the_sessions_warm_process_is_private_and_runs_only_the_workers_modules(
     address = os.environ.get(processes.WARM_PROCESS_ADDRESS)
     if not address or os.environ.get("SUITE_WARM_PROCESS") == "0":
         pytest.skip("this session has no warm process (SUITE_WARM_PROCESS=0, or pytest without -p platform_slots)")
-    folder = os.stat(os.path.dirname(address))
-    assert (folder.st_mode & 0o777, folder.st_uid) == (0o700, os.getuid())
-    deadline = time.monotonic() + 180  # it listens once it has imported
-    while not os.path.exists(address):
-        assert time.monotonic() < deadline, "the session's warm process never listened"
-        time.sleep(0.2)
+    assert_private_and_listening(address)
     with pytest.raises(forkserver.NotServed, match="does not run os"):
         forkserver.start(address, "os", [], dict(os.environ), "/")
 
@@ -123,13 +128,7 @@ def test_the_sessions_swift_warm_process_is_private_and_runs_only_the_swift_trai
     address = os.environ.get(swift.WARM_PROCESS_ADDRESS)
     if not address:
         pytest.skip("this session has no swift warm process (no .venv-swift, slow tests left out, or SUITE_WARM_PROCESS=0)")
-    folder = os.stat(os.path.dirname(address))
-    assert (folder.st_mode & 0o777, folder.st_uid) == (0o700, os.getuid())
-    deadline = time.monotonic() + 180  # it listens once it has imported ms-swift
-    while not os.path.exists(address):
-        assert time.monotonic() < deadline, "the session's swift warm process never listened"
-        time.sleep(0.2)
+    assert_private_and_listening(address)
     for module in ("os", "training.platform.probe", "workers.child"):
         with pytest.raises(forkserver.NotServed, match=f"does not run {module}"):
             forkserver.start(address, module, [], dict(os.environ), "/")
-

@@ -167,6 +167,21 @@ def start(address: str | os.PathLike, module: str, args: list[str], env: dict[st
             os.close(fd)
 
 
+def launch(python: str | os.PathLike, address: Path, allow: tuple[str, ...], env: dict[str, str], cwd: str | os.PathLike,
+           preload: tuple[str, ...] = PRELOAD) -> subprocess.Popen:
+    """Start a server of interpreter ``python`` at ``address``, serving this process (its owner) and
+    running only the modules ``allow``; it listens once it has imported ``preload``. In a session of
+    its own (a Ctrl-C to the owner's terminal is the owner's to handle); its standard output goes
+    nowhere (import notices), each child gets the streams it is asked with."""
+    process = subprocess.Popen(
+        [os.fspath(python), "-m", "training.isolation.forkserver", os.fspath(address), "--allow", *allow,
+         "--preload", *preload, "--owner", str(os.getpid())],
+        env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+    )
+    process.address = address
+    return process
+
+
 # -- what the preloaded libraries read from the environment --------------------------------------
 
 class Sensitivity:

@@ -100,13 +100,7 @@ def start_warm_process(address: Path) -> subprocess.Popen:
     """Start a warm process of the default interpreter at ``address`` (its folder is made private) and
     name it in ``SWIFT_WARM_PROCESS`` for this process and those it starts. It listens once ms-swift is
     imported (seconds); a training process asked for before starts plain. It ends with this process."""
-    process = subprocess.Popen(
-        [str(DEFAULT_PYTHON), "-m", "training.isolation.forkserver", str(address), "--allow", CHILD_MODULE,
-         "--preload", *PRELOAD, "--owner", str(os.getpid())],
-        cwd=PROJECT_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, start_new_session=True,
-        stdout=subprocess.DEVNULL,  # ms-swift's import notices (each child gets the streams it is asked with)
-    )
-    process.address = address
+    process = forkserver.launch(DEFAULT_PYTHON, address, (CHILD_MODULE,), _child_env(), PROJECT_ROOT, preload=PRELOAD)
     os.environ[WARM_PROCESS_ADDRESS] = str(address)
     return process
 
