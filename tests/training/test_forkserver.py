@@ -234,6 +234,30 @@ def test_a_child_ends_as_python_ends_threads_joined_exit_functions_run_files_flu
     assert (tmp_path / "kept.txt.thread").read_text() == "joined"
 
 
+def test_the_flush_at_exit_looks_at_no_object_that_would_answer_with_code(server, tmp_path):
+    """Found when pytest's own test processes were forked: the exit's search for files to flush asked
+    each object for its class (isinstance), and a dead ``weakref.proxy`` raised ReferenceError, a lazy
+    object (Django's ``SimpleLazyObject``) ran its code and raised (a traceback, the exit code lost)."""
+    warm = server(proxies="""
+        import sys, weakref
+        class Thing:
+            pass
+        class Lazy:
+            @property
+            def __class__(self):
+                raise RuntimeError("evaluated at exit")
+        thing = Thing()
+        sys.kept = [weakref.proxy(thing), Lazy()]  # outlive the module; the proxy its object
+        del thing
+        out = open(sys.argv[1], "w")
+        out.write("flushed after the dead proxy")
+        """, allow=["proxies"])
+    target = tmp_path / "kept.txt"
+    assert warm.start("proxies", str(target), output=tmp_path / "out.log").wait(timeout=30) == 0
+    assert target.read_text() == "flushed after the dead proxy"
+    assert "Traceback" not in (tmp_path / "out.log").read_text()
+
+
 def test_sys_exit_with_a_message_prints_it_and_exits_1(server, tmp_path):
     warm = server(message="raise SystemExit('no data file')\n", allow=["message"])
     assert warm.start("message", output=tmp_path / "out.log").wait(timeout=30) == 1

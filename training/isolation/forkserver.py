@@ -457,7 +457,9 @@ def _exit(code: int | None) -> NoReturn:
     atexit._run_exitfuncs()  # noqa: SLF001
     for generation in range(3):  # the child's own objects: the warm process froze its own (``serve``)
         for thing in gc.get_objects(generation):
-            if isinstance(thing, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
+            # By its type, not isinstance: that asks the object itself for its class, and a weak proxy
+            # whose object has died raises, a lazy object (Django's settings, a request's nonce) runs its code.
+            if issubclass(type(thing), (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
                 try:
                     if not thing.closed:
                         thing.flush()
