@@ -19,6 +19,11 @@ A whole run's CPU per file: run the suite with ``SUITE_CPU_REPORT=<folder>`` (te
 writes each test process's CPU per test there) and sum it:
 
     SUITE_CPU_REPORT=/tmp/cpu make test; python bench/suite_time.py --cpu-report /tmp/cpu
+
+The same folder gives the test processes their order (tests/platform_slots.py: the longest files
+first): each test's wall seconds, those of half a second or more, kept in tests/durations.json:
+
+    python bench/suite_time.py --cpu-report /tmp/cpu --write-durations tests/durations.json
 """
 
 from __future__ import annotations
@@ -105,15 +110,32 @@ def wall_report(folder: Path, cpu: dict[str, float], top: int) -> dict:
                      "wall_minus_cpu_s_most": {name: round(gap, 1) for gap, name in waiting[:top]}}}
 
 
+LONG_TEST_SECONDS = 0.5  # shorter tests are counted at the suite's typical short test (tests/platform_slots.py)
+
+
+def write_durations(folder: Path, target: Path) -> int:
+    """Each test's wall seconds in the run ``folder`` holds (SUITE_CPU_REPORT), the long ones only."""
+    walls = {}
+    for path in sorted(folder.glob("*.wall.json")):
+        walls.update({name: round(end - start, 1) for name, (start, end) in json.loads(path.read_text()).items()})
+    long = {name: seconds for name, seconds in sorted(walls.items()) if seconds >= LONG_TEST_SECONDS}
+    target.write_text(json.dumps(long, indent=0) + "\n")
+    return len(long)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="pytest output with --durations=0 (one or two runs); with --cpu: test files; with --cpu-report: a folder")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--cpu", action="store_true", help="run each file given with pytest and print its CPU seconds")
     parser.add_argument("--cpu-report", action="store_true", help="runs: the folder a SUITE_CPU_REPORT run wrote")
+    parser.add_argument("--write-durations", type=Path, help="with --cpu-report: write each long test's wall seconds there")
     parser.add_argument("--python", default=".venv/bin/python")
     parser.add_argument("--pytest-args", default="", help="more pytest arguments, one string")
     args = parser.parse_args()
+    if args.cpu_report and args.write_durations:
+        print(f"{write_durations(Path(args.runs[0]), args.write_durations)} tests written to {args.write_durations}")
+        return
     if args.cpu_report:
         print(json.dumps(cpu_report(Path(args.runs[0]), args.top), indent=1))
         return

@@ -41,16 +41,71 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ["PLATFORM_VAR_DIR"] = str(Path(__file__).resolve().parent.parent / "var" / f"test-{worker}")
 
 
-# Tests that spend most of their time waiting (an outage held for seconds, a frozen machine, a
-# takeover after a stale window, verl's transfer queue) go first: their waits then overlap the
-# CPU-bound tests instead of running alone at the end. Whole files keep their order; the sort is
-# stable, so every xdist process collects the same list. In the last run before this (cpu_b in
-# bench/results/suite_time.json) the fault tests ran last, one process alone for 70 s.
-WAIT_MOSTLY = ("tests/reliability/", "tests/artifacts/test_fleet_runs.py", "tests/training/test_verl_dumps.py")
+# Which test process runs what. xdist (``--dist worksteal``) first deals the collected tests out in
+# order, a quarter of them to each process, and later moves tests from the end of a busy process's
+# share to an idle one. Collected in file order, the run's longest files (make run's one-worker
+# scenarios, 40 s each) fell at the end of a share, and three processes sat idle for 40 s. So the
+# order is made here: the long files are dealt out first, each to the share with the least expected
+# time so far (longest-first list scheduling: within a third of the best split), at the front of its
+# share; the short tests fill the shares up in file order, and are the ones later moved. Tests that
+# share a package-scoped fixture (the browser package's live platform) go as one: spread over four
+# processes, each would start its own platform (58 more CPU-seconds when tried). How long a
+# test takes: tests/durations.json, the wall seconds of each test of half a second or more in a
+# measured run (``bench/suite_time.py --write-durations``); a test not there counts as a typical
+# short one. Stale figures make the split worse, never a test wrong. Tests of a file keep their
+# order; every xdist process sorts the same collection alike.
+DURATIONS = Path(__file__).with_name("durations.json")
+SHORT_TEST_SECONDS = 0.08  # the mean of the suite's tests under half a second, in the measured run
+LONG_FILE_SECONDS = 10.0
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: not item.nodeid.startswith(WAIT_MOSTLY))
+    processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if processes > 1 and items:
+        items[:] = dealt_out(items, processes)
+
+
+def dealt_out(items: list, processes: int) -> list:
+    """``items`` in the order whose quarters (xdist's first shares) are balanced, long files first."""
+    import json
+
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    files: dict[str, list] = {}  # what goes to one process: a file, or a package whose fixture its tests share
+    for item in items:
+        files.setdefault(_unit(item), []).append(item)
+    expected = {path: sum(known.get(item.nodeid, SHORT_TEST_SECONDS) for item in tests) for path, tests in files.items()}
+    sizes, left = [], len(items)
+    for share in range(processes):  # as xdist deals them: what is left, split among the processes left
+        sizes.append(left // (processes - share))
+        left -= sizes[-1]
+    shares: list[list] = [[] for _ in sizes]
+    load = [0.0] * processes
+    for path in sorted(files, key=lambda path: -expected[path]):
+        if expected[path] < LONG_FILE_SECONDS:
+            break
+        room = [share for share in range(processes) if len(shares[share]) + len(files[path]) <= sizes[share]]
+        if not room:
+            continue
+        share = min(room, key=lambda share: load[share])
+        shares[share] += files.pop(path)
+        load[share] += expected[path]
+    rest = [item for tests in files.values() for item in tests]
+    for share, size in enumerate(sizes):
+        taken = size - len(shares[share])
+        shares[share] += rest[:taken]
+        rest = rest[taken:]
+    return [item for share in shares for item in share]
+
+
+def _unit(item) -> str:
+    """The package whose package-scoped fixture the test uses (set up once per process), else its file."""
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in (info.name2fixturedefs.values() if info else ()):
+        for definition in definitions:
+            if definition.scope == "package" and definition.baseid:
+                return definition.baseid
+    return item.nodeid.split("::")[0]
 
 
 @pytest.hookimpl(trylast=True)
@@ -81,22 +136,26 @@ def pytest_collection_finish(session):
 # where that environment is built and the session runs the slow tests (where those trainings are).
 _warm = None
 _swift_warm = None
+_test_processes_warm = None
 
 
 def pytest_configure(config):
     global _warm
-    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("SUITE_WARM_PROCESS", "1") == "0":
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     import getpass
     import tempfile
 
-    from workers.processes import start_warm_process
-
     # A test process that trains in-process sets these (torch its compile cache's folder, the trl
-    # backend TRL's warning switch), and the warm process's imports read them: set for every process
+    # backend TRL's warning switch), and the warm processes' imports read them: set for every process
     # of the session (to the values they would set) from the start, their children stay servable.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    _fork_the_test_processes(config)
+    if os.environ.get("SUITE_WARM_PROCESS", "1") == "0":
+        return
+    from workers.processes import start_warm_process
+
     folder = tempfile.mkdtemp(prefix="suite-warm-")  # mode 0700; not a var folder, where a test's own may go
     _warm = start_warm_process(Path(folder) / "warm.sock")  # as a worker starts its own: the address into os.environ
     _warm.own_folder = folder  # removed with it
@@ -107,8 +166,52 @@ def pytest_configure(config):
         _swift_warm = swift.start_warm_process(Path(folder) / "swift.sock")
 
 
+# xdist's test processes, forked likewise from a warm process of their own (tests/suite_workers.py:
+# collection imports torch, transformers, TRL and the clients once instead of once per test process).
+# ``SUITE_WARM_WORKERS=0``: started plain, as xdist starts them.
+WORKERS_WARM_WAIT_SECONDS = 120.0
+
+
+def _fork_the_test_processes(config) -> None:
+    global _test_processes_warm
+    specs = getattr(config.option, "tx", None) or []
+    if not specs or any(spec != "popen" for spec in specs) or os.environ.get("SUITE_WARM_WORKERS", "1") == "0":
+        return
+    import shlex
+    import tempfile
+
+    import suite_workers
+    from training.isolation import forkserver
+
+    folder = tempfile.mkdtemp(prefix="suite-workers-")  # mode 0700
+    address = Path(folder) / "workers.sock"
+    root = Path(__file__).resolve().parent.parent
+    _test_processes_warm = forkserver.launch(sys.executable, address, ("suite_workers",), dict(os.environ), root,
+                                             preload=suite_workers.PRELOAD)
+    _test_processes_warm.own_folder = folder
+    os.environ["SUITE_WORKERS_WARM_PROCESS"] = str(address)  # for the test of its walls (test_warm_process.py)
+    deadline = time.monotonic() + WORKERS_WARM_WAIT_SECONDS
+    while not address.exists() and _test_processes_warm.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # it listens once it has imported; a test process asked for before would start plain
+    python = " ".join(shlex.quote(part) for part in (sys.executable, "-m", "suite_workers", str(address)))
+    config.option.tx = [f"popen//python={python}"] * len(specs)
+
+
+def _stop_the_test_processes_warm() -> None:
+    global _test_processes_warm
+    if _test_processes_warm is not None:
+        import shutil
+
+        os.environ.pop("SUITE_WORKERS_WARM_PROCESS", None)
+        _test_processes_warm.terminate()
+        _test_processes_warm.wait()
+        shutil.rmtree(_test_processes_warm.own_folder, ignore_errors=True)
+        _test_processes_warm = None
+
+
 def pytest_unconfigure(config):
     global _warm, _swift_warm
+    _stop_the_test_processes_warm()
     if _swift_warm is not None:
         from training.backends.swift import backend as swift
 
@@ -160,3 +263,4 @@ def pytest_sessionfinish(session):
         name = os.environ.get("PYTEST_XDIST_WORKER", "main")
         (Path(folder) / f"{name}.json").write_text(json.dumps(_cpu, indent=0))
         (Path(folder) / f"{name}.wall.json").write_text(json.dumps(_wall, indent=0))
+

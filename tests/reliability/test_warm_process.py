@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -116,6 +117,23 @@ def test_the_sessions_warm_process_is_private_and_runs_only_the_workers_modules(
     assert_private_and_listening(address)
     with pytest.raises(forkserver.NotServed, match="does not run os"):
         forkserver.start(address, "os", [], dict(os.environ), "/")
+
+
+def test_the_test_processes_are_forked_from_a_private_warm_process_that_runs_nothing_else():
+    """xdist's test processes of this session (tests/suite_workers.py): this one was forked from the
+    warm process, whose folder is this user's alone and which forks nothing but a test process (its
+    socket serves only its own user: tests/training/test_forkserver.py)."""
+    from training.isolation import forkserver
+
+    address = os.environ.get("SUITE_WORKERS_WARM_PROCESS")
+    if not address or not os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("this session's test processes are plain (no xdist, SUITE_WARM_WORKERS=0, or no -p platform_slots)")
+    assert_private_and_listening(address)
+    parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()  # its title: python -m ...forkserver ADDRESS
+    assert b"training.isolation.forkserver" in parent and address.encode() in parent
+    for module in ("os", "workers.child", "training.platform.probe"):
+        with pytest.raises(forkserver.NotServed, match=f"does not run {module}"):
+            forkserver.start(address, module, [], dict(os.environ), "/")
 
 
 def test_the_sessions_swift_warm_process_is_private_and_runs_only_the_swift_training_process():
