@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import select
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -111,3 +112,13 @@ def checkpoint_step(name: str) -> int | None:
             break
         digits = char + digits
     return int(digits) if digits and name[: -len(digits)] in ("checkpoint-", "global_step_") else None
+
+
+def readable(source: Any, timeout: float | None) -> bool:
+    """Whether ``source`` (a file descriptor, or an object with ``fileno()``) can be read without
+    blocking, or has closed, within ``timeout`` seconds (None: wait as long as it takes). By
+    ``select.poll``: ``select.select`` refuses a descriptor numbered 1024 or more, which a process
+    that has opened many files or connections holds (a test process of the suite did)."""
+    poller = select.poll()
+    poller.register(source, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(None if timeout is None else max(0.0, timeout) * 1000))

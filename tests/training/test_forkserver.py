@@ -258,6 +258,29 @@ def test_the_flush_at_exit_looks_at_no_object_that_would_answer_with_code(server
     assert "Traceback" not in (tmp_path / "out.log").read_text()
 
 
+def test_a_caller_holding_more_than_1024_descriptors_waits_for_its_child(server):
+    """Found when the suite ran in six processes: one that held more than 1024 descriptors could not
+    poll its forked child (``select.select`` refuses a descriptor numbered 1024 or more)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"this process may open only {hard} files")
+    warm = server()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1024:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        child = warm.start("probe", "3")  # its connection's descriptor is numbered above 1024
+        assert child.poll() is None or child.returncode == 3
+        assert child.wait(timeout=30) == 3
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_sys_exit_with_a_message_prints_it_and_exits_1(server, tmp_path):
     warm = server(message="raise SystemExit('no data file')\n", allow=["message"])
     assert warm.start("message", output=tmp_path / "out.log").wait(timeout=30) == 1

@@ -30,7 +30,6 @@ import io
 import json
 import os
 import runpy
-import select
 import selectors
 import signal
 import socket
@@ -41,6 +40,8 @@ import threading
 import time
 from pathlib import Path
 from typing import IO, Any, NoReturn
+
+from training.utils import readable
 
 try:
     from setproctitle import setproctitle
@@ -103,12 +104,12 @@ class ForkedChild:
         """Wait up to ``timeout`` for the server's word that the child ended (or, once the server
         has gone, for the child's pid to end: no exit status reaches us then, and it reads as killed)."""
         if self._pid_watch is not None:
-            if select.select([self._pid_watch], [], [], timeout)[0]:
+            if readable(self._pid_watch, timeout):
                 os.close(self._pid_watch)
                 self._pid_watch = None
                 self.returncode = -signal.SIGKILL
             return
-        if not select.select([self._connection], [], [], timeout)[0]:
+        if not readable(self._connection, timeout):
             return
         try:
             message = self._connection.recv(MESSAGE_BYTES)
@@ -377,7 +378,7 @@ def _answer(connection: socket.socket, allowed: set[str], sensitivity: Sensitivi
 
 def _hung_up(connection: socket.socket) -> bool:
     """Whether the caller has closed its end (it waited past ``REPLY_SECONDS`` and started the child plain)."""
-    if not select.select([connection], [], [], 0)[0]:
+    if not readable(connection, 0):
         return False
     try:
         return connection.recv(1, socket.MSG_PEEK) == b""

@@ -39,7 +39,6 @@ import math
 import os
 import re
 import resource
-import select
 import shutil
 import signal
 import struct
@@ -53,7 +52,7 @@ from typing import Any
 from training.config import secrets
 from training.isolation.jail import Jail, interpreter, refuse_new_programs
 from training.errors import ConfigError, JailUnavailable, Problems
-from training.utils import NO_TRANSFORMERS_MLFLOW, leaves
+from training.utils import NO_TRANSFORMERS_MLFLOW, leaves, readable
 from training.agents.tools import load_tool
 from training.rollouts.models import TINY_MODEL, resolve_model_path
 from training.trainer import AgentTrainer
@@ -230,7 +229,7 @@ def _read_answer(fd: int, deadline: float) -> bytes | None:
     wanted: int | None = None
     while wanted is None or len(buffer) < wanted + _HEADER.size:
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+        if remaining <= 0 or not readable(fd, remaining):
             return None
         chunk = os.read(fd, 1 << 16)
         if not chunk:
@@ -324,7 +323,7 @@ class Checker:
 
     @staticmethod
     def _read_line(process: subprocess.Popen, timeout_s: float) -> str:
-        if not select.select([process.stdout], [], [], timeout_s)[0]:
+        if not readable(process.stdout, timeout_s):
             raise TimeoutError(f"the checking server gave no answer within {timeout_s:g} s")
         line = process.stdout.readline()
         if not line:
