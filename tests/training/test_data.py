@@ -11,9 +11,12 @@ ROWS = [{"prompt": "copy: ab", "ground_truth": "ab"}, {"prompt": "copy: cd", "gr
 
 @pytest.fixture
 def registry(monkeypatch):
-    """An empty dataset registry for the test, so registrations do not leak."""
+    """An empty dataset registry for the test, so registrations do not leak, either way: the splits an
+    earlier test of this process registered in it (the rLLM examples' ``aime2024`` and ``hotpotqa``,
+    when the tests came in another order) are not listed here."""
     monkeypatch.setattr(data, "_BUILDERS", {})
     monkeypatch.setattr(data, "_BUILT", {})
+    monkeypatch.setattr(data.DatasetRegistry, "_splits", {})
 
 
 def test_none_stays_none():
