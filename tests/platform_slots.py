@@ -187,8 +187,7 @@ def _fork_the_test_processes(config) -> None:
     address = Path(folder) / "workers.sock"
     root = Path(__file__).resolve().parent.parent
     _test_processes_warm = forkserver.launch(sys.executable, address, ("suite_workers",), dict(os.environ), root,
-                                             preload=suite_workers.PRELOAD)
-    _test_processes_warm.own_folder = folder
+                                             preload=suite_workers.PRELOAD, own_folder=folder)
     os.environ["SUITE_WORKERS_WARM_PROCESS"] = str(address)  # for the test of its walls (test_warm_process.py)
     deadline = time.monotonic() + WORKERS_WARM_WAIT_SECONDS
     while not address.exists() and _test_processes_warm.poll() is None and time.monotonic() < deadline:
@@ -197,27 +196,19 @@ def _fork_the_test_processes(config) -> None:
     config.option.tx = [f"popen//python={python}"] * len(specs)
 
 
-def _stop_the_test_processes_warm() -> None:
-    global _test_processes_warm
-    if _test_processes_warm is not None:
-        import shutil
-
-        os.environ.pop("SUITE_WORKERS_WARM_PROCESS", None)
-        _test_processes_warm.terminate()
-        _test_processes_warm.wait()
-        shutil.rmtree(_test_processes_warm.own_folder, ignore_errors=True)
-        _test_processes_warm = None
-
-
 def pytest_unconfigure(config):
-    global _warm, _swift_warm
-    _stop_the_test_processes_warm()
+    global _warm, _swift_warm, _test_processes_warm
+    from training.isolation import forkserver
+
+    if _test_processes_warm is not None:
+        os.environ.pop("SUITE_WORKERS_WARM_PROCESS", None)
+        forkserver.stop(_test_processes_warm)  # reaped (its CPU and its children's count), its folder removed
+        _test_processes_warm = None
     if _swift_warm is not None:
         from training.backends.swift import backend as swift
 
         os.environ.pop(swift.WARM_PROCESS_ADDRESS, None)
-        _swift_warm.terminate()
-        _swift_warm.wait()
+        forkserver.stop(_swift_warm)
         _swift_warm = None
     if _warm is not None:
         from workers.processes import stop_warm_process
@@ -263,4 +254,3 @@ def pytest_sessionfinish(session):
         name = os.environ.get("PYTEST_XDIST_WORKER", "main")
         (Path(folder) / f"{name}.json").write_text(json.dumps(_cpu, indent=0))
         (Path(folder) / f"{name}.wall.json").write_text(json.dumps(_wall, indent=0))
-

@@ -30,8 +30,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the project (
 from training.isolation import forkserver  # noqa: E402  (stdlib only)
 
 # Imported by the test modules as they are collected (python -X importtime, the slowest first), none
-# of them a distribution that is also a pytest plugin (pytest would warn that it could not rewrite its
-# asserts: anyio, hydra, platformdirs are imported by these, and are not plugins pytest rewrites for us).
+# of them a pytest plugin (pytest would warn that it cannot rewrite the plugin's asserts); transformers
+# imports anyio, which is one, and that one warning is silenced in pytest.ini.
 PRELOAD = (*forkserver.PRELOAD, "transformers:Qwen2ForCausalLM", "transformers:Qwen2Tokenizer",
            "transformers:PreTrainedTokenizerFast", "trl.extras.profiling", "openai", "mcp", "pandas", "peft")
 WORKER = "--worker"

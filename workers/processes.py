@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -80,8 +79,8 @@ def start_warm_process(address: Path | None = None) -> subprocess.Popen:
     own_folder = None
     if address is None:
         address, own_folder = warm_process_address()
-    process = forkserver.launch(sys.executable, address, CHILD_MODULES, child_env(needs_gpu=False), settings.BASE_DIR)
-    process.own_folder = own_folder  # removed with it (stop_warm_process)
+    process = forkserver.launch(sys.executable, address, CHILD_MODULES, child_env(needs_gpu=False), settings.BASE_DIR,
+                                own_folder=own_folder)
     os.environ[WARM_PROCESS_ADDRESS] = str(address)
     return process
 
@@ -100,14 +99,7 @@ def warm_process_address() -> tuple[Path, str | None]:
 def stop_warm_process(process: subprocess.Popen) -> None:
     """End the worker's warm process (the children it forked run on: each is its own session)."""
     os.environ.pop(WARM_PROCESS_ADDRESS, None)
-    process.terminate()
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    if getattr(process, "own_folder", None):
-        shutil.rmtree(process.own_folder, ignore_errors=True)
+    forkserver.stop(process)
 
 
 def kill_session(process: Child) -> None:

@@ -31,6 +31,7 @@ import json
 import os
 import runpy
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -169,18 +170,32 @@ def start(address: str | os.PathLike, module: str, args: list[str], env: dict[st
 
 
 def launch(python: str | os.PathLike, address: Path, allow: tuple[str, ...], env: dict[str, str], cwd: str | os.PathLike,
-           preload: tuple[str, ...] = PRELOAD) -> subprocess.Popen:
+           preload: tuple[str, ...] = PRELOAD, own_folder: str | None = None) -> subprocess.Popen:
     """Start a server of interpreter ``python`` at ``address``, serving this process (its owner) and
     running only the modules ``allow``; it listens once it has imported ``preload``. In a session of
     its own (a Ctrl-C to the owner's terminal is the owner's to handle); its standard output goes
-    nowhere (import notices), each child gets the streams it is asked with."""
+    nowhere (import notices), each child gets the streams it is asked with. ``own_folder``: a folder
+    made for it alone, removed by ``stop``."""
     process = subprocess.Popen(
         [os.fspath(python), "-m", "training.isolation.forkserver", os.fspath(address), "--allow", *allow,
          "--preload", *preload, "--owner", str(os.getpid())],
         env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
     )
-    process.address = address
+    process.address, process.own_folder = address, own_folder
     return process
+
+
+def stop(process: subprocess.Popen) -> None:
+    """End a server ``launch`` started and reap it (the children it forked run on: each is its own
+    session), then remove its own folder."""
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if getattr(process, "own_folder", None):
+        shutil.rmtree(process.own_folder, ignore_errors=True)
 
 
 # -- what the preloaded libraries read from the environment --------------------------------------
